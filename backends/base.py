@@ -1,0 +1,296 @@
+"""The one small interface every KV-cache method implements.
+
+A backend sees the language model's attention layer by layer, through four seams that the
+runtime (``engine/``) calls; it never imports the runtime or the UI:
+
+* ``new_layer(i)``            -> the :class:`KVLayer` that stores layer ``i``'s keys and values.
+  Subclass it for caches that pack low-bit codes or low-rank factors and rebuild on read.
+* ``attend(call, q, k, v)``    -> replace the attention itself (token-sparse prefill, selective
+  recompute); return ``None`` to let the runtime run exact causal attention.
+* ``after_attention(call, layer, q, k)`` -> per layer, right after its attention: score from the
+  post-RoPE queries you need and compress this layer now (its cache is not read again in this
+  forward pass, so evicting here lowers the peak too).
+* ``after_forward(cache, call)`` -> once all layers ran: decisions that need every layer
+  (per-layer budgets), and decode-time eviction.
+
+Keys arrive post-RoPE, shape ``(1, H_kv, S, D)``; queries ``(1, H, q, D)``. Batch is always 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+# ---------------------------------------------------------------------------------------------
+# Parameters the UI renders as sliders / checkboxes / dropdowns
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tunable of a method, with a default from its paper and the range the UI offers."""
+
+    name: str
+    default: float | int | bool | str
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    step: float | None = None
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def kind(self) -> str:
+        if self.choices is not None:
+            return "choice"
+        return type(self.default).__name__  # "float", "int", "bool" or "str"
+
+    def coerce(self, value: Any) -> Any:
+        """Convert ``value`` (possibly a string from the command line) and check its range."""
+        kind = self.kind
+        try:
+            if kind == "bool":
+                value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+            elif kind == "int":
+                value = int(float(value))
+            elif kind == "float":
+                value = float(value)
+            else:
+                value = str(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"parameter '{self.name}' expects a {kind}, got {value!r}") from None
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"parameter '{self.name}' must be one of {', '.join(self.choices)}; got {value!r}")
+        if kind in ("int", "float"):
+            if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
+                raise ValueError(f"parameter '{self.name}' must lie in [{self.minimum}, {self.maximum}]; got {value}")
+        return value
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None} | {"kind": self.kind}
+
+
+BUDGET = Param("budget", 1.0, "Fraction of the full KV cache to keep (1.0 keeps everything).", 0.01, 1.0, 0.01)
+
+# ---------------------------------------------------------------------------------------------
+# What a backend is told about the prompt and the current forward pass
+# ---------------------------------------------------------------------------------------------
+
+Span = tuple[int, int]  # [start, end) in absolute token index of the conversation
+
+
+@dataclass
+class VisualSpan:
+    kind: str  # "image" or "video"
+    span: Span
+    frames: list[Span] = field(default_factory=list)  # one span per (merged) frame of a video
+    grid: tuple[int, int, int] | None = None  # (t, h, w) in visual tokens, for overlays
+
+    @property
+    def length(self) -> int:
+        return self.span[1] - self.span[0]
+
+
+@dataclass
+class PromptLayout:
+    """Where everything sits in one prefill chunk (absolute token indices of the conversation)."""
+
+    start: int  # index of the chunk's first token
+    end: int  # one past its last token
+    system: Span | None = None
+    visuals: list[VisualSpan] = field(default_factory=list)
+    text: list[Span] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    @property
+    def images(self) -> list[VisualSpan]:
+        return [v for v in self.visuals if v.kind == "image"]
+
+    @property
+    def videos(self) -> list[VisualSpan]:
+        return [v for v in self.visuals if v.kind == "video"]
+
+    @property
+    def post_vision(self) -> Span:
+        """Tokens after the last visual token (the whole chunk if it has no visual token)."""
+        last = max((v.span[1] for v in self.visuals), default=self.start)
+        return (last, self.end)
+
+    def visual_mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Bool mask over the chunk's tokens: True where the token is visual."""
+        mask = torch.zeros(self.length, dtype=torch.bool, device=device)
+        for v in self.visuals:
+            mask[v.span[0] - self.start : v.span[1] - self.start] = True
+        return mask
+
+    def to_dict(self) -> dict:
+        return {
+            "start": self.start,
+            "end": self.end,
+            "system": self.system,
+            "visuals": [v.__dict__ for v in self.visuals],
+            "text": self.text,
+            "post_vision": self.post_vision,
+        }
+
+
+@dataclass
+class AttentionCall:
+    """One layer's attention in one forward pass, as the runtime describes it to the backend."""
+
+    layer_idx: int
+    num_layers: int
+    phase: str  # "prefill" (several new tokens) or "decode" (one)
+    positions: torch.Tensor  # (q,) absolute token indices of the new tokens
+    rope_ids: torch.Tensor  # (P, q) rotary position ids of the new tokens (P = 1, or 3 for M-RoPE)
+    layout: PromptLayout | None  # this chunk's layout (None while decoding)
+    seen: int  # tokens in the conversation including the new ones
+    step: int  # decode step (0 during prefill)
+    rotary: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None  # rope_ids -> (cos, sin)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.phase == "prefill"
+
+    @property
+    def is_last_layer(self) -> bool:
+        return self.layer_idx == self.num_layers - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage: one layer of the cache
+# ---------------------------------------------------------------------------------------------
+
+
+class KVLayer(DynamicLayer):
+    """A dense layer that also remembers which token each cached entry came from.
+
+    ``positions`` has shape ``(H_kv, S)``: heads may keep different tokens (same count), which
+    saves real memory, unlike masking. ``update`` must return keys/values that end with the new
+    tokens in order, because the runtime's causal mask assumes it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions: torch.Tensor | None = None
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
+        """Store new tokens; return the full (dense, post-RoPE) keys and values for attention."""
+        heads = keys.shape[1]
+        new_pos = positions.to(keys.device).view(1, -1).expand(heads, -1)
+        self.positions = new_pos.clone() if self.positions is None else torch.cat([self.positions, new_pos], dim=1)
+        return DynamicLayer.update(self, keys, values)
+
+    # transformers calls ``update``; the cache routes it to ``append`` with positions.
+    def update(self, key_states, value_states, *args, **kwargs):  # pragma: no cover - routed by the cache
+        raise RuntimeError("KVLayer.update is called through the runtime's cache, which passes positions")
+
+    # --- edits backends make -----------------------------------------------------------------
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only the entries at ``index``: shape (S',) for all heads or (H_kv, S') per head."""
+        heads = self.keys.shape[1]
+        if index.dim() == 1:
+            index = index.view(1, -1).expand(heads, -1)
+        index = index.to(self.keys.device)
+        gather = index[None, :, :, None].expand(1, heads, index.shape[1], self.keys.shape[-1])
+        self.keys = self.keys.gather(2, gather)
+        self.values = self.values.gather(2, gather)
+        self.positions = self.positions.gather(1, index)
+
+    def replace(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
+        if positions.dim() == 1:
+            positions = positions.view(1, -1).expand(keys.shape[1], -1)
+        self.keys, self.values, self.positions = keys, values, positions.to(keys.device)
+
+    # --- what it costs -----------------------------------------------------------------------
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor this layer really holds for attention (codes, scales, factors, buffers)."""
+        return [t for t in (self.keys, self.values) if t is not None]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def get_seq_length(self) -> int:
+        return 0 if self.positions is None else self.positions.shape[1]
+
+    def kept_positions(self) -> torch.Tensor:
+        """(H_kv, S) token indices held (merged entries report their anchor)."""
+        return self.positions
+
+
+# ---------------------------------------------------------------------------------------------
+# The method
+# ---------------------------------------------------------------------------------------------
+
+
+class KVBackend:
+    """Base class: the full cache. Subclasses override the seams they need.
+
+    Class attributes describe the method for the registry, the UI and ``engine.bench --list``.
+    """
+
+    name: ClassVar[str] = "full"
+    title: ClassVar[str] = "Full cache"
+    paper: ClassVar[str] = ""  # URL
+    summary: ClassVar[str] = "Keeps every key and value: the reference for every figure."
+    params: ClassVar[tuple[Param, ...]] = ()
+    # True: cache held at budget x tokens seen while decoding; False: the prompt is compressed and
+    # decoded tokens are appended.
+    holds_budget_while_decoding: ClassVar[bool] = False
+    # True when ``after_attention`` needs the exact attention row of the decode query.
+    needs_decode_attention: ClassVar[bool] = False
+    uses_budget: ClassVar[bool] = True
+
+    def __init__(self, budget: float = 1.0, **params: Any) -> None:
+        self.budget = BUDGET.coerce(budget)
+        known = {p.name: p for p in self.params}
+        unknown = set(params) - set(known)
+        if unknown:
+            raise ValueError(f"{self.name} has no parameter {', '.join(sorted(unknown))}; it takes: {', '.join(known) or 'none'}")
+        self.config = {p.name: p.coerce(params.get(p.name, p.default)) for p in self.params}
+        self.report: dict[str, Any] = {}  # filled by the method: per-layer budgets, kept sets...
+
+    def __getattr__(self, item: str) -> Any:  # parameters read as attributes: self.window
+        config = self.__dict__.get("config", {})
+        if item in config:
+            return config[item]
+        raise AttributeError(item)
+
+    # --- seams -------------------------------------------------------------------------------
+    def new_layer(self, layer_idx: int) -> KVLayer:
+        return KVLayer()
+
+    def attend(self, call: AttentionCall, query, key, value, scaling: float) -> torch.Tensor | None:
+        return None
+
+    def after_attention(self, call: AttentionCall, layer: KVLayer, query, key, scaling: float, attn_row=None) -> None:
+        """``attn_row``: (1, H, 1, S) float32 softmax of the decode query if ``needs_decode_attention``."""
+
+    def after_forward(self, cache, call: AttentionCall) -> None:
+        pass
+
+    # --- helpers for subclasses ---------------------------------------------------------------
+    def budget_tokens(self, total: int, minimum: int = 1) -> int:
+        """Tokens kept out of ``total`` at this budget (rounded, never below ``minimum``)."""
+        return min(total, max(minimum, math.ceil(self.budget * total - 1e-9)))
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "paper": self.paper,
+            "summary": self.summary,
+            "holds_budget_while_decoding": self.holds_budget_while_decoding,
+            "uses_budget": self.uses_budget,
+            "params": [BUDGET.to_dict()] + [p.to_dict() for p in self.params],
+        }
+
+    @classmethod
+    def describe_class(cls) -> dict:
+        return cls.describe(cls.__new__(cls))

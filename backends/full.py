@@ -1,0 +1,10 @@
+"""The uncompressed cache: every key and value of every token. The reference for all figures."""
+
+from .base import KVBackend
+
+
+class FullCache(KVBackend):
+    name = "full"
+    title = "Full cache"
+    summary = "Keeps every key and value; the reference every other method is measured against."
+    uses_budget = False

@@ -1,0 +1,84 @@
+"""The attention function the text model runs, registered through transformers'
+``AttentionInterface``: exact causal attention over whatever the cache holds, with the backend's
+seams called around it. The model files are untouched."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from backends.attention_math import attention_probs, causal_attention
+from backends.base import AttentionCall
+
+from .cache import KVCache
+from .models import ATTENTION_NAME
+
+
+@dataclass
+class ForwardRun:
+    """What one forward pass is: the cache, the backend, and the call template for its layers."""
+
+    cache: KVCache
+    call: AttentionCall
+    overhead_s: float = 0.0
+    sync: bool = False
+    calls: dict = field(default_factory=dict)
+
+    def call_for(self, layer_idx: int) -> AttentionCall:
+        return replace(self.call, layer_idx=layer_idx)
+
+    def timed(self, fn, *args, **kwargs):
+        """Run a backend hook and add its time to the method's overhead."""
+        if self.sync:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        if self.sync:
+            torch.cuda.synchronize()
+        self.overhead_s += time.perf_counter() - start
+        return result
+
+
+_ACTIVE: ContextVar[ForwardRun | None] = ContextVar("kv_arena_forward", default=None)
+
+
+@contextmanager
+def forward_run(run: ForwardRun):
+    token = _ACTIVE.set(run)
+    try:
+        yield run
+    finally:
+        _ACTIVE.reset(token)
+
+
+def kv_arena_attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, **kwargs):
+    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    run = _ACTIVE.get()
+    if run is None:  # a forward pass outside the runtime (e.g. training): plain causal attention
+        return causal_attention(query, key, value, scaling).transpose(1, 2).contiguous(), None
+    backend = run.cache.backend
+    call = run.call_for(module.layer_idx)
+    layer = run.cache.layers[module.layer_idx]
+    out = backend.attend(call, query, key, value, scaling)
+    if out is None:
+        out = causal_attention(query, key, value, scaling)
+    row = None
+    if not call.is_prefill and backend.needs_decode_attention:
+        row = run.timed(attention_probs, query, key, scaling)
+    run.timed(backend.after_attention, call, layer, query, key, scaling, row)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args, **kwargs):
+    """The attention function builds its own offset-causal mask; no 4-D mask is needed."""
+    return None
+
+
+AttentionInterface.register(ATTENTION_NAME, kv_arena_attention)
+AttentionMaskInterface.register(ATTENTION_NAME, _no_mask)

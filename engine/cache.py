@@ -1,0 +1,30 @@
+"""The cache object handed to the model: transformers' ``Cache`` seam, with one backend layer per
+decoder layer. It tells each layer which tokens the new keys belong to, and meters real bytes."""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache
+
+from backends.base import KVBackend
+
+
+class KVCache(Cache):
+    def __init__(self, backend: KVBackend, num_layers: int):
+        super().__init__(layers=[backend.new_layer(i) for i in range(num_layers)])
+        self.backend = backend
+        self.pending_positions: torch.Tensor | None = None  # token indices of the keys about to arrive
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return self.layers[layer_idx].append(key_states, value_states, self.pending_positions)
+
+    def nbytes(self) -> int:
+        """Bytes of every tensor the layers hold for attention (codes, scales, factors included)."""
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def tokens_per_layer(self) -> list[int]:
+        return [layer.get_seq_length() for layer in self.layers]
+
+    def kept_positions(self) -> list[torch.Tensor]:
+        """Per layer, the (H_kv, S) token indices held."""
+        return [layer.kept_positions() for layer in self.layers]

@@ -1,0 +1,77 @@
+"""Reading images and videos from disk, with readable errors. Frames are decoded with decord
+(no torchvision here) and sampled uniformly."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from .errors import UserError
+
+MAX_VIDEO_SECONDS = float(os.environ.get("KV_ARENA_MAX_VIDEO_SECONDS", 600))
+MAX_VIDEO_BYTES = int(float(os.environ.get("KV_ARENA_MAX_VIDEO_MB", 200)) * 2**20)
+
+
+@dataclass
+class Video:
+    """Uniformly sampled RGB frames (N, H, W, 3) uint8 with the times they were taken at."""
+
+    frames: np.ndarray
+    timestamps: list[float]
+    fps: float
+    source: str = ""
+
+    @property
+    def sample_fps(self) -> float:
+        """Frames per second of the sampled clip (what M-RoPE's temporal ids are spaced by)."""
+        if len(self.timestamps) < 2:
+            return 1.0
+        span = self.timestamps[-1] - self.timestamps[0]
+        return (len(self.timestamps) - 1) / span if span > 0 else 1.0
+
+
+def load_image(source) -> Image.Image:
+    """A path or PIL image -> RGB PIL image; raises UserError when it is not an image."""
+    if isinstance(source, Image.Image):
+        return source.convert("RGB")
+    path = str(source)
+    if not os.path.isfile(path):
+        raise UserError(f"Image not found: {os.path.basename(path) or path}")
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise UserError(f"'{os.path.basename(path)}' is not a readable image ({exc.__class__.__name__}).") from None
+
+
+def load_video(source, num_frames: int = 8) -> Video:
+    """Sample ``num_frames`` frames uniformly from a video file; UserError if it is not one."""
+    if isinstance(source, Video):
+        return source
+    path = str(source)
+    name = os.path.basename(path)
+    if num_frames < 1:
+        raise UserError("The number of video frames must be at least 1.")
+    if not os.path.isfile(path):
+        raise UserError(f"Video not found: {name or path}")
+    if os.path.getsize(path) > MAX_VIDEO_BYTES:
+        raise UserError(f"'{name}' is larger than the {MAX_VIDEO_BYTES // 2**20} MB this app accepts.")
+    import decord  # imported here: decoding is optional for image-only use
+
+    try:
+        reader = decord.VideoReader(path, ctx=decord.cpu(0))
+        total = len(reader)
+        fps = float(reader.get_avg_fps()) or 1.0
+    except Exception as exc:  # decord raises its own DECORDError and RuntimeError
+        raise UserError(f"'{name}' is not a video that can be decoded ({exc.__class__.__name__}).") from None
+    if total == 0:
+        raise UserError(f"'{name}' has no frames.")
+    if total / fps > MAX_VIDEO_SECONDS:
+        raise UserError(f"'{name}' lasts {total / fps:.0f} s; the limit is {MAX_VIDEO_SECONDS:.0f} s.")
+    index = np.linspace(0, total - 1, num=min(num_frames, total)).round().astype(int)
+    frames = reader.get_batch(list(index)).asnumpy()
+    return Video(frames=frames, timestamps=[float(i) / fps for i in index], fps=fps, source=path)

@@ -1,0 +1,238 @@
+"""Models by short name: offline tiny built-ins, hub checkpoints, and same-architecture random
+variants of the hub models built from configs the project ships (``engine/configs``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import UserError
+from .inputs import ADAPTERS, ChatAdapter
+from .tiny import byte_tokenizer, tiny_config, tiny_image_processor
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+ATTENTION_NAME = "kv_arena"  # registered by engine.attention
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str  # qwen2_vl, qwen2_5_vl, llava, llava_next, llava_onevision
+    source: str  # "builtin", "hub" or "random"
+    repo: str | None = None
+    description: str = ""
+
+    @property
+    def needs_download(self) -> bool:
+        return self.source == "hub"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "architecture": self.family, "source": self.source,
+                "needs_download": self.needs_download, "repo": self.repo, "description": self.description}
+
+
+HUB = {
+    "Qwen/Qwen2-VL-2B-Instruct": "qwen2_vl",
+    "Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl",
+    "Qwen/Qwen2.5-VL-7B-Instruct": "qwen2_5_vl",
+    "llava-hf/llava-1.5-7b-hf": "llava",
+    "llava-hf/llava-v1.6-mistral-7b-hf": "llava_next",
+    "llava-hf/llava-onevision-qwen2-0.5b-ov-hf": "llava_onevision",
+}
+
+_SPECS = [
+    ModelSpec("tiny-qwen2-vl", "qwen2_vl", "builtin", description="Tiny random Qwen2-VL (offline, M-RoPE, native video)"),
+    ModelSpec("tiny-qwen2.5-vl", "qwen2_5_vl", "builtin", description="Tiny random Qwen2.5-VL (offline, windowed vision)"),
+    ModelSpec("tiny-llava", "llava", "builtin", description="Tiny random LLaVA-1.5 shape (offline, Llama decoder, 1-D RoPE)"),
+]
+_SPECS += [ModelSpec(repo, fam, "hub", repo, f"{repo} from the Hugging Face Hub") for repo, fam in HUB.items()]
+_SPECS += [ModelSpec("random:" + repo, fam, "random", repo, f"{repo} architecture, random weights (no download)")
+           for repo, fam in HUB.items()]
+MODELS: dict[str, ModelSpec] = {s.name: s for s in _SPECS}
+DEFAULT_MODEL = "tiny-qwen2-vl"
+
+
+def model_spec(name: str) -> ModelSpec:
+    if name in MODELS:
+        return MODELS[name]
+    raise UserError(f"unknown model '{name}'; choose from: {', '.join(MODELS)}")
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    model: torch.nn.Module
+    adapter: ChatAdapter
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def text_config(self):
+        return self.model.config.get_text_config()
+
+    @property
+    def num_layers(self) -> int:
+        return self.text_config.num_hidden_layers
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.text_config, "max_position_embeddings", 32768))
+
+    def language_model(self):
+        return self.model.model.language_model
+
+
+def _model_class(family: str):
+    import transformers as tf
+
+    return {
+        "qwen2_vl": tf.Qwen2VLForConditionalGeneration,
+        "qwen2_5_vl": tf.Qwen2_5_VLForConditionalGeneration,
+        "llava": tf.LlavaForConditionalGeneration,
+        "llava_next": tf.LlavaNextForConditionalGeneration,
+        "llava_onevision": tf.LlavaOnevisionForConditionalGeneration,
+    }[family]
+
+
+def shipped_config(repo: str, num_layers: int | None = None):
+    """The config of ``repo`` as the project ships it, optionally with fewer decoder layers."""
+    from transformers import AutoConfig
+
+    path = CONFIG_DIR / (repo.replace("/", "__") + ".json")
+    data = json.loads(path.read_text())
+    if num_layers:
+        data.setdefault("text_config", {})["num_hidden_layers"] = int(num_layers)
+        if "layer_types" in data["text_config"]:
+            data["text_config"]["layer_types"] = data["text_config"]["layer_types"][: int(num_layers)]
+    return AutoConfig.for_model(**data)
+
+
+def _offline_processors(family: str, config):
+    """Tokenizer, image processor and (LLaVA) processor, all made in code."""
+    tokenizer = byte_tokenizer("qwen" if family.startswith("qwen") else "llava")
+    image_processor = tiny_image_processor(family)
+    processor = None
+    if family == "llava":
+        from transformers import LlavaProcessor
+
+        processor = LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=14,
+                                   vision_feature_select_strategy="default", image_token="<image>",
+                                   num_additional_image_tokens=1)
+    return tokenizer, image_processor, processor
+
+
+def _retarget_special_ids(config, tokenizer) -> None:
+    """Random-weight variants use the byte tokenizer: point the config's special ids at its tokens."""
+    names = {"image_token_id": ["<|image_pad|>", "<image>"], "video_token_id": ["<|video_pad|>", "<video>"],
+             "image_token_index": ["<image>"], "video_token_index": ["<video>"],
+             "vision_start_token_id": ["<|vision_start|>"], "vision_end_token_id": ["<|vision_end|>"]}
+    vocab = tokenizer.get_vocab()
+    for attr, tokens in names.items():
+        for token in tokens:
+            if hasattr(config, attr) and token in vocab:
+                setattr(config, attr, vocab[token])
+                break
+    text = config.get_text_config()
+    text.eos_token_id = tokenizer.eos_token_id
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: str | None = None,
+               num_layers: int | None = None, quantization: str | None = None, seed: int = 0,
+               progress=None) -> LoadedModel:
+    """Load a model by registry name. ``quantization``: None, "8bit" or "4bit" (hub models, CUDA)."""
+    from . import attention  # noqa: F401  (registers the attention function)
+
+    spec = model_spec(name)
+    dev = pick_device(device)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
+    if torch_dtype is None:
+        raise UserError(f"unknown dtype '{dtype}'; use float32, bfloat16 or float16")
+    say = progress or (lambda fraction, text: None)
+    cls = _model_class(spec.family)
+    if spec.source == "hub":
+        say(0.1, f"Fetching {spec.repo} (weights are cached after the first download)...")
+        model, tokenizer, image_processor, processor = _load_hub(spec, cls, dev, torch_dtype, quantization)
+    else:
+        say(0.1, f"Building {spec.name} with random weights (seed {seed})...")
+        if spec.source == "builtin":
+            config = tiny_config(spec.family)
+            if num_layers:
+                config.get_text_config().num_hidden_layers = int(num_layers)
+        else:
+            config = shipped_config(spec.repo, num_layers)
+        tokenizer, image_processor, processor = _offline_processors(spec.family, config)
+        if spec.source == "random":
+            _retarget_special_ids(config, tokenizer)
+            if spec.family != "llava" and not spec.family.startswith("qwen"):
+                processor = _generic_processor(spec.family, image_processor, tokenizer, config)
+        torch.manual_seed(seed)
+        with torch.device(dev):
+            model = cls(config).to(torch_dtype)
+    model.eval()
+    model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
+    say(0.9, "Model ready.")
+    adapter = ADAPTERS[spec.family](model, tokenizer, image_processor, processor)
+    return LoadedModel(spec, model, adapter, torch_dtype, dev)
+
+
+def _generic_processor(family, image_processor, tokenizer, config):
+    """LLaVA-NeXT / OneVision random variants: their processor around our byte tokenizer."""
+    from transformers import LlavaNextProcessor, LlavaOnevisionProcessor
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import LlavaOnevisionImageProcessorPil
+
+    if family == "llava_next":
+        ip = LlavaNextImageProcessorPil(image_grid_pinpoints=config.image_grid_pinpoints)
+        return LlavaNextProcessor(image_processor=ip, tokenizer=tokenizer, patch_size=14, image_token="<image>",
+                                  vision_feature_select_strategy=config.vision_feature_select_strategy)
+    ip = LlavaOnevisionImageProcessorPil(image_grid_pinpoints=config.image_grid_pinpoints)
+    return LlavaOnevisionProcessor(image_processor=ip, tokenizer=tokenizer, image_token="<image>",
+                                   video_token="<video>", vision_feature_select_strategy=config.vision_feature_select_strategy,
+                                   num_image_tokens=729)
+
+
+def _load_hub(spec: ModelSpec, cls, dev, torch_dtype, quantization):
+    """The real loading path: weights, tokenizer and PIL image processor from the hub (or a local dir)."""
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+    kwargs: dict = {"dtype": torch_dtype}
+    if quantization:
+        if quantization not in ("4bit", "8bit"):
+            raise UserError("quantization must be '4bit' or '8bit'")
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=quantization == "4bit", load_in_8bit=quantization == "8bit",
+            bnb_4bit_compute_dtype=torch_dtype)
+        kwargs["device_map"] = "auto"
+    elif dev.type == "cuda":
+        kwargs["device_map"] = "auto"  # accelerate places layers, spilling to CPU if the GPU is small
+    repo = os.environ.get("KV_ARENA_LOCAL_" + spec.repo.replace("/", "__").replace("-", "_").replace(".", "_"), spec.repo)
+    try:
+        model = cls.from_pretrained(repo, **kwargs)
+        if "device_map" not in kwargs:
+            model = model.to(dev)
+        tokenizer = AutoTokenizer.from_pretrained(repo)
+        image_processor = AutoImageProcessor.from_pretrained(repo, backend="pil")
+        processor = None
+        if not spec.family.startswith("qwen"):
+            processor = AutoProcessor.from_pretrained(repo, image_processor=image_processor, tokenizer=tokenizer)
+    except OSError as exc:
+        raise UserError(f"Could not fetch '{spec.repo}': {str(exc).splitlines()[0]} "
+                        "Check the network (or HF_TOKEN), or pick an offline model such as 'tiny-qwen2-vl'.") from None
+    return model, tokenizer, image_processor, processor
+
+
+def list_models() -> list[dict]:
+    return [s.to_dict() for s in MODELS.values()]
