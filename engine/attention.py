@@ -48,6 +48,11 @@ class ForwardRun:
 _ACTIVE: ContextVar[ForwardRun | None] = ContextVar("kv_arena_forward", default=None)
 
 
+def active_run() -> ForwardRun | None:
+    """The forward pass now running in this thread, if any (for hooks around the decoder layers)."""
+    return _ACTIVE.get()
+
+
 @contextmanager
 def forward_run(run: ForwardRun):
     token = _ACTIVE.set(run)

@@ -65,9 +65,11 @@ class Update:
 class Conversation:
     """Multi-turn chat whose (compressed) cache is carried from turn to turn."""
 
-    def __init__(self, loaded: LoadedModel, backend: KVBackend, system_prompt: str | None = DEFAULT_SYSTEM):
+    def __init__(self, loaded: LoadedModel, backend: KVBackend, system_prompt: str | None = DEFAULT_SYSTEM,
+                 linker=None):
         self.loaded = loaded
         self.backend = backend
+        self.linker = linker  # engine.linking.Linker: stored media KV for backends that reuse it (MPIC)
         self.adapter = loaded.adapter
         self.cache = KVCache(backend, loaded.num_layers)
         self.system_prompt = system_prompt
@@ -92,12 +94,18 @@ class Conversation:
         return self._rotary_module(dummy, self._position_ids(rope_ids))
 
     # --- one forward pass ----------------------------------------------------------------------
-    def _forward(self, input_ids, rope_ids, layout: PromptLayout | None, model_kwargs: dict) -> tuple[torch.Tensor, float]:
-        q = input_ids.shape[1]
-        positions = torch.arange(self.seen, self.seen + q, device=self.loaded.device)
+    def _forward(self, input_ids, rope_ids, layout: PromptLayout | None, model_kwargs: dict,
+                 positions: torch.Tensor | None = None, seen: int | None = None) -> tuple[torch.Tensor, float]:
+        """One forward pass. ``positions`` / ``seen`` (token indices fed, history length after) let a
+        linked prefill feed a subset of a chunk; ``input_ids`` is None when ``model_kwargs`` holds
+        ``inputs_embeds``."""
+        q = rope_ids.shape[1]
+        if positions is None:
+            positions = torch.arange(self.seen, self.seen + q, device=self.loaded.device)
+        seen = self.seen + q if seen is None else seen
         self.cache.pending_positions = positions
         call = AttentionCall(layer_idx=0, num_layers=self.loaded.num_layers, phase="prefill" if q > 1 else "decode",
-                             positions=positions, rope_ids=rope_ids, layout=layout, seen=self.seen + q,
+                             positions=positions, rope_ids=rope_ids, layout=layout, seen=seen,
                              step=self.steps, rotary=self.rotary)
         run = ForwardRun(self.cache, call, sync=self._sync)
         dev = self.loaded.device
@@ -105,14 +113,17 @@ class Conversation:
         if "pixel_values" in kwargs and kwargs["pixel_values"].is_floating_point():
             kwargs["pixel_values"] = kwargs["pixel_values"].to(self.loaded.dtype)
         with forward_run(run):
-            out = self.loaded.model(input_ids=input_ids.to(dev), position_ids=self._position_ids(rope_ids),
+            out = self.loaded.model(input_ids=None if input_ids is None else input_ids.to(dev),
+                                    position_ids=self._position_ids(rope_ids),
                                     past_key_values=self.cache, use_cache=True, logits_to_keep=1, **kwargs)
             run.timed(self.backend.after_forward, self.cache, call)
-        self.seen += q
+        self.seen = seen
         return out.logits[0, -1].float(), run.overhead_s
 
     # --- turns ---------------------------------------------------------------------------------
     def _encode(self, message: Message, close_turn: bool) -> Chunk:
+        if self.linker is not None:  # decode the media once and note their content keys
+            message = self.linker.resolve(message)
         prefix = list(self.pending)
         system = self.system_prompt if self.seen == 0 and not prefix else None
         return self.adapter.encode_turn(message, self.seen, self.next_position, system, prefix,
@@ -140,7 +151,10 @@ class Conversation:
         m = Metrics(prompt_tokens=chunk.input_ids.shape[1],
                     visual_tokens=sum(v.length for v in chunk.layout.visuals))
         t0 = self._clock()
-        logits, overhead = self._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
+        if self.linker is not None:
+            logits, overhead = self.linker.prefill(self, chunk)
+        else:
+            logits, overhead = self._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
         m.prefill_s = self._clock() - t0
         m.overhead_s = overhead
         self.next_position = chunk.next_position
@@ -154,8 +168,9 @@ class Conversation:
 
     @torch.inference_mode()
     def stream(self, message: Message, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int = 0, should_stop=None) -> Iterator[Update]:
-        """Answer one user turn, yielding after every token. ``should_stop()`` ends it early."""
+               seed: int = 0, should_stop=None, ignore_eos: bool = False) -> Iterator[Update]:
+        """Answer one user turn, yielding after every token. ``should_stop()`` ends it early;
+        ``ignore_eos`` generates exactly ``max_new_tokens`` (benchmarks on random weights)."""
         start = time.perf_counter()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -169,7 +184,7 @@ class Conversation:
         ids: list[int] = []
         text = ""
         logits = self._last_logits
-        eos = self.adapter.eos_ids
+        eos = set() if ignore_eos else self.adapter.eos_ids
         for step in range(max_new_tokens):
             token = self._sample(logits, temperature, top_p, generator)
             ids.append(token)
@@ -194,7 +209,7 @@ class Conversation:
             m.kv_trace.append(m.kv_bytes)
         # the last token is not fed yet: it (and an end-of-turn if missing) opens the next turn
         last = ids[-1]
-        self.pending = [last] + (self.adapter.tokens(self.adapter.assistant_close) if last in eos
+        self.pending = [last] + (self.adapter.tokens(self.adapter.assistant_close) if last in self.adapter.eos_ids
                                  else self.adapter.end_of_turn_ids())
         m.tokens_held = self.cache.tokens_per_layer()
         if self.cuda:

@@ -176,14 +176,30 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
             _retarget_special_ids(config, tokenizer)
             if spec.family != "llava" and not spec.family.startswith("qwen"):
                 processor = _generic_processor(spec.family, image_processor, tokenizer, config)
-        torch.manual_seed(seed)
-        with torch.device(dev):
-            model = cls(config).to(torch_dtype)
+        model = _random_model(cls, config, dev, torch_dtype, seed)
     model.eval()
     model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
     say(0.9, "Model ready.")
     adapter = ADAPTERS[spec.family](model, tokenizer, image_processor, processor)
     return LoadedModel(spec, model, adapter, torch_dtype, dev)
+
+
+def _random_model(cls, config, dev, dtype, seed: int):
+    """Seeded random weights, drawn tensor by tensor (the per-module initialisers take minutes at
+    7B size on a CPU). Norm weights are ones, biases zero, matrices N(0, initializer_range)."""
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights(), torch.device(dev):
+        model = cls(config)
+    generator = torch.Generator(device=dev).manual_seed(seed)
+    std = getattr(config.get_text_config(), "initializer_range", 0.02)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 1:
+                param.fill_(1.0 if "norm" in name or name.endswith("weight") else 0.0)
+            else:
+                param.normal_(0.0, std, generator=generator)
+    return model.to(dtype)
 
 
 def _generic_processor(family, image_processor, tokenizer, config):
@@ -193,13 +209,19 @@ def _generic_processor(family, image_processor, tokenizer, config):
     from transformers.models.llava_onevision.image_processing_pil_llava_onevision import LlavaOnevisionImageProcessorPil
 
     if family == "llava_next":
-        ip = LlavaNextImageProcessorPil(image_grid_pinpoints=config.image_grid_pinpoints)
+        ip = LlavaNextImageProcessorPil(image_grid_pinpoints=config.image_grid_pinpoints, size={"shortest_edge": 336},
+                                        crop_size={"height": 336, "width": 336})
         return LlavaNextProcessor(image_processor=ip, tokenizer=tokenizer, patch_size=14, image_token="<image>",
+                                  num_additional_image_tokens=1,
                                   vision_feature_select_strategy=config.vision_feature_select_strategy)
     ip = LlavaOnevisionImageProcessorPil(image_grid_pinpoints=config.image_grid_pinpoints)
-    return LlavaOnevisionProcessor(image_processor=ip, tokenizer=tokenizer, image_token="<image>",
-                                   video_token="<video>", vision_feature_select_strategy=config.vision_feature_select_strategy,
-                                   num_image_tokens=729)
+    try:
+        return LlavaOnevisionProcessor(image_processor=ip, tokenizer=tokenizer, image_token="<image>",
+                                       video_token="<video>", vision_feature_select_strategy=config.vision_feature_select_strategy,
+                                       num_image_tokens=729)
+    except (AttributeError, ImportError) as exc:  # its video processor needs torchvision
+        raise UserError("LLaVA-OneVision's processor needs torchvision, which this machine lacks; "
+                        f"use a Qwen-VL or LLaVA-1.5 model here ({exc.__class__.__name__}).") from None
 
 
 def _load_hub(spec: ModelSpec, cls, dev, torch_dtype, quantization):

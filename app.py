@@ -1,0 +1,71 @@
+"""KV-cache arena: chat with a vision-language model, pick a KV-cache compression method, and watch
+what it saves. ``python app.py`` serves it on ``GRADIO_SERVER_NAME``:``GRADIO_SERVER_PORT``
+(Gradio's defaults otherwise).
+
+Environment: ``KV_ARENA_MODEL`` (the model picked at start; default: a hub model with a GPU and
+network, else the offline ``tiny-qwen2-vl``), ``KV_ARENA_PRELOAD=0`` (load it on first use instead),
+``KV_ARENA_MAX_VIDEO_SECONDS`` / ``KV_ARENA_MAX_VIDEO_MB`` (upload limits), ``KV_ARENA_QUEUE``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gradio as gr
+
+from components.about import build_about
+from components.chat import build_chat
+from components.compare import build_compare
+from components.settings import build_settings
+from engine import media, service
+from engine.errors import UserError
+
+HEADER = """# KV-cache arena
+Chat with images and video while a KV-cache method decides what the model remembers: watch the memory
+it saves, what it costs in speed, and which image tokens it kept. See **About** for the plain-words tour."""
+
+CSS = """
+#chat-status, #compare-status { font-size: 0.9em; }
+.answer textarea { font-family: ui-monospace, monospace; font-size: 0.85em; }
+"""
+
+
+def _release(request: gr.Request) -> None:
+    service.release(getattr(request, "session_hash", None))  # the tab closed: free its caches now
+
+
+def build_demo() -> gr.Blocks:
+    # delete_cache: uploads and rendered overlays older than an hour are removed every 30 minutes
+    with gr.Blocks(title="KV-cache arena", delete_cache=(1800, 3600)) as demo:
+        # one Session per browser tab: its chat, uploads and caches are never shared
+        session = gr.State(service.Session, delete_callback=service.close_session)
+        gr.Markdown(HEADER)
+        with gr.Row():
+            with gr.Column(scale=1, min_width=300):
+                settings = build_settings()
+            with gr.Column(scale=3):
+                with gr.Tabs():
+                    with gr.Tab("Chat", id="chat"):
+                        build_chat(settings, session)
+                    with gr.Tab("Compare", id="compare"):
+                        build_compare(settings, session)
+                    with gr.Tab("About", id="about"):
+                        build_about()
+        demo.unload(_release)
+    demo.queue(max_size=int(os.environ.get("KV_ARENA_QUEUE", 32)))
+    return demo
+
+
+def main() -> None:
+    if os.environ.get("KV_ARENA_PRELOAD", "1") != "0":  # the first visitor should not wait for it
+        try:
+            service.get_model(service.default_model())
+        except UserError as exc:  # still serve: the UI says the same when the model is used
+            print(f"warning: {exc}")
+    port = os.environ.get("GRADIO_SERVER_PORT")
+    build_demo().launch(server_name=os.environ.get("GRADIO_SERVER_NAME"), server_port=int(port) if port else None,
+                        max_file_size=media.MAX_VIDEO_BYTES, theme=gr.themes.Soft(), css=CSS)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""AttentionPack (Ilhan et al., "Attention-aware Inference Optimizations for Large Vision-Language
+Models with Memory-efficient Decoding", CVPR 2026; Sec. 3-4 and Algorithm 1 in Sec. 6 of
+``../shared/papers/attention_pack.txt``): a low-rank visual KV cache rebuilt on every read.
+
+* Per layer, the visual tokens of a prompt form one T x W matrix for the pre-RoPE keys and one for
+  the values, all KV heads side by side (W = H_kv * D, the paper's multi-head compression). Each is
+  factorised by randomized SVD (``torch.svd_lowrank``) into a T x R factor and an R x W
+  decompression matrix; only those are stored. Text tokens stay dense (Sec. 8.2: compressing them
+  with the visual ones cost ~20% accuracy).
+* Every read (``append``) rebuilds the factors, re-rotates the keys with the model's own RoPE tables
+  for the stored rotary ids (1-D RoPE or M-RoPE), and puts the dense tokens after them.
+* Attention-aware decompression, F = 2 groups (Sec. 7.1.1): a per-token statistic, Eq. 1
+  ``I <- a^Tq I + (1 - a^Tq) mean_rows(A)``, ranks the compressed tokens; the top r1 = 25% are rebuilt
+  with all R components, the rest with the first R/4. The paper does this for the values only;
+  ``partial_on`` can move it to the keys or both (its Fig. 4). The statistic is seeded at prefill
+  from the last 32 prompt rows (the question) and updated with every decode query's attention row.
+* Tokens generated while decoding collect dense; every ``period`` (T_p) of them are factorised too
+  (the paper gives no T_p; 0 keeps generated text dense, as its image-QA runs keep all text).
+
+Budget -> rank: the largest R whose factors fit ``budget`` x the block's dense bytes,
+``R = floor(budget * T * W / (T + W))`` in [1, min(T, W)]; ``rank_k`` / ``rank_v`` > 0 override it
+(the paper uses 64 for images, 128 for video). Budget 1.0 is the full cache whatever the ranks:
+factors at a rank that loses nothing would be larger than the dense matrix.
+
+Deviations, on purpose: a layer's visual tokens are factorised right after its prefill attention
+rather than at the first decode step (same cache, lower peak); and each period's tokens become a
+block of their own instead of re-factorising the whole cache (Algorithm 1, line 15), which would
+compound the error of the R/4-rebuilt tokens and mix modalities.
+
+Report (``self.report``): per layer ``full_rank`` / ``reduced_rank`` (token indices rebuilt at
+full and at reduced rank at the next read), ``ranks`` (R_k, R_v per block) and ``bytes``
+(factors, dense, scalars: the statistic and rotary ids).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .attention_math import attention_probs
+from .base import KVBackend, KVLayer, Param
+from .rope import rotate, unrotate
+
+STAT_ROWS = 32  # prompt rows that seed the statistic: the question sits at the end of the prompt
+REDUCED = 4  # the low-attention group keeps R / 4 components (paper: R^(1) = 4 R^(2))
+
+
+def factorise(matrix: torch.Tensor, rank: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T, W) ~ coef (T, R) @ basis (R, W), components by decreasing singular value, stored in ``dtype``."""
+    dtype = dtype or matrix.dtype
+    u, s, v = torch.svd_lowrank(matrix.float(), q=rank, niter=2)  # float32: no half-precision SVD kernels
+    return (u * s).to(dtype), v.T.contiguous().to(dtype)
+
+
+def rebuild(coef: torch.Tensor, basis: torch.Tensor, full: torch.Tensor | None, reduced: int) -> torch.Tensor:
+    """Rows in ``full`` use every component, the others only the first ``reduced`` (fewer FLOPs)."""
+    if full is None or reduced >= coef.shape[1]:
+        return coef @ basis
+    out = torch.empty(coef.shape[0], basis.shape[1], dtype=coef.dtype, device=coef.device)
+    out[full] = coef[full] @ basis
+    out[~full] = coef[~full, :reduced] @ basis[:reduced]
+    return out
+
+
+@dataclass
+class LowRankBlock:
+    """Tokens held as factors: pre-RoPE keys ~ k_coef @ k_basis, values ~ v_coef @ v_basis."""
+
+    positions: torch.Tensor  # (T,) token indices
+    rope_ids: torch.Tensor  # (P, T) int32 rotary ids, to re-rotate rebuilt keys
+    k_coef: torch.Tensor
+    k_basis: torch.Tensor
+    v_coef: torch.Tensor
+    v_basis: torch.Tensor
+    score: torch.Tensor  # (T,) float32 attention statistic (Eq. 1)
+    full: torch.Tensor | None = None  # (T,) bool: rebuilt with every component at the next read
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.rope_ids, self.k_coef, self.k_basis, self.v_coef, self.v_basis, self.score]
+
+
+class PackedLayer(KVLayer):
+    """Low-rank blocks, then dense tokens (``keys``/``values``/``positions`` hold the dense part)."""
+
+    def __init__(self, full_share: float, partial_on: str) -> None:
+        super().__init__()
+        self.full_share, self.partial_on = full_share, partial_on
+        self.blocks: list[LowRankBlock] = []
+        self.score: torch.Tensor | None = None  # (S_dense,) statistic of the dense tokens
+        self.buffered: torch.Tensor | None = None  # (S_dense,) bool: generated, waiting for the period
+        self.buffer_rope: torch.Tensor | None = None  # (P, n) rotary ids of the buffered tokens
+        self.rotary = None  # rope_ids -> (cos, sin), from the runtime
+
+    def append(self, keys, values, positions):
+        dense_k, dense_v = super().append(keys, values, positions)
+        new = keys.shape[2]
+        self.score = _cat(self.score, torch.zeros(new, device=keys.device))
+        self.buffered = _cat(self.buffered, torch.zeros(new, dtype=torch.bool, device=keys.device))
+        if not self.blocks:
+            return dense_k, dense_v
+        heads, dim = keys.shape[1], keys.shape[3]
+        parts_k, parts_v = [], []
+        for b in self.blocks:
+            k = rebuild(b.k_coef, b.k_basis, b.full if self.partial_on in ("keys", "both") else None,
+                        max(1, b.k_coef.shape[1] // REDUCED))
+            v = rebuild(b.v_coef, b.v_basis, b.full if self.partial_on in ("values", "both") else None,
+                        max(1, b.v_coef.shape[1] // REDUCED))
+            cos, sin = self.rotary(b.rope_ids)
+            parts_k.append(rotate(_heads(k, heads, dim), cos, sin))
+            parts_v.append(_heads(v, heads, dim))
+        return torch.cat(parts_k + [dense_k], dim=2), torch.cat(parts_v + [dense_v], dim=2)
+
+    def choose_groups(self) -> None:
+        """F = 2: the top ``full_share`` of all compressed tokens by statistic get full rank."""
+        scores = torch.cat([b.score for b in self.blocks])
+        full = torch.zeros_like(scores, dtype=torch.bool)
+        full[scores.topk(math.ceil(self.full_share * scores.numel())).indices] = True
+        for b, part in zip(self.blocks, full.split([b.score.numel() for b in self.blocks])):
+            b.full = part
+
+    def observe(self, stat: torch.Tensor, rows: int, alpha: float) -> None:
+        """Eq. 1 over the read order (blocks, then dense): ``rows`` queries gave ``stat``."""
+        keep = alpha ** rows
+        parts = stat.float().split([b.score.numel() for b in self.blocks] + [self.score.numel()])
+        for b, s in zip(self.blocks, parts):
+            b.score = keep * b.score + (1 - keep) * s
+        self.score = keep * self.score + (1 - keep) * parts[-1]
+
+    def pack(self, index: torch.Tensor, rope_ids: torch.Tensor, rank_k: int, rank_v: int, rotary) -> None:
+        """Factorise the dense entries at ``index`` (their rotary ids ``rope_ids``) into a block."""
+        self.rotary = rotary
+        rope_ids = rope_ids.to(self.keys.device, torch.int32)
+        cos, sin = rotary(rope_ids)
+        keys = unrotate(self.keys[:, :, index].float(), cos, sin)  # float32: half precision would add error
+        width, dtype, tokens = keys.shape[1] * keys.shape[3], self.keys.dtype, index.numel()
+        k_mat = keys[0].transpose(0, 1).reshape(-1, width)
+        v_mat = self.values[0, :, index].transpose(0, 1).reshape(-1, width)
+        self.blocks.append(LowRankBlock(self.positions[0, index], rope_ids,
+                                        *factorise(k_mat, min(rank_k, tokens, width), dtype),
+                                        *factorise(v_mat, min(rank_v, tokens, width)), self.score[index]))
+        rest = torch.ones(self.keys.shape[2], dtype=torch.bool, device=self.keys.device)
+        rest[index] = False
+        self.keys, self.values = self.keys[:, :, rest], self.values[:, :, rest]
+        self.positions, self.score, self.buffered = self.positions[:, rest], self.score[rest], self.buffered[rest]
+
+    def hold(self, rope_ids: torch.Tensor) -> int:
+        """Mark the newest dense tokens as waiting for the period; returns how many wait."""
+        self.buffered[-rope_ids.shape[1]:] = True
+        self.buffer_rope = _cat(self.buffer_rope, rope_ids.to(self.keys.device, torch.int32), dim=1)
+        return int(self.buffered.sum())
+
+    def pack_buffer(self, rank_k: int, rank_v: int, rotary) -> None:
+        self.pack(self.buffered.nonzero().squeeze(1), self.buffer_rope, rank_k, rank_v, rotary)
+        self.buffer_rope = None
+
+    # --- what it holds -------------------------------------------------------------------------
+    def tensors(self) -> list[torch.Tensor]:
+        extra = [t for t in (self.score, self.buffer_rope) if t is not None]
+        return super().tensors() + extra + [t for b in self.blocks for t in b.tensors()]
+
+    def get_seq_length(self) -> int:
+        return super().get_seq_length() + sum(b.positions.numel() for b in self.blocks)
+
+    def kept_positions(self) -> torch.Tensor:
+        heads = self.keys.shape[1]
+        packed = [b.positions.view(1, -1).expand(heads, -1) for b in self.blocks]
+        return torch.cat(packed + [self.positions], dim=1)
+
+    def keep(self, index: torch.Tensor) -> None:
+        raise NotImplementedError("AttentionPack keeps every token; its factors cannot be gathered")
+
+
+class AttentionPack(KVBackend):
+    name = "attention_pack"
+    title = "AttentionPack"
+    paper = "https://arxiv.org/abs/2603.23914"
+    summary = ("Stores the image tokens' keys and values as low-rank factors (all heads together) and "
+               "rebuilds them at every step: full rank for the most-attended 25%, a quarter of it for the rest.")
+    params = (
+        Param("rank_k", 0, "Rank of the key factors; 0 derives it from the budget (paper: 64 images, 128 video).", 0, 4096, 1),
+        Param("rank_v", 0, "Rank of the value factors; 0 derives it from the budget.", 0, 4096, 1),
+        Param("full_share", 0.25, "Share of compressed tokens, by attention, rebuilt at full rank (the rest at R/4).", 0.0, 1.0, 0.05),
+        Param("partial_on", "values", "Which factors the reduced-rank group applies to (paper: values).",
+              choices=("values", "keys", "both", "none")),
+        Param("ema_alpha", 0.25, "Decay of the running attention statistic per query (Eq. 1).", 0.0, 1.0, 0.05),
+        Param("period", 128, "Generated tokens collected dense before they are factorised too; 0 never.", 0, 4096, 1),
+    )
+    needs_decode_attention = True  # the decode query's attention row feeds the statistic
+
+    def __init__(self, budget: float = 1.0, **params) -> None:
+        super().__init__(budget, **params)
+        self.needs_decode_attention = self.budget < 1.0  # the full cache needs no statistic
+
+    def new_layer(self, layer_idx: int) -> KVLayer:
+        if self.budget >= 1.0:  # the full cache, exactly
+            return KVLayer()
+        return PackedLayer(self.full_share, self.partial_on)
+
+    def ranks(self, tokens: int, width: int) -> tuple[int, int]:
+        fitted = math.floor(self.budget * tokens * width / (tokens + width))
+        return tuple(max(1, min(r or fitted, tokens, width)) for r in (self.rank_k, self.rank_v))
+
+    def after_attention(self, call, layer, query, key, scaling, attn_row=None) -> None:
+        if not isinstance(layer, PackedLayer):
+            return
+        if attn_row is not None:  # decode: the runtime's softmax row, averaged over heads
+            stat, rows = attn_row.reshape(-1, attn_row.shape[-1]).mean(0), 1
+        else:  # prefill: the last prompt rows against every key they see
+            rows, total = min(STAT_ROWS, query.shape[2]), key.shape[2]
+            index = torch.arange(total - rows, total, device=key.device)
+            stat = attention_probs(query[:, :, -rows:], key, scaling, index).mean(dim=(0, 1))
+        layer.observe(stat, rows, self.ema_alpha)
+        width = key.shape[1] * key.shape[3]
+        if call.is_prefill and call.layout is not None and call.layout.visuals:
+            dense = layer.positions[0]
+            visual = torch.zeros_like(dense, dtype=torch.bool)
+            for v in call.layout.visuals:
+                visual |= (dense >= v.span[0]) & (dense < v.span[1])
+            index = visual.nonzero().squeeze(1)
+            if index.numel():
+                rope = call.rope_ids.to(dense.device)[:, dense[index] - int(call.positions[0])]
+                layer.pack(index, rope, *self.ranks(index.numel(), width), call.rotary)
+        elif not call.is_prefill and self.period > 0 and layer.hold(call.rope_ids) >= self.period:
+            layer.pack_buffer(*self.ranks(self.period, width), call.rotary)
+        if layer.blocks:  # the groups of the next read (Algorithm 1, line 6), from the updated statistic
+            layer.choose_groups()
+        self._report(call, layer)
+
+    def _report(self, call, layer: PackedLayer) -> None:
+        for key in ("full_rank", "reduced_rank", "ranks", "bytes"):
+            self.report.setdefault(key, [None] * call.num_layers)
+        i, blocks = call.layer_idx, layer.blocks
+        full = [b.positions[b.full] for b in blocks]
+        reduced = [b.positions[~b.full] for b in blocks]
+        self.report["full_rank"][i] = torch.cat(full) if full else torch.zeros(0, dtype=torch.long)
+        self.report["reduced_rank"][i] = torch.cat(reduced) if reduced else torch.zeros(0, dtype=torch.long)
+        self.report["ranks"][i] = [(b.k_coef.shape[1], b.v_coef.shape[1]) for b in blocks]
+        factors = sum(_nbytes(t) for b in blocks for t in (b.k_coef, b.k_basis, b.v_coef, b.v_basis))
+        dense = _nbytes(layer.keys) + _nbytes(layer.values)
+        self.report["bytes"][i] = {"factors": factors, "dense": dense, "scalars": layer.nbytes() - factors - dense}
+
+
+def _cat(old: torch.Tensor | None, new: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    return new if old is None else torch.cat([old, new], dim=dim)
+
+
+def _heads(matrix: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+    """(T, H_kv * D) -> (1, H_kv, T, D)."""
+    return matrix.view(-1, heads, dim).transpose(0, 1).unsqueeze(0)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()

@@ -1,0 +1,124 @@
+"""Elastic Cache (Liu et al., "Efficient Inference of Vision Instruction-Following Models with
+Elastic Cache", ECCV 2024): "one sequence, two policies" (Sec. 3.3).
+
+Instruction encoding (importance-driven cache merging, Sec. 3.2-3.3):
+
+* Importance of held entry n in layer i: I_n = (1/K) sum_heads sum_m A[m, n], the layer-wise *sum*
+  of the attention it receives from every causal prompt query m (the ablation, Tab. 3d, finds the
+  sum far better than the mean or a moving average). Recomputed from the post-RoPE queries in
+  float32, chunked, never as a T x T matrix.
+* Anchors: the true top gamma x T entries by I_n (gamma = budget), shared by all heads of the layer
+  (Tab. 3c: layer-wise beats head-wise). The first ``protected_tokens`` tokens and the last prompt
+  token are always anchors. The authors' code ranks with ``argsort(score) > forget`` (indices used
+  as ranks), which keeps neither the top-k nor the requested count; we keep the top-k, as the
+  paper describes.
+* Buckets by the midpoint rule of Eq. 2 over token positions: token p joins anchor t_k when
+  floor((t_{k-1}+t_k)/2) < p <= floor((t_k+t_{k+1})/2). Eq. 2 writes the last bucket's start
+  without the "+1", which would put one token in two buckets; we read it as a partition.
+* Each bucket is stored as the plain mean of its keys and of its values, per head (Eq. 3); the
+  merged entry keeps its anchor's position. Keys are averaged post-RoPE, as the authors' cache
+  holds them.
+
+Output generation (fixed-point elimination, Sec. 3.3): the cache is held at gamma x tokens seen;
+when a new token pushes it over, the entry at the fixed truncation index N_tl is removed, N_tl =
+(merged prompt length) - ``truncation_distance`` (25 in Sec. 4.1), so the first entries and a
+recent tail both survive. Nothing is merged while decoding.
+
+Multi-turn: each new prefill (a next user turn, or the question in question-after mode) scores
+every held entry with the new queries, re-selects anchors over the whole history (the paper
+compresses "system prompts, user instructions, and chat history" together) and resets N_tl.
+
+Report: ``kept`` (per layer, (S,) anchor positions, shared by heads), ``merged`` (per layer,
+tokens folded into another entry by the last merge), ``truncation_index`` (per layer N_tl).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention_math import attention_column_sums
+from .base import AttentionCall, KVBackend, KVLayer, Param
+
+
+def select_anchors(importance: torch.Tensor, count: int, forced: torch.Tensor) -> torch.Tensor:
+    """Indices (ascending) of the ``count`` entries with the highest importance; ``forced`` (bool,
+    same shape) entries are always among them."""
+    score = importance.float().masked_fill(forced, float("inf"))
+    return score.topk(count).indices.sort().values
+
+
+def midpoint_buckets(positions: torch.Tensor, anchor_positions: torch.Tensor) -> torch.Tensor:
+    """Bucket (anchor ordinal) of every entry by Eq. 2: ties at a midpoint go to the left anchor."""
+    bounds = (anchor_positions[:-1] + anchor_positions[1:]).div(2, rounding_mode="floor")
+    return torch.searchsorted(bounds, positions, right=False)
+
+
+def bucket_means(states: torch.Tensor, bucket: torch.Tensor, count: int) -> torch.Tensor:
+    """Plain mean of ``states`` (1, H, S, D) over each bucket, per head (Eq. 3): (1, H, count, D)."""
+    sums = states.new_zeros(*states.shape[:2], count, states.shape[-1], dtype=torch.float32)
+    sums.index_add_(2, bucket, states.float())
+    sizes = torch.bincount(bucket, minlength=count).clamp_min(1)
+    return (sums / sizes[:, None]).to(states.dtype)
+
+
+class ElasticCache(KVBackend):
+    name = "elastic_cache"
+    title = "Elastic Cache"
+    paper = "https://arxiv.org/abs/2407.18121"
+    summary = ("Merges every prompt token into its nearest important anchor (top attention received), "
+               "then holds the cache at the budget while decoding by dropping the entry at a fixed point.")
+    params = (
+        Param("truncation_distance", 25, "While decoding, entries are removed this many positions before the "
+              "end of the merged prompt (Sec. 4.1: 25).", 1, 1024, 1),
+        Param("protected_tokens", 1, "First tokens always kept as anchors (Sec. 4.1 protects the first one).",
+              1, 64, 1),
+    )
+    holds_budget_while_decoding = True
+
+    def __init__(self, budget: float = 1.0, **params) -> None:
+        super().__init__(budget, **params)
+        self._cut: dict[int, int] = {}  # layer -> fixed truncation index N_tl
+
+    def target(self, seen: int) -> int:
+        """Entries held for ``seen`` tokens: gamma x seen, never fewer than the forced anchors."""
+        return self.budget_tokens(seen, minimum=self.protected_tokens + 1)
+
+    def after_attention(self, call: AttentionCall, layer: KVLayer, query, key, scaling: float, attn_row=None) -> None:
+        if not self.report:
+            self.report.update(kept=[None] * call.num_layers, merged=[0] * call.num_layers,
+                               truncation_index=[None] * call.num_layers)
+        i = call.layer_idx
+        target = self.target(call.seen)
+        if call.is_prefill:
+            held, q = key.shape[2], query.shape[2]
+            if held > target:
+                rows = torch.arange(held - q, held, device=query.device)  # the new tokens' own indices
+                importance = attention_column_sums(query, key, scaling, rows).mean(dim=0)  # (1/K) sum_j
+                self.merge(layer, importance, target)
+                self.report["merged"][i] = held - target
+            self._cut[i] = max(self.protected_tokens, layer.get_seq_length() - self.truncation_distance)
+            self.report["truncation_index"][i] = self._cut[i]
+        else:
+            self.evict(layer, self._cut.get(i, self.protected_tokens), target)
+        self.report["kept"][i] = layer.positions[0]
+
+    def merge(self, layer: KVLayer, importance: torch.Tensor, count: int) -> None:
+        """Keep ``count`` anchors of the layer; fold every other entry into its bucket's mean."""
+        positions = layer.positions[0]  # shared by all heads: merging is layer-wise
+        forced = torch.zeros_like(positions, dtype=torch.bool)
+        forced[: self.protected_tokens] = True
+        forced[-1] = True  # the last prompt token
+        anchors = select_anchors(importance, count, forced)
+        bucket = midpoint_buckets(positions, positions[anchors])
+        layer.replace(bucket_means(layer.keys, bucket, count), bucket_means(layer.values, bucket, count),
+                      positions[anchors])
+
+    def evict(self, layer: KVLayer, cut: int, target: int) -> None:
+        """Fixed-point elimination: drop the entries at index ``cut`` until ``target`` remain."""
+        held = layer.get_seq_length()
+        excess = held - target
+        if excess <= 0:
+            return
+        # cut < target by construction, so the newest token always survives
+        index = torch.cat([torch.arange(cut), torch.arange(cut + excess, held)])
+        layer.keep(index)

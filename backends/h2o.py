@@ -1,0 +1,91 @@
+"""H2O, the heavy-hitter oracle (Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative
+Inference of Large Language Models", NeurIPS 2023, Sec. 4 / Alg. 1): keep the tokens that have
+received the most attention so far (the heavy hitters) plus a window of the most recent ones.
+
+* Score: the attention each cached entry has received, accumulated. At prefill, the column sums
+  over every causal prompt query (recomputed from post-RoPE queries, chunked, float32); then, at
+  every decode step, the new query's softmax row is added, so the ranking keeps moving as the
+  answer grows (the "dynamic" part of Alg. 1).
+* Granularity: per KV head, the query heads of a GQA group averaged. H2O selects heavy hitters
+  per head (Alg. 1 runs per head), and heads do attend to different tokens; a KV head is the
+  finest unit whose entries can really be dropped when query heads share keys, and per-head
+  ``keep`` saves the same bytes as a shared one. (The Elastic Cache authors' H2O baseline averaged
+  all heads and layers into one score; that is a coarser variant, not the paper's.)
+* Budget: the cache holds budget x tokens seen, at prefill and during decoding. A share of it
+  (``recent_share``, 10% as in VL-Cache's fair-comparison setting, see METHODS.md) is the most
+  recent tokens; the rest are the highest accumulated scores among the older entries.
+* Multi-turn: scores persist with their entries, so the next turn's prompt is scored on top of
+  the history's accumulated attention, as H2O's running statistic would be.
+
+The (H_kv, S) float32 score buffer is bookkeeping, like the position index, not attention
+storage; it is not counted in the cache bytes. Report: ``kept`` (per layer, (H_kv, S) positions
+held per head) and ``scores`` (per layer, (H_kv, S) accumulated attention of those entries).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention_math import attention_column_sums, kv_group_mean
+from .base import AttentionCall, KVBackend, KVLayer, Param
+
+
+class ScoredLayer(KVLayer):
+    """A dense layer whose entries carry their accumulated attention, gathered along on ``keep``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scores: torch.Tensor | None = None  # (H_kv, S) float32
+
+    def append(self, keys, values, positions):
+        # new entries start at zero; the attention they receive is added after this step's attention
+        fresh = torch.zeros(keys.shape[1], keys.shape[2], dtype=torch.float32, device=keys.device)
+        self.scores = fresh if self.scores is None else torch.cat([self.scores, fresh], dim=1)
+        return super().append(keys, values, positions)
+
+    def keep(self, index: torch.Tensor) -> None:
+        super().keep(index)
+        if index.dim() == 1:
+            index = index.view(1, -1).expand(self.scores.shape[0], -1)
+        self.scores = self.scores.gather(1, index.to(self.scores.device))
+
+
+class H2O(KVBackend):
+    name = "h2o"
+    title = "H2O (heavy hitters)"
+    paper = "https://arxiv.org/abs/2306.14048"
+    summary = ("Keeps the tokens that received the most attention so far, updated at every generated token, "
+               "plus the most recent ones; evicts the rest.")
+    params = (
+        Param("recent_share", 0.1, "Share of the kept entries reserved for the most recent tokens "
+              "(10% of the budget, VL-Cache's setting for H2O).", 0.0, 1.0, 0.05),
+    )
+    holds_budget_while_decoding = True
+    needs_decode_attention = True
+
+    def new_layer(self, layer_idx: int) -> ScoredLayer:
+        return ScoredLayer()
+
+    def after_attention(self, call: AttentionCall, layer: ScoredLayer, query, key, scaling: float, attn_row=None) -> None:
+        if not self.report:
+            self.report.update(kept=[None] * call.num_layers, scores=[None] * call.num_layers)
+        if call.is_prefill:
+            held, q = key.shape[2], query.shape[2]
+            rows = torch.arange(held - q, held, device=query.device)  # the new tokens' own indices
+            received = attention_column_sums(query, key, scaling, rows)
+        else:
+            received = attn_row[:, 0]  # (H, S): the decode query's softmax row
+        layer.scores += kv_group_mean(received, key.shape[1])
+        self.evict(layer, self.budget_tokens(call.seen))
+        self.report["kept"][call.layer_idx] = layer.positions
+        self.report["scores"][call.layer_idx] = layer.scores
+
+    def evict(self, layer: ScoredLayer, target: int) -> None:
+        """Keep ``target`` entries per KV head: the recent window and the heaviest older ones."""
+        held = layer.get_seq_length()
+        if held <= target:
+            return
+        recent = min(target, max(1, round(self.recent_share * target)))  # the newest token always stays
+        heavy = layer.scores[:, : held - recent].topk(target - recent, dim=1).indices.sort(dim=1).values
+        window = torch.arange(held - recent, held, device=heavy.device).expand(heavy.shape[0], -1)
+        layer.keep(torch.cat([heavy, window], dim=1))  # ascending per head: cache order is token order

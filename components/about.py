@@ -1,0 +1,60 @@
+"""The About tab: the KV cache in plain words, what each registered method does, what the panels show."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from .settings import method_specs
+
+INTRO = """
+### What is the KV cache?
+A language model writes its answer one token (a word piece) at a time. To choose each token it looks
+back at every earlier token through *attention*, and for that it keeps two vectors per token, per
+layer: a **key** and a **value**. Keeping them, instead of recomputing them for every new token, is
+the **KV cache**. It grows with every token of the conversation.
+
+### Why do images and video make it big?
+A vision-language model turns a picture into many tokens: a 448 x 448 image becomes 256 tokens in
+Qwen2-VL, 576 in LLaVA-1.5, and a video adds tokens for every frame (Qwen2-VL merges pairs of frames:
+eight 448 px frames are 1,024 tokens). For Qwen2-VL-2B every token costs 28 KiB of cache
+(2 vectors x 28 layers x 2 KV heads x 128 numbers x 2 bytes), so that short video holds 28 MiB per
+user before a word of the answer. Reading the whole cache back for every new token is also what
+makes decoding slow.
+
+### How can it shrink?
+The methods here keep less while trying to answer the same way. Some **drop** tokens the model pays
+little attention to, some **merge** neighbours into one, some **quantise** the numbers to fewer bits,
+some store a **low-rank** approximation, and some **reuse** the cache of an image seen before instead of
+recomputing it. The *budget* is the fraction of the full cache a method keeps (1.0 keeps everything).
+"""
+
+PANELS = """
+### What the panels show
+- **KV memory**: bytes the cache really holds (codes, scales and factors included) after the prompt
+  (x = 0) and after each new token, for the method and the full cache (dashed); the label is the saving.
+- **Speed**: time to first token (reading the media, the prompt pass and the method's own work) and
+  decode speed in tokens per second, method next to the full cache, with the difference in %.
+- **Per-layer budget**: the share of the full cache each layer keeps; methods that give layers
+  different budgets show their plan as markers.
+- **Kept visual tokens**: each cell of the picture is one visual token; dark red cells were dropped.
+- **Same tokens as full**: how many answer tokens match the full cache's answer, position by position.
+- A figure marked **cached** comes from an earlier full-cache run on exactly the same input, so the
+  full cache is not paid for twice.
+
+The offline models (`tiny-…`, `random:…`) have random weights: their answers are nonsense text, but
+every memory and speed figure is measured, not estimated.
+"""
+
+
+def methods_table() -> str:
+    rows = ["| Method (links to its paper) | What it does |", "|---|---|"]
+    for spec in method_specs():
+        name = f"[{spec['title']}]({spec['paper']})" if spec["paper"] else spec["title"]
+        rows.append(f"| {name} | {spec['summary']} |")
+    return "\n".join(rows)
+
+
+def build_about() -> None:
+    gr.Markdown(INTRO)
+    gr.Markdown("### The methods\n" + methods_table())
+    gr.Markdown(PANELS)

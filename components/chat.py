@@ -1,0 +1,193 @@
+"""The Chat tab: a multi-turn chat with images and videos, streamed token by token, with live
+panels (KV memory, speed, per-layer budget) and the kept-visual-token overlay.
+
+:func:`respond` is the event's logic with plain arguments (tests call it directly);
+:func:`submit` is what Gradio calls, with the settings column's values.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from engine import service
+from engine.errors import UserError
+
+from . import overlay, plots
+from .settings import SettingsPanel, settings_from
+
+PLOT_EVERY_S = 0.4  # redraw the panels at most this often while streaming (the text every token)
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+EMPTY_INPUT = {"text": "", "files": []}
+
+
+def parse_message(message: dict | str | None) -> tuple[str, list[str]]:
+    """MultimodalTextbox value -> (text, file paths)."""
+    if isinstance(message, str) or message is None:
+        return message or "", []
+    files = [f["path"] if isinstance(f, dict) else str(f) for f in message.get("files") or []]
+    return message.get("text") or "", files
+
+
+def user_messages(text: str, files: list[str]) -> list[dict]:
+    content = [{"path": f} for f in files] + ([text] if text else [])
+    return [{"role": "user", "content": content}]
+
+
+def fmt_bytes(n: float) -> str:
+    scale, unit = plots.byte_unit(n)
+    return f"{n / scale:.1f} {unit}" if scale > 1 else f"{n:.0f} bytes"
+
+
+def reference_run(view: dict) -> dict | None:
+    return {"method": "Full cache", **view["reference"]} if view.get("reference") else None
+
+
+def status_line(view: dict, settings: service.Settings) -> str:
+    """One line of figures under the chat, in words."""
+    m, ref = view["metrics"], view.get("reference")
+    parts = [f"**{view['method']}**", f"{m['new_tokens']} new tokens", f"KV cache {fmt_bytes(m['kv_bytes'])}"]
+    if ref:
+        full = ref["metrics"]["kv_trace"]
+        same_point = full[min(len(m["kv_trace"]) - 1, len(full) - 1)]
+        parts[-1] += f" vs {fmt_bytes(same_point)} full ({1 - m['kv_bytes'] / same_point:.0%} saved)"
+    parts += [f"first token after {m['ttft_s']:.2f} s", f"{m['decode_tok_s']:.1f} tokens/s"]
+    if view.get("agreement") is not None:
+        parts.append(f"{view['agreement']:.0%} of tokens match the full cache's answer")
+    if ref and ref["cached"]:
+        parts.append("full-cache figures reused from an earlier run on this input (cached)")
+    if service.has_random_weights(settings.model):
+        parts.append("random weights: the text is nonsense, the figures are real")
+    return " · ".join(parts)
+
+
+def panels(view: dict) -> tuple:
+    run = {"method": view["method"], "metrics": view["metrics"], "layers": view["layers"]}
+    ref = reference_run(view)
+    return plots.memory_figure([run], ref), plots.speed_figure([run], ref), plots.layer_figure([run], ref)
+
+
+def progress_reporter(progress):
+    return (lambda fraction, text: progress(fraction, desc=text)) if progress is not None else (lambda f, t: None)
+
+
+def respond(message, history: list, session: service.Session, settings: service.Settings,
+            progress=None) -> Iterator[tuple]:
+    """Answer one message. Yields (chatbot, input box, status, memory, speed, layers, layer picker,
+    overlay gallery). Bad input raises gr.Error and leaves the chat as it was."""
+    text, files = parse_message(message)
+    history = list(history or [])
+    try:
+        prepared = service.prepare(text, files, settings.num_frames, progress_reporter(progress))
+    except UserError as exc:
+        raise gr.Error(str(exc)) from None
+    shown = history
+    if history and not session.continues(settings):
+        shown = shown + [{"role": "assistant", "content": "The settings changed, so this is a new conversation: "
+                          "the messages above are not in its memory.", "metadata": {"title": "New conversation"}}]
+    shown = shown + user_messages(text, files)
+    answer = {"role": "assistant", "content": "…"}
+    skip = (gr.skip(),) * 5
+    yield shown + [answer], EMPTY_INPUT, "Working…", *skip
+    drawn = 0.0
+    try:
+        for view in service.chat_turn(session, settings, prepared, progress_reporter(progress)):
+            answer = {"role": "assistant", "content": view["text"] or "…"}
+            redraw = view["done"] or time.monotonic() - drawn > PLOT_EVERY_S
+            figures = panels(view) if redraw else (gr.skip(),) * 3
+            drawn = time.monotonic() if redraw else drawn
+            picker, gallery = gr.skip(), gr.skip()
+            if view["done"]:
+                picker = gr.Dropdown(choices=overlay.layer_choices(len(view["layers"]["tokens"])), value=overlay.MEAN)
+                gallery = overlay.gallery(view["visuals"])
+            yield shown + [answer], gr.skip(), status_line(view, settings), *figures, picker, gallery
+    except UserError as exc:
+        yield history, message, f"**Not answered:** {exc}", *skip  # the chat as it was, the message back
+        raise gr.Error(str(exc)) from None
+
+
+@service.gpu
+def submit(message, history, session, request: gr.Request, progress=gr.Progress(), *controls):
+    """The Chat event: settings from the column's controls, then :func:`respond`."""
+    service.track(session, getattr(request, "session_hash", None))
+    try:
+        settings = settings_from(controls)
+    except UserError as exc:
+        raise gr.Error(str(exc)) from None
+    yield from respond(message, history, session, settings, progress)
+
+
+def stop(session: service.Session) -> None:
+    session.stop_requested = True  # the answer ends after the current token, cleanly
+
+
+def clear(session: service.Session) -> tuple:
+    session.new_chat()
+    return [], EMPTY_INPUT, "", None, None, None, gr.Dropdown(choices=[overlay.MEAN], value=overlay.MEAN), None
+
+
+def show_layer(session: service.Session, choice: str):
+    return overlay.gallery(session.visuals, choice)
+
+
+def examples() -> list[list]:
+    """Clickable examples made by ``assets/make_examples.py`` (present ones only)."""
+    rows = [("What shapes do you see, and what colour is each?", ["shapes.png"]),
+            ("Which bar is the tallest?", ["chart.png"]),
+            ("What differs between these two pictures?", ["shapes.png", "street.png"]),
+            ("Where does the ball go?", ["bouncing_ball.mp4"])]
+    return [[{"text": text, "files": [str(ASSETS / f) for f in files]}] for text, files in rows
+            if all((ASSETS / f).is_file() for f in files)]
+
+
+@dataclass
+class ChatTab:
+    chatbot: gr.Chatbot
+    textbox: gr.MultimodalTextbox
+    status: gr.Markdown
+    memory: gr.Plot
+    speed: gr.Plot
+    layers: gr.Plot
+    layer_picker: gr.Dropdown
+    gallery: gr.Gallery
+
+    @property
+    def outputs(self) -> list:
+        return [self.chatbot, self.textbox, self.status, self.memory, self.speed, self.layers,
+                self.layer_picker, self.gallery]
+
+
+def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
+    chatbot = gr.Chatbot(label="Chat", height=420, elem_id="chatbot", buttons=["copy"],
+                         placeholder="Attach images or a video, ask a question, and watch the panels below.")
+    textbox = gr.MultimodalTextbox(file_types=["image", "video"], file_count="multiple", elem_id="chat-input",
+                                   placeholder="Ask about your images or video…", show_label=False)
+    with gr.Row():
+        stop_button = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")
+        clear_button = gr.Button("New chat", size="sm", elem_id="new-chat")
+    status = gr.Markdown(elem_id="chat-status")
+    if examples():
+        gr.Examples(examples(), inputs=[textbox], label="Examples (made by the project, work offline)")
+    with gr.Row():
+        memory = gr.Plot(label="KV memory", elem_id="memory-plot")
+        speed = gr.Plot(label="Speed", elem_id="speed-plot")
+    layers = gr.Plot(label="Per-layer budget", elem_id="layer-plot")
+    with gr.Row():
+        picker = gr.Dropdown(choices=[overlay.MEAN], value=overlay.MEAN, label="Kept visual tokens at",
+                             scale=1, elem_id="layer-picker")
+        gr.Markdown("Clear cells: tokens the cache kept. Dark red: dropped (shaded by the share of heads "
+                    "and layers that dropped them).")
+    gallery = gr.Gallery(label="Which visual tokens were kept", columns=3, height=320, object_fit="contain",
+                         preview=False, fit_columns=False, elem_id="overlay")
+    tab = ChatTab(chatbot, textbox, status, memory, speed, layers, picker, gallery)
+
+    textbox.submit(submit, [textbox, chatbot, session, *settings.inputs], tab.outputs,
+                   concurrency_id="gpu", concurrency_limit=1)
+    stop_button.click(stop, session, None, queue=False)
+    clear_button.click(clear, session, tab.outputs, queue=False)
+    picker.change(show_layer, [session, picker], gallery, queue=False)
+    return tab

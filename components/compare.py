@@ -1,0 +1,130 @@
+"""The Compare tab: one prompt and media, the full cache and 1 to 4 methods run one after another
+(never interleaved, so each timing is its own), answers in columns, a table and the same panels.
+
+:func:`respond` holds the logic with plain arguments; :func:`run` is the wired event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import gradio as gr
+
+import backends
+from engine import service
+from engine.errors import UserError
+
+from . import overlay, plots
+from .chat import PLOT_EVERY_S, fmt_bytes, parse_message, progress_reporter
+from .settings import SettingsPanel, settings_from
+
+COLUMNS = ["Method", "KV cache", "vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",
+           "Same tokens as full", "Note"]
+SLOTS = 1 + service.MAX_COMPARE  # the full cache and up to four methods
+
+
+def table(runs: list[dict]) -> list[list]:
+    """One row per run; ratios against the full cache (the first run)."""
+    full = runs[0]["metrics"]
+    rows = []
+    for run in runs:
+        m = run["metrics"]
+        is_full = run is runs[0]
+        note = "cached: from an earlier run on this input" if run.get("cached") else ("" if run.get("done") else "running…")
+        rows.append([run["method"], fmt_bytes(m["kv_bytes"]),
+                     "" if is_full else f"{m['kv_bytes'] / full['kv_bytes']:.0%}",
+                     round(m["ttft_s"], 3), "" if is_full else plots.percent_change(m["ttft_s"], full["ttft_s"]),
+                     round(m["decode_tok_s"], 1),
+                     "" if is_full else plots.percent_change(m["decode_tok_s"], full["decode_tok_s"]),
+                     "" if run.get("agreement") is None else f"{run['agreement']:.0%}", note])
+    return rows
+
+
+def answer_boxes(runs: list[dict]) -> list:
+    boxes = [gr.Textbox(label=series, value=run.get("text", ""), visible=True)
+             for series, run in ((plots.series_name(r), r) for r in runs)]
+    return boxes + [gr.Textbox(visible=False, value="")] * (SLOTS - len(boxes))
+
+
+def respond(message, methods: list[str], session: service.Session, settings: service.Settings,
+            progress=None) -> Iterator[tuple]:
+    """Yields (5 answer boxes, table, status, memory, speed, layers, overlay gallery)."""
+    text, files = parse_message(message)
+    try:
+        prepared = service.prepare(text, files, settings.num_frames, progress_reporter(progress))
+        views = service.compare(session, settings, methods, prepared, progress_reporter(progress))
+        drawn = 0.0
+        for view in views:
+            runs = view["runs"]
+            reference, others = runs[0], runs[1:]
+            redraw = view["done"] or time.monotonic() - drawn > PLOT_EVERY_S
+            figures = (plots.memory_figure(others, reference), plots.speed_figure(others, reference),
+                       plots.layer_figure(others, reference)) if redraw else (gr.skip(),) * 3
+            drawn = time.monotonic() if redraw else drawn
+            items = [item for run in others for item in overlay.gallery(run["visuals"], prefix=run["method"] + ", ")]
+            status = "Done." if view["done"] else f"Running {runs[-1]['method']}…"
+            if service.has_random_weights(settings.model):
+                status += " Random weights: the answers are nonsense, the figures are real."
+            yield (*answer_boxes(runs), table(runs), status, *figures, items if view["done"] else gr.skip())
+    except UserError as exc:
+        raise gr.Error(str(exc)) from None
+
+
+@service.gpu
+def run(message, methods, session, request: gr.Request, progress=gr.Progress(), *controls):
+    service.track(session, getattr(request, "session_hash", None))
+    try:
+        settings = settings_from(controls)
+    except UserError as exc:
+        raise gr.Error(str(exc)) from None
+    yield from respond(message, methods, session, settings, progress)
+
+
+def choices() -> list[tuple[str, str]]:
+    return [(backends.backend_class(n).title, n) for n in backends.available() if n != "full"]
+
+
+@dataclass
+class CompareTab:
+    methods: gr.CheckboxGroup
+    textbox: gr.MultimodalTextbox
+    button: gr.Button
+    answers: list
+    table: gr.Dataframe
+    status: gr.Markdown
+    memory: gr.Plot
+    speed: gr.Plot
+    layers: gr.Plot
+    gallery: gr.Gallery
+
+    @property
+    def outputs(self) -> list:
+        return [*self.answers, self.table, self.status, self.memory, self.speed, self.layers, self.gallery]
+
+
+def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
+    gr.Markdown("The full cache runs first, then each method in turn on the same input, with the budget and "
+                "parameters set on the left. The full cache's run is reused when the input repeats.")
+    options = choices()
+    methods = gr.CheckboxGroup(options, value=[n for _, n in options[:2]], label=f"Methods (1 to {service.MAX_COMPARE})",
+                               elem_id="compare-methods")
+    textbox = gr.MultimodalTextbox(file_types=["image", "video"], file_count="multiple", elem_id="compare-input",
+                                   placeholder="One prompt with images or a video for every method…", show_label=False,
+                                   submit_btn=False)
+    button = gr.Button("Compare", variant="primary", elem_id="compare-run")
+    status = gr.Markdown(elem_id="compare-status")
+    with gr.Row(equal_height=True):
+        answers = [gr.Textbox(visible=False, lines=6, max_lines=12, elem_classes=["answer"]) for _ in range(SLOTS)]
+    grid = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="compare-table", wrap=True)
+    with gr.Row():
+        memory = gr.Plot(label="KV memory")
+        speed = gr.Plot(label="Speed")
+    layers = gr.Plot(label="Per-layer budget")
+    gallery = gr.Gallery(label="Which visual tokens each method kept (averaged over layers)", columns=4, height=320,
+                         object_fit="contain", preview=False, fit_columns=False)
+    tab = CompareTab(methods, textbox, button, answers, grid, status, memory, speed, layers, gallery)
+    button.click(run, [textbox, methods, session, *settings.inputs], tab.outputs, concurrency_id="gpu",
+                 concurrency_limit=1)
+    return tab

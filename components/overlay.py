@@ -1,0 +1,70 @@
+"""Which visual tokens the cache kept, drawn on the picture the model saw.
+
+Each visual token covers one cell of the image (a merged 28 px patch for Qwen-VL, a 14 px patch
+for LLaVA). Kept cells stay as they are; dropped ones fade to dark red, in proportion to the
+share of KV heads (and, averaged over layers, of layers) that dropped them. A video becomes a
+strip of frames, one per temporal token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+MEAN = "mean over layers"
+DROPPED = np.array([110, 0, 0], dtype=np.float32)
+TILE = 336  # longest side of one drawn frame, in pixels
+
+
+def layer_choices(num_layers: int) -> list[str]:
+    return [MEAN] + [f"layer {i + 1}" for i in range(num_layers)]
+
+
+def layer_index(choice: str | None) -> int | None:
+    """'layer 3' -> 2; the mean (or nothing) -> None."""
+    if not choice or choice == MEAN:
+        return None
+    return int(choice.split()[-1]) - 1
+
+
+def draw(picture: np.ndarray, keep: np.ndarray) -> Image.Image:
+    """Picture (H, W, 3) uint8 and keep shares (h, w) in [0, 1] -> the overlay image."""
+    h, w = keep.shape
+    cell = max(1, TILE // max(h, w))
+    base = np.asarray(Image.fromarray(picture).convert("RGB").resize((w * cell, h * cell), Image.BICUBIC), np.float32)
+    share = np.kron(keep, np.ones((cell, cell), np.float32))[..., None]
+    faded = base * 0.3 + DROPPED * 0.7
+    out = base * share + faded * (1 - share)
+    if cell >= 6:  # thin cell borders make single tokens visible
+        out[::cell, :, :] *= 0.85
+        out[:, ::cell, :] *= 0.85
+    return Image.fromarray(out.clip(0, 255).astype(np.uint8))
+
+
+def render(visual: dict, layer: int | None = None) -> tuple[Image.Image, str]:
+    """One image or video of the service's ``kept_visuals`` -> (overlay, caption)."""
+    keep = visual["keep"]  # (layers, t, h, w)
+    keep = keep.mean(0) if layer is None or layer >= keep.shape[0] else keep[layer]
+    tiles = [draw(picture, grid) for picture, grid in zip(visual["pictures"], keep)]
+    if len(tiles) == 1:
+        image = tiles[0]
+    else:  # a video: frames side by side with a small gap
+        gap = 6
+        image = Image.new("RGB", (sum(t.width for t in tiles) + gap * (len(tiles) - 1), max(t.height for t in tiles)), "white")
+        x = 0
+        for tile in tiles:
+            image.paste(tile, (x, 0))
+            x += tile.width + gap
+    where = "averaged over layers" if layer is None else f"layer {layer + 1}"
+    caption = f"{visual['label']}: {keep.mean():.0%} of {keep.size} visual tokens kept ({where})"
+    return image, caption
+
+
+def gallery(visuals: list[dict] | None, choice: str | None = None, prefix: str = "") -> list[tuple[Image.Image, str]]:
+    """Gallery items for a list of visuals at the chosen layer."""
+    layer = layer_index(choice)
+    items = []
+    for visual in visuals or []:
+        image, caption = render(visual, layer)
+        items.append((image, prefix + caption))
+    return items

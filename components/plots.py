@@ -1,0 +1,113 @@
+"""The live panels, as Plotly figures built from the service's plain figures (no torch).
+
+Each figure keeps a fixed ``uirevision`` so a user's zoom survives the redraws while tokens stream.
+The full cache is always drawn in grey, dashed where it is a line, and named "(cached)" when its
+figures come from an earlier run on the same input.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+FULL_COLOR = "#8c8c8c"
+COLORS = ["#e4572e", "#2e86ab", "#f3a712", "#29bf12", "#a846a0"]
+LAYOUT = dict(template="plotly_white", height=340, margin=dict(l=50, r=20, t=50, b=90),
+              legend=dict(orientation="h", y=-0.3, yanchor="top"), font=dict(size=12))
+
+
+def byte_unit(largest: float) -> tuple[float, str]:
+    for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if largest >= scale:
+            return scale, name
+    return 1, "bytes"
+
+
+def percent_change(value: float, reference: float) -> str:
+    return f"{(value - reference) / reference:+.0%}" if reference else "n/a"
+
+
+def series_name(run: dict) -> str:
+    return run["method"] + (" (cached)" if run.get("cached") else "")
+
+
+def _empty(title: str, uirevision: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, uirevision=uirevision, **LAYOUT)
+    return fig
+
+
+def memory_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
+    """KV bytes held after the prompt (x = 0) and after each generated token, per method.
+
+    ``runs``: dicts with ``method`` and ``metrics["kv_trace"]``; ``reference``: the full cache's,
+    drawn dashed, and every method's last point is labelled with its saving against it.
+    """
+    fig = _empty("KV cache memory while answering", "memory")
+    everything = [r for r in ([reference] if reference else []) + runs if r and r["metrics"]["kv_trace"]]
+    if not everything:
+        return fig
+    scale, unit = byte_unit(max(max(r["metrics"]["kv_trace"]) for r in everything))
+    full = reference["metrics"]["kv_trace"] if reference else None
+    if full:
+        fig.add_scatter(y=[b / scale for b in full], name=series_name(reference), mode="lines",
+                        line=dict(color=FULL_COLOR, dash="dash"))
+    for i, run in enumerate(runs):
+        trace = run["metrics"]["kv_trace"]
+        if not trace:
+            continue
+        fig.add_scatter(y=[b / scale for b in trace], name=series_name(run), mode="lines",
+                        line=dict(color=COLORS[i % len(COLORS)]))
+        if full:  # the saving at the same point of the answer
+            last = len(trace) - 1
+            held, ref = trace[last], full[min(last, len(full) - 1)]
+            fig.add_annotation(x=last, y=held / scale, text=f"{1 - held / ref:.0%} saved" if ref else "",
+                               showarrow=True, arrowhead=2, ax=-40, ay=-30, font=dict(color=COLORS[i % len(COLORS)]))
+    fig.update_xaxes(title="generated tokens (0 = after the prompt)")
+    fig.update_yaxes(title=f"KV cache ({unit})", rangemode="tozero")
+    return fig
+
+
+def speed_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
+    """Time to first token and decode tokens/s, method vs full side by side, with % difference."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.15,
+                        subplot_titles=("Time to first token (s), lower is better", "Decode tokens/s, higher is better"))
+    fig.update_annotations(font_size=12)
+    fig.update_layout(uirevision="speed", showlegend=False, **LAYOUT)
+    bars = ([reference] if reference else []) + [r for r in runs if r]
+    for col, key in ((1, "ttft_s"), (2, "decode_tok_s")):
+        ref = reference["metrics"][key] if reference else None
+        labels = [f"{r['metrics'][key]:.3g}" + ("" if r is reference or ref is None else
+                                               f" ({percent_change(r['metrics'][key], ref)})") for r in bars]
+        colors = [FULL_COLOR if r is reference else COLORS[(i - bool(reference)) % len(COLORS)] for i, r in enumerate(bars)]
+        values = [r["metrics"][key] for r in bars]
+        fig.add_bar(x=[series_name(r) for r in bars], y=values, text=labels, textposition="outside", textangle=0,
+                    cliponaxis=False, marker_color=colors, row=1, col=col)
+        fig.update_yaxes(range=[0, 1.25 * max(values, default=0) or 1], row=1, col=col)  # room for the labels
+    return fig
+
+
+def layer_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
+    """Per layer: the share of the full cache's bytes each method holds (tokens held / tokens seen
+    when there is no reference), with the method's planned per-layer budget where it reports one."""
+    fig = _empty("Kept per layer", "layers")
+    full = reference["layers"]["bytes"] if reference else None
+    for i, run in enumerate(runs):
+        layers = run.get("layers")
+        if not layers:
+            continue
+        color = COLORS[i % len(COLORS)]
+        if full:
+            shares = [b / f if f else 0.0 for b, f in zip(layers["bytes"], full)]
+        else:
+            shares = [t / layers["seen"] if layers["seen"] else 0.0 for t in layers["tokens"]]
+        x = list(range(1, len(shares) + 1))
+        fig.add_bar(x=x, y=shares, name=series_name(run), marker_color=color)
+        if layers.get("planned"):
+            fig.add_scatter(x=x, y=layers["planned"], name=f"{run['method']}: planned budget", mode="markers",
+                            marker=dict(color=color, symbol="line-ew-open", size=18, line=dict(width=3)))
+    fig.update_xaxes(title="layer", dtick=1 if len(fig.data) and len(fig.data[0].x or ()) <= 40 else None)
+    fig.update_yaxes(title="share of the full cache" if full else "tokens held / tokens seen",
+                     tickformat=".0%", rangemode="tozero")
+    fig.update_layout(barmode="group")
+    return fig

@@ -1,0 +1,160 @@
+"""The settings column: model, method, budget, the method's own parameters, generation length.
+
+Methods and their parameter controls come from the backend registry, so a method added to
+``backends/`` appears here without touching the UI. Every event receives the controls' values
+positionally (``SettingsPanel.inputs``); :func:`settings_from` turns them back into
+:class:`engine.service.Settings`, and :func:`control_values` builds them for tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+import backends
+from engine import service
+from engine.errors import UserError
+
+BASE_CONTROLS = ("model", "method", "budget", "max_new_tokens", "num_frames")
+DEFAULTS = {"budget": 0.5, "max_new_tokens": 48, "num_frames": 8}
+
+
+def method_specs() -> list[dict]:
+    """Every registered method as ``describe_class()`` describes it, the full cache first."""
+    return [backends.backend_class(name).describe_class() for name in backends.available()]
+
+
+def own_params(spec: dict) -> list[dict]:
+    """A method's parameters besides the budget (which has its own slider)."""
+    return [p for p in spec["params"] if p["name"] != "budget"]
+
+
+def param_order() -> list[tuple[str, dict]]:
+    """(method, param spec) of every method parameter, in the order the controls are built."""
+    return [(spec["name"], p) for spec in method_specs() for p in own_params(spec)]
+
+
+def settings_from(values: Sequence) -> service.Settings:
+    """Controls' values (in ``SettingsPanel.inputs`` order) -> Settings."""
+    base = dict(zip(BASE_CONTROLS, values))
+    params: dict[str, dict] = {}
+    for (method, spec), value in zip(param_order(), values[len(BASE_CONTROLS):]):
+        params.setdefault(method, {})[spec["name"]] = value
+    if base["model"] is None or base["method"] is None:
+        raise UserError("Pick a model and a method first.")
+    return service.Settings.make(params=params, model=base["model"], method=base["method"],
+                                 budget=float(base["budget"]), max_new_tokens=int(base["max_new_tokens"]),
+                                 num_frames=int(base["num_frames"]))
+
+
+def control_values(model: str | None = None, method: str = "full", params: dict[str, dict] | None = None,
+                   **base) -> list:
+    """The controls' values with defaults from the papers, for calling event functions directly."""
+    values = DEFAULTS | {"model": model or service.default_model(), "method": method} | base
+    params = params or {}
+    return [values[name] for name in BASE_CONTROLS] + [
+        params.get(m, {}).get(spec["name"], spec["default"]) for m, spec in param_order()]
+
+
+def method_card(name: str) -> str:
+    """One paragraph on the chosen method, with its paper."""
+    spec = backends.backend_class(name).describe_class()
+    paper = f" [Paper]({spec['paper']})" if spec["paper"] else ""
+    return f"**{spec['title']}**: {spec['summary']}{paper}"
+
+
+def model_card(name: str) -> str:
+    if service.has_random_weights(name):
+        return (f"**{name}** has **random weights**: its answers are nonsense text. The memory, speed and "
+                "kept-token panels are real measurements; pick a hub model on a GPU for real answers.")
+    return f"**{name}**: weights from the Hugging Face Hub."
+
+
+def _control(spec: dict, label: str):
+    """One Gradio control for a parameter spec (Param.to_dict())."""
+    common = {"label": label, "info": spec["help"], "value": spec["default"]}
+    if spec["kind"] == "choice":
+        return gr.Dropdown(choices=list(spec["choices"]), **common)
+    if spec["kind"] == "bool":
+        return gr.Checkbox(**common)
+    if spec["kind"] in ("int", "float") and "minimum" in spec and "maximum" in spec:
+        step = spec.get("step") or (1 if spec["kind"] == "int" else (spec["maximum"] - spec["minimum"]) / 100)
+        return gr.Slider(minimum=spec["minimum"], maximum=spec["maximum"], step=step, **common)
+    if spec["kind"] in ("int", "float"):
+        return gr.Number(precision=0 if spec["kind"] == "int" else None, **common)
+    return gr.Textbox(**common)
+
+
+@dataclass
+class SettingsPanel:
+    model: gr.Dropdown
+    model_card: gr.Markdown
+    method: gr.Dropdown
+    method_card: gr.Markdown
+    budget: gr.Slider
+    max_new_tokens: gr.Slider
+    num_frames: gr.Slider
+    groups: dict[str, gr.Group] = field(default_factory=dict)
+    params: list = field(default_factory=list)
+
+    @property
+    def inputs(self) -> list:
+        return [self.model, self.method, self.budget, self.max_new_tokens, self.num_frames, *self.params]
+
+
+def on_method(name: str):
+    """Method picked: its card, the budget slider (disabled for methods without a budget), its fold."""
+    spec = backends.backend_class(name).describe_class()
+    budget = gr.Slider(interactive=spec["uses_budget"],
+                       info="Fraction of the KV cache kept (1.0 keeps everything)." if spec["uses_budget"]
+                       else f"{spec['title']} does not use a budget.")
+    groups = [gr.Group(visible=s["name"] == name) for s in method_specs() if own_params(s)]
+    return [method_card(name), budget, *groups]
+
+
+@service.gpu
+def on_model(name: str, previous: str, progress=gr.Progress()):
+    """Model picked: load it now (with progress). On failure keep the previous one and say why."""
+    try:
+        service.get_model(name, lambda f, text: progress(f, desc=text))
+    except UserError as exc:
+        gr.Warning(str(exc))
+        return previous, previous, model_card(previous) + f"\n\n*Could not switch to {name}: {exc}*"
+    return name, name, model_card(name)
+
+
+def build_settings() -> SettingsPanel:
+    specs = method_specs()
+    first = service.default_model()
+    model = gr.Dropdown(choices=service.model_choices(), value=first, label="Model", elem_id="model")
+    card = gr.Markdown(model_card(first), elem_id="model-card")
+    method = gr.Dropdown(choices=[(s["title"], s["name"]) for s in specs], value="full", label="Method",
+                         elem_id="method")
+    info = gr.Markdown(method_card("full"))
+    budget = gr.Slider(0.01, 1.0, value=DEFAULTS["budget"], step=0.01, label="Budget", interactive=False,
+                       info="The full cache does not use a budget.", elem_id="budget")
+    groups, params = {}, []
+    with gr.Accordion("Advanced: the method's own parameters", open=False):
+        gr.Markdown("The chosen method's parameters appear here (the full cache has none).")
+        for spec in specs:
+            own = own_params(spec)
+            if not own:
+                continue
+            with gr.Group(visible=False) as group:  # the full cache is picked at start
+                paper = f" ([paper]({spec['paper']}))" if spec["paper"] else ""
+                gr.Markdown(f"Parameters of **{spec['title']}**{paper}, with the paper's defaults.")
+                params += [_control(p, p["name"].replace("_", " ")) for p in own]
+            groups[spec["name"]] = group
+    max_new = gr.Slider(1, 512, value=DEFAULTS["max_new_tokens"], step=1, label="Max new tokens")
+    frames = gr.Slider(1, 32, value=DEFAULTS["num_frames"], step=1, label="Video frames",
+                       info="Frames sampled uniformly from an attached video.")
+    gr.Markdown("Changing the model, method or its settings starts a new conversation: "
+                "a cache built by one method cannot be continued by another.")
+    panel = SettingsPanel(model, card, method, info, budget, max_new, frames, groups, params)
+    loaded = gr.State(first)  # the last model that loaded, to fall back to
+    method.change(on_method, method, [info, budget, *groups.values()], queue=False)
+    # .input, not .change: falling back to the previous model must not trigger another load
+    model.input(on_model, [model, loaded], [model, loaded, card], concurrency_id="gpu", concurrency_limit=1)
+    return panel

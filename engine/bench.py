@@ -1,0 +1,206 @@
+"""Benchmark: every chosen method against the full cache, same input, one process, one run.
+
+    python -m engine.bench --model tiny-qwen2-vl --methods full,streamingllm --budget 0.5 \\
+        --image a.png --image b.png --prompt "Compare the images." --max-new-tokens 32 --json
+
+The full cache always runs first (after a warm-up) and is the reference for every ratio. Without
+``--image``/``--video`` two synthetic 448 px images are used. ``--list --json`` prints every method
+(parameters, defaults, ranges) and every model. Exit code 2 and one line on stderr for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import torch
+from PIL import Image
+
+import backends
+
+from .errors import UserError
+from .generate import Conversation
+from .inputs import Message
+from .media import load_image, load_video
+from .models import DEFAULT_MODEL, list_models, load_model
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--methods", default="full,streamingllm", help="comma-separated method names")
+    p.add_argument("--budget", type=float, default=0.5, help="fraction of the KV cache kept (0.01 - 1.0)")
+    p.add_argument("--image", action="append", default=[], help="image path (repeatable)")
+    p.add_argument("--video", action="append", default=[], help="video path (repeatable)")
+    p.add_argument("--frames", type=int, default=8, help="frames sampled per video")
+    p.add_argument("--prompt", default="Describe the images in detail.")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    p.add_argument("--set", action="append", default=[], metavar="[METHOD.]NAME=VALUE",
+                   help="method parameter (repeatable); without METHOD. it goes to every method that takes it")
+    p.add_argument("--question-after", action="store_true",
+                   help="prefill and compress the media first, then feed the question on top of the compressed cache")
+    p.add_argument("--num-layers", type=int, default=None, help="override the decoder depth (random/tiny models)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
+    p.add_argument("--quantization", default=None, help="4bit or 8bit weights (hub models on CUDA)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--list", action="store_true", help="list methods and models")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p.parse_args(argv)
+
+
+def method_params(methods: list[str], settings: list[str]) -> dict[str, dict]:
+    """Route ``--set`` values to the methods that take them; unknown names are an error."""
+    params: dict[str, dict] = {m: {} for m in methods}
+    for item in settings:
+        if "=" not in item:
+            raise UserError(f"--set expects NAME=VALUE, got '{item}'")
+        key, value = item.split("=", 1)
+        target, _, name = key.rpartition(".")
+        takers = [m for m in ([target] if target else methods)
+                  if m in params and name in {p.name for p in backends.backend_class(m).params}]
+        if not takers:
+            raise UserError(f"no chosen method takes a parameter '{key}'")
+        for m in takers:
+            params[m][name] = value
+    return params
+
+
+def synthetic_images(count: int = 2, size: int = 448) -> list[Image.Image]:
+    rng = np.random.RandomState(0)
+    return [Image.fromarray((rng.rand(size, size, 3) * 255).astype("uint8")) for _ in range(count)]
+
+
+def run_method(loaded, name: str, budget: float, params: dict, media: dict, prompt: str,
+               max_new_tokens: int, question_after: bool, ignore_eos: bool = False):
+    backend = backends.make_backend(name, budget=budget, **params)
+    conv = Conversation(loaded, backend)
+    if question_after:
+        setup = conv.feed(Message("", **media))
+        update = conv.ask(Message(prompt), max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
+        m = update.metrics
+        m.prompt_tokens += setup.prompt_tokens
+        m.visual_tokens += setup.visual_tokens
+        m.prefill_s += setup.prefill_s
+        m.overhead_s += setup.overhead_s
+        m.ttft_s += setup.prefill_s
+    else:
+        update = conv.ask(Message(prompt, **media), max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
+    return update, backend, conv
+
+
+def agreement(a: list[int], b: list[int]) -> float:
+    """Share of positions where both answers have the same token (over the longer answer)."""
+    longest = max(len(a), len(b))
+    return sum(x == y for x, y in zip(a, b)) / longest if longest else 1.0
+
+
+def _jsonable(value):
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    return value
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        backends.backend_class(m)  # unknown names fail before the model loads
+    if not 0 < args.budget <= 1:
+        raise UserError(f"--budget must lie in (0, 1]; got {args.budget}")
+    methods = ["full"] + [m for m in methods if m != "full"]
+    params = method_params(methods, args.set)
+    for m in methods:  # parameter values are checked before any work
+        backends.make_backend(m, budget=args.budget, **params[m])
+    images = [load_image(p) for p in args.image]
+    videos = [load_video(p, args.frames) for p in args.video]
+    if not images and not videos:
+        images = synthetic_images()
+    media = {"images": images, "videos": videos, "num_frames": args.frames}
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, num_layers=args.num_layers,
+                        quantization=args.quantization, seed=args.seed)
+    run_method(loaded, "full", 1.0, {}, media, args.prompt, 2, args.question_after)  # warm-up
+
+    rows, ref = [], None
+    for name in methods:
+        update, backend, conv = run_method(loaded, name, args.budget, params[name], media, args.prompt,
+                                           args.max_new_tokens, args.question_after, args.ignore_eos)
+        m = update.metrics
+        if ref is None:
+            ref = (update, m)
+        full_update, full = ref
+        rows.append(_jsonable({
+            "method": name, "budget": args.budget if backend.uses_budget else 1.0, "model": args.model,
+            "params": backend.config, "prompt_tokens": m.prompt_tokens, "visual_tokens": m.visual_tokens,
+            "new_tokens": m.new_tokens, "text": update.text,
+            "ttft_s": m.ttft_s, "prefill_s": m.prefill_s, "overhead_s": m.overhead_s,
+            "overhead_ratio": m.overhead_s / full.prefill_s if full.prefill_s else None,  # method's hooks / full prefill
+            "prefill_ratio": m.prefill_s / full.prefill_s if full.prefill_s else None,
+            "decode_tok_s": m.decode_tok_s,
+            "decode_ratio": m.decode_tok_s / full.decode_tok_s if full.decode_tok_s else None,
+            "kv_bytes_prefill": m.kv_bytes_prefill, "kv_bytes": m.kv_bytes,
+            "kv_bytes_full_prefill": full.kv_bytes_prefill, "kv_bytes_full": full.kv_bytes,
+            "kv_ratio": m.kv_bytes / full.kv_bytes if full.kv_bytes else None,
+            "kv_ratio_prefill": m.kv_bytes_prefill / full.kv_bytes_prefill if full.kv_bytes_prefill else None,
+            "token_agreement": agreement(update.token_ids, full_update.token_ids),
+            "tokens_held": m.tokens_held, "peak_memory_bytes": m.peak_memory_bytes,
+            "question_after": args.question_after, "report": backend.report,
+        }))
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    cols = [("method", "{}"), ("kv_ratio", "{:.3f}"), ("kv_bytes", "{:,}"), ("ttft_s", "{:.3f}"),
+            ("prefill_ratio", "{:.2f}"), ("overhead_s", "{:.4f}"), ("overhead_ratio", "{:.3f}"), ("decode_tok_s", "{:.1f}"),
+            ("decode_ratio", "{:.2f}"), ("new_tokens", "{}"), ("token_agreement", "{:.2f}")]
+    cells = [[c for c, _ in cols]] + [[fmt.format(r[c]) if r[c] is not None else "-" for c, fmt in cols] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    lines = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    head = f"model {rows[0]['model']}, budget {rows[0]['budget'] if len(rows) == 1 else rows[-1]['budget']}, " \
+           f"{rows[0]['prompt_tokens']} prompt tokens ({rows[0]['visual_tokens']} visual); ratios are against the full cache"
+    return "\n".join([head] + lines)
+
+
+MODES = {"mpic": "engine.bench_mpic", "prefill": "engine.bench_prefill"}  # modes with their own CLI
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--mode" in argv:  # e.g. --mode mpic: TTFT of media reuse vs. number of images
+        i = argv.index("--mode")
+        mode = argv[i + 1] if i + 1 < len(argv) else ""
+        if mode not in MODES:
+            print(f"error: unknown --mode '{mode}'; choose from: {', '.join(MODES)}", file=sys.stderr)
+            return 2
+        import importlib
+
+        return importlib.import_module(MODES[mode]).main(argv[:i] + argv[i + 2:])
+    args = parse_args(argv)
+    try:
+        if args.list:
+            listing = {"methods": [backends.backend_class(n).describe_class() for n in backends.available()],
+                       "models": list_models()}
+            if args.json:
+                print(json.dumps(listing, indent=2))
+            else:
+                print("methods:", ", ".join(backends.available()))
+                print("models: ", ", ".join(m["name"] for m in listing["models"]))
+            return 0
+        rows = run(args)
+    except (UserError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(rows, indent=2) if args.json else table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,463 @@
+"""What the app asks of the runtime, in plain Python values: the UI (``components/``) never sees a
+tensor and never imports torch.
+
+* :class:`Session` is one browser tab: its conversation (the compressed cache carried from turn to
+  turn), the media it uploaded, and its full-cache references. Nothing in it is shared.
+* :func:`chat_turn` answers one message, yielding a view (answer so far, meters, per-layer figures,
+  kept visual tokens at the end) after every token.
+* :func:`compare` runs the full cache and up to four methods one after another on one input.
+* The full-cache reference for a given input is computed once per session and reused; every view
+  says whether its reference came from that cache (its timings are then from the earlier run).
+
+Models are shared between sessions (read-only weights); at most one hub model stays loaded.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+import os
+import socket
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+import backends
+
+from .bench import agreement
+from .errors import UserError
+from .generate import Conversation
+from .inputs import Message
+from .media import Video, load_image, load_video
+from .models import DEFAULT_MODEL, MODELS, LoadedModel, load_model, model_spec
+
+log = logging.getLogger(__name__)
+Progress = Callable[[float, str], None]
+VIDEO_SUFFIXES = {".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg"}
+MAX_COMPARE = 4
+HUB_DEFAULT = "Qwen/Qwen2-VL-2B-Instruct"
+
+try:  # on a ZeroGPU Space the GPU is attached only inside functions wrapped by spaces.GPU
+    import spaces
+
+    gpu = spaces.GPU(duration=int(os.environ.get("KV_ARENA_GPU_SECONDS", 120)))
+except ImportError:
+    def gpu(fn):
+        return fn
+
+
+def _silent(fraction: float, text: str) -> None:
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------
+
+_MODELS: dict[str, LoadedModel] = {}
+_MODEL_LOCK = threading.Lock()
+
+
+def hub_reachable(timeout: float = 1.5) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def default_model() -> str:
+    """``KV_ARENA_MODEL`` if set; a real hub model with a GPU and network; else the offline tiny one."""
+    chosen = os.environ.get("KV_ARENA_MODEL")
+    if chosen:
+        return chosen
+    return HUB_DEFAULT if torch.cuda.is_available() and hub_reachable() else DEFAULT_MODEL
+
+
+def model_choices() -> list[tuple[str, str]]:
+    """(label, name) for the model picker; hub models say that they download weights."""
+    return [(f"{name} (download)" if spec.needs_download else name, name) for name, spec in MODELS.items()]
+
+
+def has_random_weights(name: str) -> bool:
+    return name in MODELS and model_spec(name).source != "hub"
+
+
+def get_model(name: str, progress: Progress = _silent) -> LoadedModel:
+    """Load (once) and return a model; one hub model at a time so a GPU holds one set of weights."""
+    with _MODEL_LOCK:
+        if name in _MODELS:
+            return _MODELS[name]
+        spec = model_spec(name)
+        if spec.source != "builtin":  # free the previous large model before loading another
+            for other in [n for n in _MODELS if model_spec(n).source != "builtin"]:
+                del _MODELS[other]
+            free_memory()
+        try:
+            loaded = load_model(name, progress=progress)
+            progress(0.95, "Warming up (so the first timings are not start-up costs)...")
+            Conversation(loaded, backends.make_backend("full")).ask(Message("Hi"), max_new_tokens=2)
+        except UserError:
+            raise
+        except torch.OutOfMemoryError:
+            free_memory()
+            raise UserError(f"Not enough memory to load {name}; pick a smaller model.") from None
+        except Exception as exc:  # a broken download, a missing package: readable, never a traceback
+            first_line = str(exc).splitlines()[0][:300] if str(exc) else ""
+            raise UserError(f"{name} failed to load: {exc.__class__.__name__}: {first_line}") from None
+        _MODELS[name] = loaded
+        return loaded
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the controls decide. ``params`` holds every method's values, so a comparison
+    runs each method as configured; use :meth:`make` to build it from a dict."""
+
+    model: str = DEFAULT_MODEL
+    method: str = "full"
+    budget: float = 0.5
+    max_new_tokens: int = 48
+    num_frames: int = 8
+    temperature: float = 0.0
+    params: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()  # (method, ((name, value), ...))
+
+    @classmethod
+    def make(cls, params: dict[str, dict] | None = None, **fields) -> Settings:
+        frozen = tuple((m, tuple(sorted(v.items()))) for m, v in sorted((params or {}).items()))
+        return cls(params=frozen, **fields)
+
+    def method_params(self, method: str) -> dict:
+        return dict(dict(self.params).get(method, ()))
+
+    def backend(self, method: str | None = None):
+        """Build the chosen method (or another one, as configured); bad values -> UserError."""
+        name = method or self.method
+        try:
+            cls = backends.backend_class(name)
+            return backends.make_backend(name, budget=self.budget if cls.uses_budget else 1.0, **self.method_params(name))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+    @property
+    def cache_key(self) -> tuple:
+        """What built the chat's cache: a change here means the cache cannot be continued."""
+        return self.model, self.method, self.budget, tuple(sorted(self.method_params(self.method).items()))
+
+    @property
+    def generation(self) -> tuple:
+        """What else, besides the messages, decides the answer (part of a reference's key)."""
+        return self.model, self.max_new_tokens, self.temperature
+
+
+@dataclass
+class Prepared:
+    """One user message, decoded and checked before any model work."""
+
+    message: Message
+    key: str  # content hash: same text, same media bytes, same frame count -> same key
+    files: list[str] = field(default_factory=list)
+
+
+def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = _silent) -> Prepared:
+    """Decode the attached images and videos; any bad file raises a UserError naming it."""
+    text = (text or "").strip()
+    files = [str(f) for f in files or []]
+    if not text and not files:
+        raise UserError("The message is empty: type a question or attach an image or a video.")
+    digest = hashlib.sha1(f"{text}\x00{num_frames}".encode())
+    images, videos = [], []
+    for i, path in enumerate(files):
+        progress(0.05 + 0.2 * i / len(files), f"Reading {Path(path).name}...")
+        if Path(path).suffix.lower() in VIDEO_SUFFIXES:
+            videos.append(load_video(path, num_frames))
+        else:  # anything else must be an image; load_image says so readably when it is not
+            images.append(load_image(path))
+        digest.update(_file_hash(path).encode())
+    message = Message(text, images=images, videos=videos, num_frames=num_frames)
+    return Prepared(message, digest.hexdigest(), files)
+
+
+def _file_hash(path: str) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Per-session state
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Reference:
+    """The full cache's answer and meters for one input (a chat prefix or a comparison)."""
+
+    text: str
+    token_ids: list[int]
+    metrics: dict
+    layers: dict
+
+
+class ReferenceCache:
+    """Full-cache runs keyed by (model, generation settings, messages so far), newest last.
+
+    ``conv`` is the full-cache conversation at the state of ``conv_key``; a chat's next reference
+    continues it, anything else replays the earlier messages on a fresh one.
+    """
+
+    size = 16
+
+    def __init__(self) -> None:
+        self.results: OrderedDict[tuple, Reference] = OrderedDict()
+        self.conv: Conversation | None = None
+        self.conv_key: tuple | None = None
+
+    def get(self, loaded: LoadedModel, settings: Settings, history: list[Prepared]) -> tuple[Reference, bool]:
+        """(reference, cached) for the last message of ``history``."""
+        key = settings.generation + tuple(p.key for p in history)
+        if key in self.results:
+            self.results.move_to_end(key)
+            return self.results[key], True
+        generation = {"max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature}
+        resume, self.conv_key = self.conv_key, None  # None until this answer completes: a failure
+        if self.conv is None or resume != key[:-1]:  # would leave the cache half-written
+            self.conv = Conversation(loaded, backends.make_backend("full"))
+            for earlier in history[:-1]:
+                self.conv.ask(earlier.message, **generation)
+        update = self.conv.ask(history[-1].message, **generation)
+        self.conv_key = key
+        reference = Reference(update.text, update.token_ids, update.metrics.to_dict(), layer_figures(self.conv))
+        return self.store(key, reference), False
+
+    def store(self, key: tuple, reference: Reference) -> Reference:
+        self.results[key] = reference
+        while len(self.results) > self.size:
+            self.results.popitem(last=False)
+        return reference
+
+
+class Session:
+    """One browser tab. Starts empty (Gradio deep-copies it per session) and is freed on close."""
+
+    def __init__(self) -> None:
+        self.conv: Conversation | None = None
+        self.cache_key: tuple | None = None  # Settings.cache_key of the method that built ``conv``
+        self.history: list[Prepared] = []
+        self.references = ReferenceCache()
+        self.visuals: list[dict] = []  # kept-token maps of the last answer, for the overlay
+        self.stop_requested = False
+
+    def continues(self, settings: Settings) -> bool:
+        """Whether a message with these settings continues this chat's cache."""
+        return self.conv is not None and self.cache_key == settings.cache_key
+
+    def new_chat(self) -> None:
+        self.conv, self.cache_key, self.history, self.visuals = None, None, [], []
+
+    def close(self) -> None:
+        self.new_chat()
+        self.references = ReferenceCache()
+        free_memory()
+
+
+def close_session(session: Session | None) -> None:
+    if isinstance(session, Session):
+        session.close()
+
+
+_OPEN: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+
+
+def track(session: Session, session_hash: str | None) -> None:
+    """Remember which browser session owns ``session`` so closing the tab frees it at once."""
+    if session_hash:
+        _OPEN[session_hash] = session
+
+
+def release(session_hash: str | None) -> None:
+    session = _OPEN.pop(session_hash, None) if session_hash else None
+    close_session(session)
+
+
+# --------------------------------------------------------------------------------------------
+# Figures the panels draw (plain lists and numpy arrays)
+# --------------------------------------------------------------------------------------------
+
+
+def layer_figures(conv: Conversation) -> dict:
+    """Per layer: tokens held, bytes held, and the method's planned budgets if it reports them."""
+    report = conv.backend.report
+    return {"tokens": conv.cache.tokens_per_layer(), "bytes": [layer.nbytes() for layer in conv.cache.layers],
+            "seen": conv.seen, "planned": [float(b) for b in report.get("layer_budgets", [])] or None}
+
+
+def kept_visuals(conv: Conversation, history: list[Prepared]) -> list[dict]:
+    """For each image and video of the chat, the share of KV heads keeping each visual token, per layer.
+
+    Returns dicts with ``label``, ``kind``, ``pictures`` (the image, or the frames a video's
+    temporal tokens cover, as the model saw them) and ``keep`` of shape (layers, t, h, w).
+    """
+    held = np.zeros((len(conv.cache.layers), conv.seen), dtype=np.float32)
+    for i, positions in enumerate(conv.cache.kept_positions()):
+        if positions is None or positions.numel() == 0:
+            continue
+        positions = positions.long().clamp(0, conv.seen - 1).cpu()
+        mask = torch.zeros(positions.shape[0], conv.seen).scatter_(1, positions, 1.0)
+        held[i] = mask.mean(0).numpy()  # heads may keep different tokens: a share, not a yes/no
+    out = []
+    for turn, (prepared, layout) in enumerate(zip(history, conv.layouts), start=1):
+        media = [("image", m) for m in prepared.message.images] + [("video", m) for m in prepared.message.videos]
+        for n, ((kind, source), visual) in enumerate(zip(media, layout.visuals), start=1):
+            if visual.grid is None or visual.length != int(np.prod(visual.grid)):
+                continue  # tiled layouts (LLaVA-NeXT) have no single grid to draw on
+            t, h, w = visual.grid
+            keep = held[:, visual.span[0]:visual.span[1]].reshape(-1, t, h, w)
+            out.append({"label": f"turn {turn}, {kind} {n}", "kind": kind, "keep": keep,
+                        "pictures": _pictures(source, t, conv.adapter.image_processor)})
+    return out
+
+
+def _pictures(source: Image.Image | Video, t: int, image_processor) -> list[np.ndarray]:
+    """What the model saw: center-cropped for CLIP-style processors; one frame per temporal token."""
+    frames = [np.asarray(source)] if isinstance(source, Image.Image) else \
+        [source.frames[i] for i in (np.arange(t) * len(source.frames)) // t]
+    if getattr(image_processor, "do_center_crop", False):
+        frames = [_center_square(f) for f in frames]
+    return frames
+
+
+def _center_square(frame: np.ndarray) -> np.ndarray:
+    h, w = frame.shape[:2]
+    side = min(h, w)
+    top, left = (h - side) // 2, (w - side) // 2
+    return frame[top:top + side, left:left + side]
+
+
+# --------------------------------------------------------------------------------------------
+# A chat turn and a comparison
+# --------------------------------------------------------------------------------------------
+
+
+def _reference_view(reference: Reference | None, cached: bool) -> dict | None:
+    if reference is None:
+        return None
+    return {"text": reference.text, "metrics": reference.metrics, "layers": reference.layers, "cached": cached}
+
+
+def _guarded(session: Session, run: Iterator[dict], chat: bool) -> Iterator[dict]:
+    """Out-of-memory and unexpected failures become a UserError. A failure mid-forward leaves a
+    cache half-written, so a chat's cache is dropped (the history on screen stays)."""
+    after = " This chat's cache was freed; your next message starts a new conversation." if chat else ""
+    try:
+        yield from run
+    except UserError:
+        raise
+    except torch.OutOfMemoryError:
+        if chat:
+            session.new_chat()
+        free_memory()
+        raise UserError("Out of GPU memory: use fewer images or frames, a lower budget or fewer new tokens." + after) from None
+    except Exception as exc:
+        log.exception("unexpected failure")  # the traceback for the log, a sentence for the user
+        if chat:
+            session.new_chat()
+        raise UserError(f"The model failed on this input ({exc.__class__.__name__}: {str(exc)[:200]}).{after}") from exc
+
+
+def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress = _silent) -> Iterator[dict]:
+    """Answer one message, yielding a view after every token: ``text``, ``done``, ``new_chat``,
+    ``method`` (its title), ``metrics`` (Metrics.to_dict()), ``layers`` (:func:`layer_figures`),
+    ``reference`` (the full cache's text, metrics, layers and ``cached``; None for the full cache
+    itself), and once done ``agreement`` with the reference and ``visuals`` (:func:`kept_visuals`)."""
+    return _guarded(session, _turn(session, settings, prepared, progress), chat=True)
+
+
+def _turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress) -> Iterator[dict]:
+    backend = settings.backend()
+    loaded = get_model(settings.model, progress)
+    new_chat = not session.continues(settings)
+    if new_chat:  # the cache was built by another method or model: it cannot be continued
+        session.new_chat()
+        session.conv, session.cache_key = Conversation(loaded, backend), settings.cache_key
+    history = session.history + [prepared]
+    reference, cached = None, False
+    if settings.method != "full":
+        progress(0.4, "Full-cache reference for this input...")
+        reference, cached = session.references.get(loaded, settings, history)
+    progress(0.7, f"Prefilling with {session.conv.backend.title}...")
+    session.stop_requested = False
+    conv = session.conv
+    for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
+                              temperature=settings.temperature, should_stop=lambda: session.stop_requested):
+        view = {"text": update.text, "done": update.done, "new_chat": new_chat, "metrics": update.metrics.to_dict(),
+                "method": conv.backend.title, "reference": _reference_view(reference, cached),
+                "layers": layer_figures(conv), "agreement": None, "visuals": None}
+        if update.done:
+            session.history = history
+            if reference is not None:
+                view["agreement"] = agreement(update.token_ids, reference.token_ids)
+            elif not session.stop_requested:  # a full-cache answer is itself the reference
+                key = settings.generation + tuple(p.key for p in history)
+                session.references.store(key, Reference(update.text, update.token_ids, view["metrics"], view["layers"]))
+            session.visuals = view["visuals"] = kept_visuals(conv, history)
+        yield view
+
+
+def compare(session: Session, settings: Settings, methods: list[str], prepared: Prepared,
+            progress: Progress = _silent) -> Iterator[dict]:
+    """The full cache, then each method, one after another (never interleaved: honest timings)."""
+    methods = [m for m in dict.fromkeys(methods or []) if m != "full"]
+    if not 1 <= len(methods) <= MAX_COMPARE:
+        raise UserError(f"Pick 1 to {MAX_COMPARE} methods to compare with the full cache (got {len(methods)}).")
+    return _guarded(session, _compare(session, settings, methods, prepared, progress), chat=False)
+
+
+def _compare(session: Session, settings: Settings, methods: list[str], prepared: Prepared,
+             progress: Progress) -> Iterator[dict]:
+    built = [settings.backend(m) for m in methods]  # bad parameters fail before any model work
+    loaded = get_model(settings.model, progress)
+    progress(0.3, "Full cache...")
+    reference, cached = session.references.get(loaded, settings, [prepared])
+    runs = [{"name": "full", "method": "Full cache", "text": reference.text, "metrics": reference.metrics,
+             "layers": reference.layers, "agreement": 1.0, "cached": cached, "done": True, "visuals": None}]
+    yield {"runs": runs, "done": False}
+    session.stop_requested = False
+    for i, backend in enumerate(built):
+        progress(0.4 + 0.6 * i / len(built), f"{backend.title}...")
+        conv = Conversation(loaded, backend)
+        run = {"name": backend.name, "method": backend.title, "cached": False, "visuals": None, "agreement": None}
+        runs.append(run)
+        for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
+                                  temperature=settings.temperature, should_stop=lambda: session.stop_requested):
+            run.update(text=update.text, metrics=update.metrics.to_dict(), layers=layer_figures(conv), done=update.done)
+            if update.done:
+                run["agreement"] = agreement(update.token_ids, reference.token_ids)
+                run["visuals"] = kept_visuals(conv, [prepared])
+            yield {"runs": runs, "done": False}
+        if session.stop_requested:
+            break
+    yield {"runs": runs, "done": True}

@@ -1,0 +1,129 @@
+"""The launched app driven through gradio_client: a full chat turn with an image upload, streaming,
+errors as messages, per-client isolation, and ``python app.py`` honouring GRADIO_SERVER_*."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import make_image
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+
+from components.settings import control_values
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "tiny-qwen2-vl"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url():
+    from app import build_demo
+
+    demo = build_demo()
+    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield local_url
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    path = tmp_path_factory.mktemp("client") / "small.png"
+    make_image(3, (112, 112)).save(path)
+    return str(path)
+
+
+def controls(**kw):
+    return control_values(model=MODEL, method="streamingllm", max_new_tokens=kw.pop("max_new_tokens", 5), **kw)
+
+
+def resend(history: list) -> list:
+    """A chat history as the client returned it (files downloaded) -> as the server takes it."""
+    def block(b):
+        return {"type": "file", "file": handle_file(b["file"])} if b.get("type") == "file" else b
+    return [m | {"content": [block(b) for b in m["content"]]} for m in history]
+
+
+def send(client: Client, text: str, files=(), history=()):
+    job = client.submit({"text": text, "files": [handle_file(f) for f in files]}, resend(list(history)), *controls(),
+                        api_name="/submit")
+    final = job.result(timeout=120)
+    return final, job.outputs()
+
+
+def test_chat_turn_with_an_image_upload(url, image):
+    client = Client(url, verbose=False)
+    final, outputs = send(client, "What is in the picture?", [image])
+    history, box, status, memory, speed, layers, picker, gallery = final
+    assert len(outputs) >= 3  # streamed: the echo, then token by token
+    assert history[0]["role"] == "user" and history[-1]["role"] == "assistant"
+    assert any(block.get("type") == "file" for block in history[0]["content"])  # the upload is in the chat
+    assert "saved" in status and "StreamingLLM" in status
+    assert memory and speed and layers and len(gallery) == 1
+    # a second turn in the same session continues the same conversation
+    final, _ = send(client, "And the colours?", history=history)
+    assert len(final[0]) == len(history) + 2
+
+
+def test_bad_input_is_a_message_and_the_app_keeps_serving(url, image, tmp_path):
+    client = Client(url, verbose=False)
+    corrupt = tmp_path / "broken.png"
+    corrupt.write_bytes(b"not a png at all")
+    with pytest.raises(AppError, match="is not a readable image"):
+        send(client, "What is this?", [str(corrupt)])
+    with pytest.raises(AppError, match="The message is empty"):
+        send(client, "  ")
+    final, _ = send(client, "What is this?", [image])
+    assert final[0][-1]["role"] == "assistant"
+
+
+def test_two_clients_have_separate_sessions(url, image):
+    a, b = Client(url, verbose=False), Client(url, verbose=False)
+    jobs = [c.submit({"text": f"Hello {n}", "files": [handle_file(image)]}, [], *controls(), api_name="/submit")
+            for n, c in (("a", a), ("b", b))]  # queued on the one GPU slot, both served
+    histories = [job.result(timeout=120)[0] for job in jobs]
+    assert [h[0]["content"][-1]["text"] for h in histories] == ["Hello a", "Hello b"]
+    # b's next turn continues b's chat only: no new-conversation divider, a's messages absent
+    final, _ = send(b, "Again", history=histories[1])
+    assert "Hello a" not in str(final[0]) and not any((m.get("metadata") or {}).get("title") for m in final[0])
+
+
+def test_compare_through_the_api(url, image):
+    client = Client(url, verbose=False)
+    result = client.predict({"text": "Describe.", "files": [handle_file(image)]}, ["streamingllm"], *controls(),
+                            api_name="/run")
+    table = result[5]
+    assert [row[0] for row in table["data"]] == ["Full cache", "StreamingLLM"]
+
+
+def test_python_app_py_honours_server_name_and_port():
+    port = free_port()
+    env = os.environ | {"GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port), "KV_ARENA_PRELOAD": "0",
+                        "KV_ARENA_MODEL": MODEL, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as page:
+                    assert page.status == 200 and b"KV-cache arena" in page.read()
+                    return
+            except OSError:
+                time.sleep(1)
+        pytest.fail(f"app.py did not answer on port {port}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

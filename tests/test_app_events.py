@@ -1,0 +1,242 @@
+"""The app's event functions called directly: a chat turn, multi-turn, stop, new chat, the
+comparison, the overlay, session isolation, and every bad input (readable message, history kept,
+next request served)."""
+
+from __future__ import annotations
+
+import re
+
+import gradio as gr
+import plotly.graph_objects as go
+import pytest
+import torch
+from conftest import make_image
+
+import engine.media
+from components import chat, compare, overlay, settings
+from engine import service
+from engine.generate import Conversation
+
+MODEL = "tiny-qwen2-vl"
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    """Small inputs: a 112 px image is 16 visual tokens, so a turn takes a fraction of a second."""
+    root = tmp_path_factory.mktemp("media")
+    paths = {"image": root / "a.png", "image2": root / "b.png", "corrupt": root / "corrupt.png",
+             "fake_video": root / "notes.mp4", "big_video": root / "big.mp4"}
+    make_image(1, (112, 112)).save(paths["image"])
+    make_image(2, (112, 84)).save(paths["image2"])
+    paths["corrupt"].write_bytes(b"\x89PNG\r\n\x1a\n this is not really a picture")
+    paths["fake_video"].write_text("plain text, not a video")
+    paths["big_video"].write_bytes(b"\0" * (2 * 2**20))
+    paths["video"] = chat.ASSETS / "bouncing_ball.mp4"  # the committed example: 2 s, 224 px
+    return {k: str(v) for k, v in paths.items()}
+
+
+def config(method="streamingllm", **kw):
+    return settings.settings_from(settings.control_values(model=MODEL, method=method, max_new_tokens=kw.pop("max_new_tokens", 5), **kw))
+
+
+def turn(session, message, history=(), method="streamingllm", **kw):
+    """All outputs of one chat event, and the gr.Error it raised (or None)."""
+    outputs = []
+    try:
+        for out in chat.respond(message, list(history), session, config(method, **kw)):
+            outputs.append(out)
+    except gr.Error as exc:
+        return outputs, exc
+    return outputs, None
+
+
+def ask(text, *files):
+    return {"text": text, "files": list(files)}
+
+
+def test_settings_round_trip_every_registered_method():
+    names = [s["name"] for s in settings.method_specs()]
+    assert names[0] == "full" and "streamingllm" in names
+    values = settings.control_values(model=MODEL, method="streamingllm", budget=0.3,
+                                     params={"streamingllm": {"sink_tokens": 2}})
+    s = settings.settings_from(values)
+    assert (s.model, s.method, s.budget) == (MODEL, "streamingllm", 0.3)
+    assert s.method_params("streamingllm") == {"sink_tokens": 2}
+    assert s.backend().sink_tokens == 2
+    with gr.Blocks():  # one control per parameter of every method, and a fold per method that has any
+        panel = settings.build_settings()
+    assert len(panel.params) == len(settings.param_order())
+    assert len(settings.on_method("streamingllm")) == 2 + len(panel.groups)
+
+
+def test_chat_turn_streams_text_panels_and_overlay(media):
+    session = service.Session()
+    outputs, error = turn(session, ask("What is this?", media["image"]), max_new_tokens=6)
+    assert error is None and len(outputs) >= 3  # the echo, then one update per token
+    history, box, status, memory, speed, layers, picker, gallery = outputs[-1]
+    assert history[0]["role"] == "user" and history[-1]["role"] == "assistant" and history[-1]["content"]
+    assert outputs[0][1] == chat.EMPTY_INPUT  # the input box empties as soon as the message is taken
+    assert "StreamingLLM" in status and "saved" in status and "random weights" in status
+    assert isinstance(memory, go.Figure) and {t.name for t in memory.data} == {"Full cache", "StreamingLLM"}
+    assert any("saved" in a.text for a in memory.layout.annotations)
+    assert [t.x for t in speed.data][0] == ("Full cache", "StreamingLLM")
+    assert len(layers.data[0].y) == 4  # four layers in the tiny model
+    assert picker.choices[0][0] == overlay.MEAN
+    assert len(gallery) == 1 and "visual tokens kept" in gallery[0][1]
+    # the layer picker redraws from the session, without running the model
+    assert "layer 2" in chat.show_layer(session, "layer 2")[0][1]
+
+
+def test_multi_turn_continues_and_settings_change_starts_new_conversation(media):
+    session = service.Session()
+    first, _ = turn(session, ask("Describe.", media["image"]))
+    history = first[-1][0]
+    second, error = turn(session, ask("And the colours?"), history)
+    assert error is None and second[-1][0][: len(history)] == history
+    assert not any(m.get("metadata") for m in second[-1][0])  # same cache, no divider
+    assert len(session.history) == 2
+    third, _ = turn(session, ask("Again?"), second[-1][0], budget=0.2)
+    assert third[-1][0][len(second[-1][0])]["metadata"]["title"] == "New conversation"
+    assert len(session.history) == 1
+
+
+def test_full_cache_reference_is_cached_per_input(media):
+    session = service.Session()
+    turn(session, ask("What is this?", media["image"]), method="full")
+    chat.clear(session)
+    outputs, _ = turn(session, ask("What is this?", media["image"]))
+    assert "cached" in outputs[-1][2]
+    assert outputs[-1][4].data[0].x[0] == "Full cache (cached)"
+
+
+def test_stop_ends_the_answer_and_keeps_the_chat_usable(media):
+    session = service.Session()
+    events = chat.respond(ask("Talk a lot.", media["image"]), [], session, config(max_new_tokens=40))
+    next(events), next(events)  # the echo, then the first token
+    chat.stop(session)
+    last = list(events)[-1]
+    assert int(re.search(r"(\d+) new tokens", last[2]).group(1)) < 40
+    outputs, error = turn(session, ask("Go on."), last[0])
+    assert error is None and len(session.history) == 2
+
+
+def test_new_chat_clears_history_panels_and_cache(media):
+    session = service.Session()
+    turn(session, ask("Hi", media["image"]))
+    outputs = chat.clear(session)
+    assert outputs[0] == [] and outputs[3] is None and outputs[7] is None
+    assert session.conv is None and session.history == [] and session.visuals == []
+
+
+def test_video_turn_draws_a_strip_of_frames(media):
+    session = service.Session()
+    outputs, error = turn(session, ask("Where does the ball go?", media["video"]), num_frames=4)
+    assert error is None
+    image, caption = outputs[-1][7][0]
+    assert "video" in caption and image.width > 2 * image.height  # 2 temporal tokens side by side
+
+
+def test_sessions_are_isolated(media):
+    a, b = service.Session(), service.Session()
+    turn(a, ask("Mine.", media["image"]))
+    assert b.conv is None and b.history == [] and not b.references.results
+    chat.stop(b)
+    assert not a.stop_requested
+    service.track(a, "tab-a")
+    service.release("tab-a")  # closing the tab frees its caches
+    assert a.conv is None and not a.references.results
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("empty", "The message is empty"),
+    ("corrupt", "is not a readable image"),
+    ("fake_video", "is not a video that can be decoded"),
+    ("too_long", "the limit is 1 s"),
+    ("too_big", "larger than the 1 MB"),
+])
+def test_bad_input_gives_a_message_and_the_next_request_succeeds(media, monkeypatch, case, expected):
+    monkeypatch.setattr(engine.media, "MAX_VIDEO_SECONDS", 1.0 if case == "too_long" else 600.0)
+    monkeypatch.setattr(engine.media, "MAX_VIDEO_BYTES", 2**20)
+    message = {"empty": ask("   "), "corrupt": ask("Look", media["corrupt"]), "fake_video": ask("Watch", media["fake_video"]),
+               "too_long": ask("Watch", media["video"]), "too_big": ask("Watch", media["big_video"])}[case]
+    session = service.Session()
+    history, _ = turn(session, ask("First.", media["image"]))
+    history = history[-1][0]
+    outputs, error = turn(session, message, history)
+    assert error is not None and expected in error.message
+    assert outputs == []  # rejected before the chat changed
+    outputs, error = turn(session, ask("Still there?"), history)
+    assert error is None and outputs[-1][0][: len(history)] == history and len(session.history) == 2
+
+
+def test_model_that_fails_to_load(media, monkeypatch):
+    real = service.load_model
+
+    def broken(name, **kw):
+        if name.startswith("random:"):
+            raise RuntimeError("weights file truncated")
+        return real(name, **kw)
+
+    monkeypatch.setattr(service, "load_model", broken)
+    name = "random:Qwen/Qwen2-VL-2B-Instruct"
+    chosen, kept, card = settings.on_model(name, MODEL)
+    assert (chosen, kept) == (MODEL, MODEL) and "weights file truncated" in card
+    session = service.Session()
+    values = settings.control_values(model=name, method="streamingllm", max_new_tokens=4)
+    outputs = []
+    with pytest.raises(gr.Error, match="failed to load: RuntimeError: weights file truncated"):
+        for out in chat.respond(ask("Hi", media["image"]), [], session, settings.settings_from(values)):
+            outputs.append(out)
+    assert outputs[-1][0] == [] and outputs[-1][1] == ask("Hi", media["image"])  # history and message back
+    assert turn(session, ask("Hi", media["image"]))[1] is None
+
+
+def test_out_of_memory_frees_the_cache_and_keeps_serving(media, monkeypatch):
+    session = service.Session()
+    first, _ = turn(session, ask("First.", media["image"]))
+    history = first[-1][0]
+    real = Conversation.stream
+
+    def oom(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        yield  # a generator, like the real one
+
+    monkeypatch.setattr(Conversation, "stream", oom)
+    outputs, error = turn(session, ask("Second.", media["image2"]), history)
+    assert "Out of GPU memory" in error.message and outputs[-1][0] == history
+    assert session.conv is None
+    monkeypatch.setattr(Conversation, "stream", real)
+    outputs, error = turn(session, ask("Third."), history)
+    assert error is None and outputs[-1][0][len(history)]["metadata"]["title"] == "New conversation"
+
+
+def test_compare_runs_full_then_each_method(media):
+    session = service.Session()
+    runs = list(compare.respond(ask("What is this?", media["image"]), ["streamingllm"], session, config(max_new_tokens=4)))
+    *boxes, table, status, memory, speed, layers, gallery = runs[-1]
+    assert [b.label for b in boxes[:2]] == ["Full cache", "StreamingLLM"] and boxes[2].visible is False
+    assert [row[0] for row in table] == ["Full cache", "StreamingLLM"] and table[1][2].endswith("%")
+    assert status.startswith("Done") and len(gallery) == 1 and gallery[0][1].startswith("StreamingLLM, ")
+    assert {t.name for t in memory.data} == {"Full cache", "StreamingLLM"}
+    again = list(compare.respond(ask("What is this?", media["image"]), ["streamingllm"], session, config(max_new_tokens=4)))
+    assert again[-1][compare.SLOTS][0][-1].startswith("cached")  # the table's full-cache row
+
+
+@pytest.mark.parametrize("methods", [[], ["streamingllm", "a", "b", "c", "d"]])
+def test_compare_rejects_a_bad_selection(media, methods):
+    with pytest.raises(gr.Error):
+        list(compare.respond(ask("Hi", media["image"]), methods, service.Session(), config()))
+
+
+def test_overlay_shades_dropped_tokens():
+    import numpy as np
+
+    keep = np.ones((2, 1, 4, 4), np.float32)
+    keep[:, 0, :2] = 0.0  # top half dropped in every layer
+    visual = {"label": "turn 1, image 1", "kind": "image", "keep": keep,
+              "pictures": [np.full((64, 64, 3), 200, np.uint8)]}
+    image, caption = overlay.render(visual)
+    assert "50% of 16 visual tokens kept" in caption
+    pixels = np.asarray(image)
+    assert pixels[: pixels.shape[0] // 2].mean() < pixels[pixels.shape[0] // 2:].mean()
+    assert overlay.layer_index("layer 2") == 1 and overlay.layer_index(overlay.MEAN) is None

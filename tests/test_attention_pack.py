@@ -1,0 +1,206 @@
+"""AttentionPack: low-rank factors, RoPE round trip, the attention-aware group split, real bytes,
+and end-to-end behaviour on the tiny models."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import answer, make_image
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+import backends
+from backends.attention_pack import AttentionPack, PackedLayer, factorise
+from backends.rope import rotate, unrotate
+from engine.generate import Conversation
+from engine.inputs import Message
+
+HEADS, DIM = 2, 32
+WIDTH = HEADS * DIM  # the tiny models' H_kv * D
+
+
+def synthetic_rotary(rope_ids: torch.Tensor):
+    """1-D RoPE tables built like the models build theirs: (1, n, D)."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, DIM, 2).float() / DIM))
+    freqs = rope_ids[0].float()[:, None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)[None]
+    return emb.cos(), emb.sin()
+
+
+def layer_with(tokens: int, dtype=torch.float32, full_share=0.25, partial_on="values", seed=0):
+    torch.manual_seed(seed)
+    layer = PackedLayer(full_share, partial_on)
+    keys, values = torch.randn(1, HEADS, tokens, DIM, dtype=dtype), torch.randn(1, HEADS, tokens, DIM, dtype=dtype)
+    layer.append(keys, values, torch.arange(tokens))
+    return layer, keys, values
+
+
+def test_factorise_recovers_a_low_rank_matrix_at_its_rank():
+    torch.manual_seed(0)
+    matrix = torch.randn(200, 8) @ torch.randn(8, WIDTH)
+    coef, basis = factorise(matrix, 8)
+    assert coef.shape == (200, 8) and basis.shape == (8, WIDTH)
+    assert (coef @ basis - matrix).abs().max() / matrix.abs().max() < 1e-5
+    assert (factorise(matrix, 4)[0] @ factorise(matrix, 4)[1] - matrix).abs().max() > 1e-2  # below its rank: lossy
+
+
+@pytest.mark.parametrize("model_name", ["tiny-qwen2-vl", "tiny-llava"])
+def test_rope_round_trip_is_exact_for_both_rope_kinds(models, model_name):
+    loaded = models(model_name)
+    conv = Conversation(loaded, backends.make_backend("full"))
+    n = 40
+    if loaded.adapter.rope_dims == 3:  # M-RoPE: temporal, row and column ids of a visual grid
+        rope_ids = torch.stack([torch.full((n,), 7), 3 + torch.arange(n) // 8, 3 + torch.arange(n) % 8])
+    else:
+        rope_ids = torch.arange(100, 100 + n)[None]
+    cos, sin = conv.rotary(rope_ids)
+    keys = torch.randn(1, HEADS, n, DIM)
+    _, model_rotated = apply_rotary_pos_emb(keys, keys, cos, sin)  # what the model caches
+    assert torch.allclose(rotate(keys, cos, sin), model_rotated, atol=1e-6)
+    assert torch.allclose(unrotate(model_rotated, cos, sin), keys, atol=1e-5)
+    assert torch.allclose(rotate(unrotate(model_rotated, cos, sin), cos, sin), model_rotated, atol=1e-5)
+
+
+def test_full_rank_pack_rebuilds_the_cached_keys_and_values():
+    layer, pre_rope, values = layer_with(80)
+    cos, sin = synthetic_rotary(torch.arange(70)[None])
+    post_rope = rotate(pre_rope[:, :, :70], cos, sin)  # what the runtime caches: keys after RoPE
+    layer.keys = torch.cat([post_rope, pre_rope[:, :, 70:]], dim=2)
+    layer.pack(torch.arange(70), torch.arange(70)[None], WIDTH, WIDTH, synthetic_rotary)
+    assert layer.keys.shape[2] == 10 and layer.get_seq_length() == 80
+    block = layer.blocks[0]  # the factors hold the pre-RoPE keys, all heads side by side
+    assert torch.allclose(block.k_coef @ block.k_basis, pre_rope[0, :, :70].transpose(0, 1).reshape(70, WIDTH), atol=1e-4)
+    layer.full_share = 1.0
+    layer.choose_groups()
+    new_k, new_v = torch.randn(1, HEADS, 1, DIM), torch.randn(1, HEADS, 1, DIM)
+    out_k, out_v = layer.append(new_k, new_v, torch.tensor([80]))
+    assert torch.allclose(out_k[:, :, :70], post_rope, atol=1e-4)  # rebuilt and re-rotated
+    assert torch.allclose(out_v[:, :, :70], values[:, :, :70], atol=1e-4)
+    assert torch.equal(out_k[:, :, 70:], torch.cat([pre_rope[:, :, 70:], new_k], dim=2))  # dense, new last
+    assert torch.equal(layer.kept_positions(), torch.arange(81).expand(HEADS, -1))
+
+
+def test_group_split_follows_the_statistic_and_the_ema():
+    layer, _, _ = layer_with(16)
+    layer.pack(torch.arange(12), torch.arange(12)[None], 8, 8, synthetic_rotary)
+    stat = torch.zeros(16)
+    stat[[2, 5, 9]] = torch.tensor([0.5, 0.3, 0.2])  # read order: the 12 packed tokens, then 4 dense
+    layer.observe(stat, rows=1, alpha=0.25)
+    block = layer.blocks[0]
+    assert torch.allclose(block.score, 0.75 * stat[:12])
+    layer.choose_groups()
+    assert block.full.nonzero().squeeze(1).tolist() == [2, 5, 9]  # ceil(25% of 12) = 3, the top ones
+    later = torch.zeros(16)
+    later[[0, 1, 3]] = 1.0
+    layer.observe(later, rows=2, alpha=0.25)  # a^Tq with Tq = 2 query rows (Eq. 1)
+    assert torch.allclose(block.score, 0.0625 * 0.75 * stat[:12] + 0.9375 * later[:12])
+    layer.choose_groups()
+    assert block.full.nonzero().squeeze(1).tolist() == [0, 1, 3]
+    _, out_v = layer.append(torch.randn(1, HEADS, 1, DIM), torch.randn(1, HEADS, 1, DIM), torch.tensor([16]))
+    rebuilt = out_v[0, :, :12].transpose(0, 1).reshape(12, WIDTH)
+    full = block.v_coef @ block.v_basis
+    reduced = block.v_coef[:, :2] @ block.v_basis[:2]  # R / 4 = 2 components
+    assert torch.allclose(rebuilt[block.full], full[block.full], atol=1e-6)
+    assert torch.allclose(rebuilt[~block.full], reduced[~block.full], atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bytes_are_the_factors_plus_scalars_in_the_storage_dtype(dtype):
+    layer, _, _ = layer_with(100, dtype=dtype)
+    layer.pack(torch.arange(90), torch.arange(90)[None], 16, 12, synthetic_rotary)
+    block, size = layer.blocks[0], torch.empty(0, dtype=dtype).element_size()
+    assert block.k_coef.dtype == block.v_basis.dtype == dtype
+    assert block.k_coef.numel() + block.k_basis.numel() == 90 * 16 + 16 * WIDTH
+    assert block.v_coef.numel() + block.v_basis.numel() == 90 * 12 + 12 * WIDTH
+    factors = (90 * 16 + 16 * WIDTH + 90 * 12 + 12 * WIDTH) * size
+    dense = 2 * 10 * WIDTH * size
+    scalars = 100 * 4 + 90 * 4  # float32 statistic per token, int32 rotary id per packed token
+    assert layer.nbytes() == factors + dense + scalars
+
+
+def test_budget_maps_to_the_rank_that_fits_the_bytes():
+    pack = AttentionPack(budget=0.5)
+    assert pack.ranks(256, 64) == (25, 25)  # floor(0.5 * 256 * 64 / 320)
+    assert AttentionPack(budget=0.5, rank_k=64, rank_v=48).ranks(256, 64) == (64, 48)
+    assert AttentionPack(budget=0.01).ranks(8, 64) == (1, 1)
+    t, w, r = 256, 64, 25
+    assert (t * r + r * w) / (t * w) <= 0.5
+
+
+def test_bad_parameters_are_errors():
+    with pytest.raises(ValueError):
+        backends.make_backend("attention_pack", 0.5, partial_on="rows")
+    with pytest.raises(ValueError):
+        backends.make_backend("attention_pack", 0.5, full_share=1.5)
+    with pytest.raises(ValueError):
+        backends.make_backend("attention_pack", 0.5, rank_k=-1)
+    with pytest.raises(ValueError):
+        backends.make_backend("attention_pack", 0.5, window=3)
+
+
+# --- the tiny models -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_name", ["tiny-qwen2-vl", "tiny-llava"])
+def test_full_width_rank_reproduces_the_full_cache(models, image, model_name):
+    loaded = models(model_name)
+    message = Message("Describe the image.", images=[image])
+    full, _ = answer(loaded, backends.make_backend("full"), message, 10)
+    backend = backends.make_backend("attention_pack", 0.5, rank_k=WIDTH, rank_v=WIDTH, full_share=1.0)
+    packed, conv = answer(loaded, backend, message, 10)
+    assert packed.token_ids == full.token_ids
+    assert conv.cache.tokens_per_layer() == full.metrics.tokens_held
+    assert all(layer.blocks and layer.blocks[0].k_coef.shape[1] == WIDTH for layer in conv.cache.layers)
+
+
+def test_budget_one_is_exactly_the_full_cache(models, image):
+    loaded = models("tiny-qwen2-vl")
+    message = Message("Describe the image.", images=[image])
+    full, _ = answer(loaded, backends.make_backend("full"), message, 8)
+    packed, _ = answer(loaded, backends.make_backend("attention_pack", 1.0), message, 8)
+    assert packed.token_ids == full.token_ids
+    assert packed.metrics.kv_bytes == full.metrics.kv_bytes
+
+
+def test_default_rank_compresses_visual_tokens_and_reports_groups(models, image):
+    loaded = models("tiny-qwen2-vl")
+    message = Message("Describe the image.", images=[image])
+    full, _ = answer(loaded, backends.make_backend("full"), message, 8)
+    backend = backends.make_backend("attention_pack", 0.5)
+    packed, conv = answer(loaded, backend, message, 8)
+    ratio = packed.metrics.kv_bytes / full.metrics.kv_bytes
+    assert 0.5 < ratio < 0.7  # visual tokens at half their bytes, text dense
+    visual = conv.layouts[0].visuals[0]
+    for i, layer in enumerate(conv.cache.layers):
+        assert len(layer.blocks) == 1 and layer.blocks[0].k_coef.shape[1] == 25
+        assert torch.equal(layer.blocks[0].positions, torch.arange(*visual.span))
+        full_rank, reduced = backend.report["full_rank"][i], backend.report["reduced_rank"][i]
+        assert len(full_rank) == math.ceil(0.25 * visual.length) and len(full_rank) + len(reduced) == visual.length
+        assert backend.report["bytes"][i]["factors"] == 2 * (256 * 25 + 25 * WIDTH) * 4
+    assert conv.cache.tokens_per_layer() == full.metrics.tokens_held
+
+
+def test_generated_tokens_are_packed_every_period(models, image):
+    loaded = models("tiny-qwen2-vl")
+    backend = backends.make_backend("attention_pack", 0.5, period=4)
+    update, conv = answer(loaded, backend, Message("Describe the image.", images=[image]), 11)
+    layer = conv.cache.layers[0]
+    generated = [b.positions for b in layer.blocks[1:]]
+    assert [len(p) for p in generated] == [4, 4]  # 10 decode steps: two periods packed, two tokens wait
+    assert int(layer.buffered.sum()) == 2 and layer.buffer_rope.shape[1] == 2
+    prompt = update.metrics.prompt_tokens
+    assert torch.equal(torch.cat(generated), torch.arange(prompt, prompt + 8))
+    assert conv.cache.tokens_per_layer() == [conv.seen] * loaded.num_layers
+
+
+def test_question_after_and_a_second_image(models, image):
+    loaded = models("tiny-qwen2.5-vl")
+    conv = Conversation(loaded, backends.make_backend("attention_pack", 0.4))
+    conv.feed(Message("", images=[image]))
+    assert len(conv.cache.layers[0].blocks) == 1
+    first = conv.ask(Message("What is in it?"), max_new_tokens=4)
+    second = conv.ask(Message("And this one?", images=[make_image(1)]), max_new_tokens=4)
+    assert first.token_ids and second.token_ids
+    assert [len(layer.blocks) for layer in conv.cache.layers] == [2] * loaded.num_layers
+    assert conv.cache.tokens_per_layer() == [conv.seen] * loaded.num_layers

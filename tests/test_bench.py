@@ -1,0 +1,72 @@
+"""The benchmark command: its JSON contract and its errors."""
+
+import json
+
+import pytest
+
+from engine import bench
+
+
+def run_json(capsys, *argv):
+    code = bench.main(list(argv) + ["--json"])
+    out = capsys.readouterr()
+    return code, out
+
+
+def test_bench_reports_every_field_and_a_ratio_close_to_the_budget(capsys):
+    code, out = run_json(capsys, "--model", "tiny-qwen2-vl", "--methods", "streamingllm", "--budget", "0.5",
+                         "--max-new-tokens", "8", "--ignore-eos")
+    assert code == 0, out.err
+    rows = json.loads(out.out)
+    assert [r["method"] for r in rows] == ["full", "streamingllm"]
+    fields = {"method", "budget", "model", "prompt_tokens", "visual_tokens", "new_tokens", "text", "ttft_s",
+              "prefill_s", "decode_tok_s", "kv_bytes_prefill", "kv_bytes", "kv_bytes_full_prefill", "kv_bytes_full",
+              "token_agreement"}
+    assert fields <= rows[1].keys()
+    full, method = rows
+    assert full["token_agreement"] == 1.0 and full["kv_bytes"] == method["kv_bytes_full"]
+    assert method["visual_tokens"] == 512 and method["new_tokens"] == 8
+    assert abs(method["kv_bytes"] / method["kv_bytes_full"] - 0.5) < 0.01
+
+
+def test_bench_question_after_and_set(capsys):
+    code, out = run_json(capsys, "--methods", "streamingllm", "--budget", "0.3", "--set", "sink_tokens=8",
+                         "--question-after", "--max-new-tokens", "4")
+    assert code == 0, out.err
+    rows = json.loads(out.out)
+    assert rows[1]["params"] == {"sink_tokens": 8} and rows[1]["question_after"]
+
+
+def test_bench_list(capsys):
+    code, out = run_json(capsys, "--list")
+    listing = json.loads(out.out)
+    assert {m["name"] for m in listing["methods"]} >= {"full", "streamingllm"}
+    assert any(m["name"] == "tiny-qwen2-vl" and not m["needs_download"] for m in listing["models"])
+    assert any(m["needs_download"] for m in listing["models"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "nope"], "unknown method"),
+    (["--model", "nope"], "unknown model"),
+    (["--budget", "0"], "--budget"),
+    (["--set", "nope=1"], "no chosen method"),
+    (["--image", "/nonexistent.png"], "not found"),
+])
+def test_bench_errors_are_one_line(capsys, argv, message):
+    code, out = run_json(capsys, *argv)
+    assert code == 2 and message in out.err and "Traceback" not in out.err
+
+
+def test_random_variants_have_the_real_shapes():
+    """Shipped configs build the real architectures (on the meta device: no memory)."""
+    import torch
+
+    from engine.models import MODELS, _model_class, shipped_config
+
+    expected = {"Qwen/Qwen2-VL-2B-Instruct": 2.21, "Qwen/Qwen2.5-VL-7B-Instruct": 8.29, "llava-hf/llava-1.5-7b-hf": 7.06}
+    for spec in MODELS.values():
+        if spec.source == "random" and spec.repo in expected:
+            with torch.device("meta"):
+                model = _model_class(spec.family)(shipped_config(spec.repo))
+            assert abs(sum(p.numel() for p in model.parameters()) / 1e9 - expected[spec.repo]) < 0.02
+    assert shipped_config("llava-hf/llava-1.5-7b-hf", num_layers=2).get_text_config().num_hidden_layers == 2

@@ -1,0 +1,265 @@
+"""VL-Cache, SnapKV and PyramidKV: the algorithms on hand-made tensors (sparsity, budget allocation,
+top-k, pooling, the pyramid), then the three backends on the tiny models (lossless at budget 1.0,
+realised bytes that match the realised budgets, layer budgets that follow the attention)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import TINY_MODELS, answer, make_image
+
+import backends
+from backends.attention_math import kv_group_mean
+from backends.base import AttentionCall, KVLayer, PromptLayout, VisualSpan
+from backends.pyramidkv import pyramid_schedule
+from backends.snapkv import SnapKV, pool_votes, snapkv_scores, window_and_top_k
+from backends.vl_cache import VLCache, allocate_budgets, post_vision_statistics, threshold_sparsity
+from engine.generate import Conversation
+from engine.inputs import Message
+from engine.models import load_model
+
+METHODS = ["vl_cache", "snapkv", "pyramidkv"]
+PROMPT = "Describe the image."
+
+
+def filled(tokens: int, heads: int = 2, dim: int = 8, seed: int = 0) -> KVLayer:
+    g = torch.Generator().manual_seed(seed)
+    layer = KVLayer()
+    layer.append(torch.randn(1, heads, tokens, dim, generator=g), torch.randn(1, heads, tokens, dim, generator=g),
+                 torch.arange(tokens))
+    return layer
+
+
+def prefill_call(tokens: int, layer_idx: int = 0, num_layers: int = 1, layout: PromptLayout | None = None):
+    positions = torch.arange(tokens)
+    return AttentionCall(layer_idx=layer_idx, num_layers=num_layers, phase="prefill", positions=positions,
+                         rope_ids=positions[None], layout=layout, seen=tokens, step=0)
+
+
+def causal_probs(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
+    """The whole (H, T, T) causal softmax, as a test reference only."""
+    k = key[0].repeat_interleave(query.shape[1] // key.shape[1], dim=0)
+    scores = query[0] @ k.transpose(-1, -2) * scaling
+    mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+    return scores.masked_fill(~mask, float("-inf")).softmax(-1)
+
+
+# --- VL-Cache on hand-made tensors -----------------------------------------------------------------
+
+
+def test_threshold_sparsity_counts_zeros_among_causal_entries_only():
+    probs = torch.tensor([
+        [[0.5, 0.004, 0.496, 0.0], [0.25, 0.25, 0.25, 0.25]],  # head 0: 0.004 < 1% of 0.5
+        [[0.98, 0.01, 0.01, 0.0], [0.997, 0.001, 0.001, 0.001]],  # head 1: 0.01 survives, 3 x 0.001 do not
+    ])
+    zeros, causal = threshold_sparsity(probs, torch.tensor([2, 3]), 0.01)
+    assert zeros.tolist() == [1, 3] and int(causal) == 7  # the masked entry of row 0 is not a zero
+
+
+def test_post_vision_statistics_match_the_full_matrix_rows():
+    g = torch.Generator().manual_seed(0)
+    query, key = torch.randn(1, 4, 20, 8, generator=g) * 3, torch.randn(1, 2, 20, 8, generator=g)
+    sparsity, received = post_vision_statistics(query, key, 8 ** -0.5, rows=7, threshold=0.05, chunk=3)
+    probs = causal_probs(query, key, 8 ** -0.5)[:, -7:]  # the reference builds T x T; the method does not
+    kept = (probs >= 0.05 * probs.amax(-1, keepdim=True)).sum(dim=(1, 2))
+    causal = sum(range(14, 21))
+    torch.testing.assert_close(sparsity, 1 - kept.float() / causal)
+    torch.testing.assert_close(received, probs.sum(dim=(0, 1)))
+
+
+def test_layer_budgets_follow_density_and_clip():
+    sparsity = torch.tensor([0.2, 0.6, 0.7, 0.9])
+    betas = allocate_budgets(sparsity, 0.25)  # no clip at this budget
+    torch.testing.assert_close(betas.sum(), torch.tensor(0.25 * 4))  # alpha x L before clipping
+    torch.testing.assert_close(betas, (1 - sparsity) / (1 - sparsity).sum() * 0.25 * 4)
+    clipped = allocate_budgets(torch.tensor([0.0, 0.0, 0.999, 1.0]), 0.6)  # 1.2, 1.2, 0.0012, ~0
+    assert clipped.tolist() == pytest.approx([1.0, 1.0, 0.01, 0.01])  # both bounds
+    assert clipped.sum() < 0.6 * 4  # the paper leaves the clipped budget unspent
+    spread = allocate_budgets(torch.tensor([0.0, 0.5, 0.8, 0.9]), 0.7, redistribute=True)
+    assert spread.max() == 1.0 and spread.min() >= 0.01
+    torch.testing.assert_close(spread.sum(), torch.tensor(0.7 * 4))
+    assert allocate_budgets(sparsity, 1.0, redistribute=True).tolist() == [1.0] * 4
+
+
+def sharp_query(layer: KVLayer, tokens: int, target: int, rows: int, dim: int = 8) -> torch.Tensor:
+    """Queries whose last ``rows`` rows all look at token ``target`` only (both KV heads made equal)."""
+    layer.keys[:, 1] = layer.keys[:, 0]
+    query = torch.zeros(1, 4, tokens, dim)  # the other rows: uniform attention
+    query[:, :, -rows:] = layer.keys[:, :1, target : target + 1] * 40
+    return query
+
+
+def test_vl_cache_allocates_by_sparsity_once_every_layer_is_known():
+    tokens, dim = 24, 8
+    layout = PromptLayout(0, tokens, visuals=[VisualSpan("image", (2, 20))])  # 4 post-vision tokens
+    method = VLCache(budget=0.5)
+    layers = [filled(tokens, seed=i) for i in range(2)]
+    queries = [torch.zeros(1, 4, tokens, dim), sharp_query(layers[1], tokens, 7, 4)]  # dense, then sparse
+    for i, (layer, query) in enumerate(zip(layers, queries)):
+        method.after_attention(prefill_call(tokens, i, 2, layout), layer, query, layer.keys, dim ** -0.5)
+        assert layer.get_seq_length() == tokens  # nothing evicted before every layer is known
+    method.after_forward(SimpleNamespace(layers=layers), prefill_call(tokens, 1, 2, layout))
+    report = method.report
+    sparsity = report["sparsity"]
+    assert report["post_vision_tokens"] == 4 and sparsity[0] == 0.0 and sparsity[1] > 0.9
+    density = [1 - s for s in sparsity]
+    expected = [min(1.0, max(0.01, d / sum(density) * 0.5 * 2)) for d in density]
+    assert report["planned_budgets"] == pytest.approx(expected)
+    kept = [layer.get_seq_length() for layer in layers]
+    assert kept == [math.ceil(b * tokens) for b in expected] and kept[0] > kept[1]
+    assert report["layer_budgets"] == [k / tokens for k in kept]
+    assert report["realised_budget"] == sum(kept) / (2 * tokens)
+    assert layers[1].positions[0].tolist() == list(range(tokens - kept[1], tokens))  # newest post-vision tokens
+
+
+def test_vl_cache_keeps_post_vision_tokens_then_the_most_attended():
+    tokens, dim = 24, 8
+    layout = PromptLayout(0, tokens, visuals=[VisualSpan("image", (2, 20))])
+    method = VLCache(budget=0.3)
+    layers = [filled(tokens, seed=5)]
+    query = sharp_query(layers[0], tokens, 7, 4)
+    method.after_attention(prefill_call(tokens, 0, 1, layout), layers[0], query, layers[0].keys, dim ** -0.5)
+    method.after_forward(SimpleNamespace(layers=layers), prefill_call(tokens, 0, 1, layout))
+    kept = layers[0].positions  # one layer: beta = alpha; shared by both heads
+    assert kept.shape == (2, math.ceil(0.3 * tokens)) and (kept[0] == kept[1]).all()
+    assert kept[0, -4:].tolist() == [20, 21, 22, 23] and 7 in kept[0].tolist()
+
+
+def test_vl_cache_falls_back_to_the_last_tokens_when_nothing_follows_the_image():
+    method = VLCache(budget=0.5, fallback_window=6)
+    ends_on_image = PromptLayout(0, 30, visuals=[VisualSpan("image", (3, 30))])
+    assert method.observed_rows(prefill_call(30, layout=ends_on_image)) == 6
+    text_first = PromptLayout(0, 30, visuals=[VisualSpan("image", (10, 27))])
+    assert method.observed_rows(prefill_call(30, layout=text_first)) == 3
+    assert method.observed_rows(prefill_call(30, layout=PromptLayout(0, 30))) == 30  # a text-only turn
+
+
+# --- SnapKV and PyramidKV on hand-made tensors -------------------------------------------------------
+
+
+def test_pooling_spreads_a_vote_to_its_neighbours():
+    votes = torch.tensor([[0.0, 0.0, 6.0, 0.0, 0.0, 0.0, 3.0]])
+    avg = pool_votes(votes, 3, "avgpool")  # zero padding counts, as F.avg_pool1d in the authors' code
+    torch.testing.assert_close(avg, torch.tensor([[0.0, 2.0, 2.0, 2.0, 0.0, 1.0, 1.0]]))
+    assert pool_votes(votes, 3, "maxpool").tolist() == [[0.0, 6.0, 6.0, 6.0, 0.0, 3.0, 3.0]]
+    assert pool_votes(votes, 1).tolist() == votes.tolist()
+    assert pool_votes(votes, 4).shape == votes.shape  # an even kernel keeps the length
+
+
+def test_window_and_top_k():
+    scores = torch.tensor([[5.0, 1.0, 4.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0, 5.0]])
+    assert window_and_top_k(scores, 8, 3, 5).tolist() == [[0, 2, 5, 6, 7], [3, 4, 5, 6, 7]]
+    assert window_and_top_k(scores, 8, 3, 2).tolist() == [[6, 7], [6, 7]]  # budget inside the window
+
+
+def test_snapkv_keeps_window_and_each_kv_heads_own_choice():
+    tokens, dim, window = 40, 8, 4
+    layer = filled(tokens, seed=3)
+    query = torch.zeros(1, 4, tokens, dim)
+    query[:, :2, -window:] = layer.keys[:, 0:1, 10:11] * 30  # KV head 0's group looks at token 10
+    query[:, 2:, -window:] = layer.keys[:, 1:2, 25:26] * 30  # KV head 1's group looks at token 25
+    SnapKV(budget=0.25, window_size=window, kernel_size=3).after_attention(
+        prefill_call(tokens), layer, query, layer.keys, dim ** -0.5)
+    kept = layer.positions.tolist()
+    assert [len(k) for k in kept] == [10, 10] and layer.nbytes() == 2 * 2 * 10 * dim * 4
+    assert all(k[-window:] == list(range(36, 40)) for k in kept)
+    assert 10 in kept[0] and 25 in kept[1] and kept[0] != kept[1]
+    assert {9, 11} <= set(kept[0]) and {24, 26} <= set(kept[1])  # pooled neighbours come along
+
+
+def test_snapkv_scores_average_window_rows_then_gqa_groups():
+    g = torch.Generator().manual_seed(1)
+    query, key = torch.randn(1, 4, 12, 8, generator=g), torch.randn(1, 2, 12, 8, generator=g)
+    scores = snapkv_scores(query, key, 0.3, 5, 1)
+    reference = causal_probs(query, key, 0.3)[:, -5:, :7].mean(dim=1)
+    torch.testing.assert_close(scores, kv_group_mean(reference, 2))
+
+
+def test_pyramid_schedule_is_linear_decreasing_with_snapkvs_total():
+    plan = pyramid_schedule(8, 1000, 200, 32, beta=20)
+    steps = [a - b for a, b in zip(plan, plan[1:])]
+    assert sum(plan) == 8 * 200 and all(s > 0 for s in steps) and max(steps) - min(steps) <= 1
+    assert plan[-1] == 32 + round(168 / 20) and plan[0] == 32 + round(2 * 168 - 168 / 20)
+    capped = pyramid_schedule(4, 300, 250, 32)  # the first layer cannot hold more than T
+    assert capped[0] == 300 and sum(capped) == 1000
+    assert pyramid_schedule(4, 300, 300, 32) == [300] * 4
+    assert pyramid_schedule(4, 300, 20, 32) == [20] * 4 and pyramid_schedule(1, 300, 100, 32) == [100]
+
+
+@pytest.mark.parametrize("name,bad", [("snapkv", {"pooling": "median"}), ("snapkv", {"kernel_size": 0}),
+                                      ("snapkv", {"window_size": 0}), ("pyramidkv", {"beta": 0.5}),
+                                      ("vl_cache", {"threshold": 0.9}), ("vl_cache", {"window_size": 32})])
+def test_bad_parameters_are_refused(name, bad):
+    with pytest.raises(ValueError):
+        backends.make_backend(name, budget=0.5, **bad)
+
+
+# --- on the tiny models -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", TINY_MODELS)
+def test_lossless_at_budget_one(models, model):
+    loaded = models(model)
+    message = Message(PROMPT, images=[make_image(0, (224, 224))])
+    full, _ = answer(loaded, backends.make_backend("full"), message, 8)
+    for name in METHODS:
+        update, _ = answer(loaded, backends.make_backend(name, budget=1.0), message, 8)
+        assert update.token_ids == full.token_ids, name
+        assert update.metrics.kv_bytes == full.metrics.kv_bytes, name
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-llava"])  # M-RoPE and 1-D RoPE
+def test_realised_bytes_match_realised_budgets(models, model):
+    loaded = models(model)
+    message = Message(PROMPT, images=[make_image(0, (224, 224))])
+    full, _ = answer(loaded, backends.make_backend("full"), message, 1)  # one token: no decode step
+    for name in METHODS:
+        for budget in (0.1, 0.4):
+            update, conv = answer(loaded, backends.make_backend(name, budget=budget), message, 1)
+            report = conv.backend.report
+            realised = sum(report["layer_budgets"]) / len(report["layer_budgets"])
+            ratio = update.metrics.kv_bytes_prefill / full.metrics.kv_bytes_prefill
+            assert abs(ratio - realised) <= 0.02, (name, budget, ratio, realised)
+            held = conv.cache.tokens_per_layer()
+            assert held == [round(b * conv.seen) for b in report["layer_budgets"]]
+            if name != "vl_cache":  # VL-Cache may leave clipped budget unspent
+                assert abs(realised - budget) <= 0.02, (name, budget, realised)
+            if name == "pyramidkv" and math.ceil(budget * conv.seen) > 32:  # a pyramid above the window
+                assert held == sorted(held, reverse=True) and held[0] > held[-1]
+
+
+def test_vl_cache_layer_budgets_follow_each_layers_sparsity():
+    loaded = load_model("tiny-qwen2-vl", seed=3)  # its own copy: sharpen the attention of layers 1 and 3
+    attn = [layer.self_attn for layer in loaded.language_model().layers]
+    with torch.no_grad():
+        for i, scale in [(1, 8.0), (3, 4.0)]:
+            attn[i].q_proj.weight.mul_(scale)
+            attn[i].k_proj.weight.mul_(scale)
+    message = Message(PROMPT, images=[make_image(0, (224, 224))])
+    update, conv = answer(loaded, backends.make_backend("vl_cache", budget=0.3), message, 1)
+    report = conv.backend.report
+    sparsity, planned = report["sparsity"], report["planned_budgets"]
+    assert sparsity[1] > sparsity[3] > sparsity[0] and planned[1] < planned[3] < planned[0]
+    assert abs(sum(planned) - 0.3 * 4) < 1e-4  # nothing clipped here: alpha x L
+    assert len(set(conv.cache.tokens_per_layer())) > 1
+    total = sum(conv.cache.tokens_per_layer()) / (4 * conv.seen)
+    assert report["realised_budget"] == pytest.approx(total)
+    after_image = conv.layouts[0].post_vision
+    assert report["post_vision_tokens"] == after_image[1] - after_image[0] > len(PROMPT)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_text_before_image_question_after_and_a_second_turn(models, name):
+    loaded = models("tiny-qwen2-vl")
+    conv = Conversation(loaded, backends.make_backend(name, budget=0.4))
+    conv.feed(Message("", images=[make_image(2, (224, 224))]))  # the question comes later
+    conv.ask(Message("Which colour dominates?"), max_new_tokens=3)
+    conv.ask(Message("Now this one.", images=[make_image(3, (224, 224))], media_first=False), max_new_tokens=3)
+    for kept in conv.cache.kept_positions():
+        assert (kept[:, 1:] > kept[:, :-1]).all()  # token order kept, no duplicates
+        assert (kept < conv.layouts[-1].start).any()  # the compressed history is still there
+    held = conv.cache.tokens_per_layer()
+    assert sum(held) <= 4 * math.ceil(0.4 * conv.seen) + 2 * 4  # two decoded tokens appended per layer
