@@ -95,7 +95,7 @@ class ElasticCache(KVBackend):
                 rows = torch.arange(held - q, held, device=query.device)  # the new tokens' own indices
                 importance = attention_column_sums(query, key, scaling, rows).mean(dim=0)  # (1/K) sum_j
                 self.merge(layer, importance, target)
-                self.report["merged"][i] = held - target
+            self.report["merged"][i] = max(0, held - target)
             self._cut[i] = max(self.protected_tokens, layer.get_seq_length() - self.truncation_distance)
             self.report["truncation_index"][i] = self._cut[i]
         else:

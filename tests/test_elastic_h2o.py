@@ -130,7 +130,7 @@ def test_lossless_at_budget_one(models, model):
     message = Message(PROMPT, images=[make_image(0, (224, 224))])
     full, _ = answer(loaded, backends.make_backend("full"), message, 8)
     for name in METHODS:
-        update, conv = answer(loaded, backends.make_backend(name, budget=1.0), message, 8)
+        update, _ = answer(loaded, backends.make_backend(name, budget=1.0), message, 8)
         assert update.token_ids == full.token_ids, name
         assert update.metrics.kv_bytes == full.metrics.kv_bytes, name
 
