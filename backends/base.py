@@ -270,7 +270,7 @@ class KVBackend:
         return None
 
     def after_attention(self, call: AttentionCall, layer: KVLayer, query, key, scaling: float, attn_row=None) -> None:
-        """``attn_row``: (1, H, 1, S) float32 softmax of the decode query if ``needs_decode_attention``."""
+        """``attn_row``: (H, 1, S) float32 softmax of the decode query if ``needs_decode_attention``."""
 
     def after_forward(self, cache, call: AttentionCall) -> None:
         pass
