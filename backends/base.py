@@ -246,6 +246,9 @@ class KVBackend:
     # True when ``after_attention`` needs the exact attention row of the decode query.
     needs_decode_attention: ClassVar[bool] = False
     uses_budget: ClassVar[bool] = True
+    # Parameters that, with budget 1.0, make the method reproduce the full cache exactly (the
+    # registry-wide lossless test uses them; e.g. a quantising method turns quantisation off).
+    lossless_params: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, budget: float = 1.0, **params: Any) -> None:
         self.budget = BUDGET.coerce(budget)

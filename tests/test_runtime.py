@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
+from conftest import TINY_MODELS, answer, make_image, make_video
 
 import backends
-from backends.base import KVBackend
 from backends.attention_math import causal_attention
-from conftest import TINY_MODELS, answer, make_image, make_video
+from backends.base import KVBackend
 from engine.errors import UserError
 from engine.generate import Conversation
 from engine.inputs import Message
@@ -74,11 +74,12 @@ def test_every_method_is_lossless_at_budget_one(models, name, method):
     first = Message("What is shown?", images=[make_image(0), make_image(1)])
     second = Message("And in the second image?")
     ref_conv = Conversation(loaded, backends.make_backend("full"))
-    conv = Conversation(loaded, backends.make_backend(method, budget=1.0))
+    conv = Conversation(loaded, backends.make_backend(method, budget=1.0, **backends.backend_class(method).lossless_params))
     for message in (first, second):
         ref = ref_conv.ask(message, max_new_tokens=12, ignore_eos=True)
         got = conv.ask(message, max_new_tokens=12, ignore_eos=True)
         assert got.token_ids == ref.token_ids, method
+        assert got.metrics.kv_bytes == ref.metrics.kv_bytes, method
 
 
 def test_registry_imports_every_method_and_describes_it():
