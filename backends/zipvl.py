@@ -1,0 +1,323 @@
+"""ZipVL (He et al., "ZipVL: Efficient Large Vision-Language Models with Dynamic Token
+Sparsification and KV Cache Compression", the version with quantisation: ``zipvl.txt``): one split
+of the tokens per layer into important and other ones drives both a token-sparse prefill and a
+mixed-precision KV cache.
+
+* Probes (App. A, Eq. 10): the 64 most recent prompt tokens and 64 others drawn at random
+  (seeded) are the only query rows whose softmax is computed, in float32 against every held key,
+  per query head. A prompt of at most 128 new tokens uses all its rows (Eqs. 5-7 exactly).
+* Adaptive count (Sec. 4.1, Eq. 6): accumulated scores a_j summed over probe rows and heads;
+  p = the fewest tokens whose largest a_j reach tau x (probe rows x heads), per layer.
+  tau >= 1 makes every token important (the float sum can miss n by rounding).
+* Important set (Sec. 4.2, Eqs. 7-9): the top p by the normalised score a_j / (probe rows that see
+  j), one set per layer shared by its heads (the paper writes one head; a shared set is what keeps
+  the sparse attention dense). The last prompt token is always important: it produces the first
+  logit, and padding its attention output would change the answer; the paper leaves it open. Text
+  tokens compete with visual ones, as in the paper (Eq. 8 ranks all n tokens).
+* Token-sparse prefill (Sec. 4.2, Alg. 1): in the ``attend`` seam, attention runs on Q[T], K[T],
+  V[T] only (SDPA, offset-causal); the other tokens' outputs are zero, so their residual stream
+  passes the layer unchanged. In a later turn the history (already quantised) stays visible to the
+  new important queries; only the new and still-buffered tokens are split.
+* Mixed-precision cache (Sec. 4.2, Sec. 5.1, Alg. 1): right after each layer's prefill attention,
+  important tokens' K/V are quantised to ``bits_important`` (4) and the others to ``bits_other``
+  (2), keys per channel and values per token, codes bit-packed into uint8 (``backends/quant.py``,
+  our own packing; it says why not optimum-quanto / HQQ). 16 bits keeps a set dense. Every read
+  returns dense dequantised K/V, then the full-precision buffer.
+* Decoding (Sec. 4.2, "Computation in the decoding phase"): attention is dense; generated tokens
+  stay full precision in the buffer until ``period`` (100) have accumulated, then the last query's
+  attention over them (summed over heads, Eq. 6 against its own total) splits and quantises them.
+
+Budget -> tau: the app's budget slider *is* tau (the attention mass the important tokens must
+cover); the paper's setting is 0.975 (Sec. 5.3.2), the constructor's default. Budget 1.0 makes
+every token important: with both bit widths at 16 (``lossless_params``) that is the full cache.
+
+Report (``self.report``), per layer: ``important`` / ``other`` (1-D token indices held at each
+precision), ``important_ratio`` (important / tokens split so far, also as ``layer_budgets`` for the
+layer panel), ``p`` (Eq. 6's count at the last split, over every key the probes saw: a later turn's
+count includes the history), ``bytes`` (codes, scales, buffer) and
+``overlay`` ((1, n) important indices, which the service draws instead of the kept tokens).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from .attention_math import attention_probs, causal_attention
+from .base import BUDGET, AttentionCall, KVBackend, KVLayer, Param
+from .quant import FULL_BITS, PACKED_BITS, QuantTensor, check_bits, quantize
+
+DEFAULT_TAU = 0.975  # Sec. 5.3.2: "the optimal range for tau lies around 0.97"
+TAU = Param(BUDGET.name, DEFAULT_TAU, "ZipVL's tau: the share of the probes' attention the important tokens must "
+            "hold, per layer (Eq. 6; paper 0.975). 1.0 makes every token important.", BUDGET.minimum, BUDGET.maximum,
+            BUDGET.step)  # what the budget slider means for this method
+PROBE_CHUNK = 32  # probe rows per softmax pass: bounds the float32 (H, rows, S) block at long contexts
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring: probes, Eq. 6, Eqs. 7-9
+# ---------------------------------------------------------------------------------------------
+
+
+def probe_rows(new: int, recent: int, random: int, seed: int) -> torch.Tensor:
+    """Sorted indices (among ``new`` prompt rows) of the probes: the last ``recent`` rows plus
+    ``random`` distinct others drawn with ``seed``; every row when that covers them all (App. A)."""
+    if recent + random >= new:
+        return torch.arange(new)
+    recent_rows = torch.arange(new - recent, new)
+    generator = torch.Generator().manual_seed(seed)
+    drawn = torch.randperm(new - recent, generator=generator)[:random]
+    return torch.cat([drawn.sort().values, recent_rows])
+
+
+def probe_scores(query: torch.Tensor, key: torch.Tensor, scaling: float, rows: torch.Tensor):
+    """Accumulated scores a_j (Eq. 5) and normalised scores (Eq. 7) over every held key, (S,) each,
+    from the probe ``rows`` of the new queries (the new tokens are the last keys), summed over heads.
+    Also returns the number of probe rows (rows x heads): the total the a_j sum to."""
+    held, new = key.shape[2], query.shape[2]
+    index = rows.to(key.device) + (held - new)  # each probe's own key index: it sees keys 0..index
+    accumulated = torch.zeros(held, device=key.device)
+    for start in range(0, rows.numel(), PROBE_CHUNK):
+        part = rows[start:start + PROBE_CHUNK].to(query.device)
+        probs = attention_probs(query[:, :, part], key, scaling, index[start:start + PROBE_CHUNK])
+        accumulated += probs.sum(dim=(0, 1))
+    heads = query.shape[1]
+    seen_by = (index[None, :] >= torch.arange(held, device=key.device)[:, None]).sum(dim=1) * heads  # nnz(A[:, j])
+    return accumulated, accumulated / seen_by.clamp_min(1), rows.numel() * heads
+
+
+def adaptive_count(scores: torch.Tensor, tau: float, total: float | None = None) -> int:
+    """Eq. 6: the fewest tokens whose largest ``scores`` sum to at least tau x ``total`` (default:
+    their sum). tau >= 1 returns every token."""
+    n = scores.numel()
+    if tau >= 1.0 or n == 0:
+        return n
+    total = float(scores.sum()) if total is None else total
+    cumulative = scores.sort(descending=True).values.cumsum(0)
+    return min(n, int((cumulative < tau * total).sum()) + 1)
+
+
+def important_mask(normalised: torch.Tensor, count: int, forced: torch.Tensor | None = None) -> torch.Tensor:
+    """Eqs. 8-9: bool mask of the ``count`` best normalised scores; ``forced`` indices are always in."""
+    scores = normalised.clone()
+    if forced is not None:
+        scores[forced] = float("inf")
+    mask = torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)
+    mask[scores.topk(min(count, scores.numel())).indices] = True
+    return mask
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage: packed blocks + a full-precision buffer
+# ---------------------------------------------------------------------------------------------
+
+
+class QuantBlock:
+    """Tokens quantised together: the important ones at high bits, the others at low bits."""
+
+    def __init__(self, keys, values, positions, important: torch.Tensor, bits_high: int, bits_low: int) -> None:
+        self.important = positions[important]
+        self.other = positions[~important]
+        self.parts: list[tuple[QuantTensor, QuantTensor]] = []
+        for chosen, bits in ((important, bits_high), (~important, bits_low)):
+            if chosen.any():
+                k, v = keys[:, :, chosen], values[:, :, chosen]
+                self.parts.append((quantize(k, bits, reduce_dim=2), quantize(v, bits, reduce_dim=3)))
+
+    def dense(self) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = torch.cat([k.dequantize() for k, _ in self.parts], dim=2)
+        values = torch.cat([v.dequantize() for _, v in self.parts], dim=2)
+        return keys, values
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return torch.cat([self.important, self.other])  # the read order
+
+    def quant_tensors(self) -> list[QuantTensor]:
+        return [t for pair in self.parts for t in pair]
+
+
+class ZipVLLayer(KVLayer):
+    """Packed blocks, then the full-precision buffer (``keys``/``values``/``positions``)."""
+
+    def __init__(self, bits_high: int, bits_low: int) -> None:
+        super().__init__()
+        self.bits_high, self.bits_low = bits_high, bits_low
+        self.blocks: list[QuantBlock] = []
+
+    @property
+    def buffered(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def append(self, keys, values, positions):
+        dense_k, dense_v = super().append(keys, values, positions)
+        if not self.blocks:
+            return dense_k, dense_v
+        parts = [b.dense() for b in self.blocks]
+        return (torch.cat([k for k, _ in parts] + [dense_k], dim=2),
+                torch.cat([v for _, v in parts] + [dense_v], dim=2))
+
+    def compress(self, important: torch.Tensor) -> None:
+        """Quantise the whole buffer; ``important`` is its (n,) bool split. The buffer empties."""
+        self.blocks.append(QuantBlock(self.keys, self.values, self.positions[0], important.to(self.keys.device),
+                                      self.bits_high, self.bits_low))
+        self.keys, self.values = self.keys[:, :, :0], self.values[:, :, :0]
+        self.positions = self.positions[:, :0]
+
+    def byte_parts(self) -> dict[str, int]:
+        codes = sum(_nbytes(t.codes) + _nbytes(t.dense) for b in self.blocks for t in b.quant_tensors())
+        scales = sum(_nbytes(t.scale) + _nbytes(t.zero) for b in self.blocks for t in b.quant_tensors())
+        return {"codes": codes, "scales": scales, "buffer": _nbytes(self.keys) + _nbytes(self.values)}
+
+    # --- what it holds -------------------------------------------------------------------------
+    def tensors(self) -> list[torch.Tensor]:
+        return super().tensors() + [t for b in self.blocks for q in b.quant_tensors() for t in q.tensors()]
+
+    def get_seq_length(self) -> int:
+        return super().get_seq_length() + sum(b.important.numel() + b.other.numel() for b in self.blocks)
+
+    def kept_positions(self) -> torch.Tensor:
+        heads = self.keys.shape[1]
+        packed = [b.positions.view(1, -1).expand(heads, -1) for b in self.blocks]
+        return torch.cat(packed + [self.positions], dim=1)
+
+    def keep(self, index: torch.Tensor) -> None:
+        raise NotImplementedError("ZipVL keeps every token (at 4 or 2 bits); it never evicts")
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+# ---------------------------------------------------------------------------------------------
+# The method
+# ---------------------------------------------------------------------------------------------
+
+
+class ZipVL(KVBackend):
+    name = "zipvl"
+    title = "ZipVL"
+    paper = "https://arxiv.org/abs/2410.08584"
+    summary = ("Per layer, finds the fewest tokens holding tau (the budget slider, paper 0.975) of the probes' "
+               "attention; prefill attends over those only, and the cache keeps them at 4 bits, the rest at 2 bits.")
+    params = (
+        Param("recent_probes", 64, "Probe queries: the most recent prompt tokens (App. A: 64).", 0, 4096, 1),
+        Param("random_probes", 64, "Probe queries drawn at random among the other prompt tokens (App. A: 64).", 0, 4096, 1),
+        Param("seed", 0, "Seed of the random probe positions.", 0, 2**31 - 1, 1),
+        Param("bits_important", 4, "Bits per key/value of important tokens: 2, 4, 8 or 16 (= not quantised; "
+              "Sec. 5.1: 4).", 2, 16, 1),
+        Param("bits_other", 2, "Bits per key/value of the other tokens: 2, 4, 8 or 16 (Sec. 5.1: 2).", 2, 16, 1),
+        Param("period", 100, "Generated tokens kept in full precision before they are scored and quantised "
+              "(Sec. 4.2: 100).", 1, 100000, 1),
+    )
+    lossless_params: ClassVar[dict] = {"bits_important": FULL_BITS, "bits_other": FULL_BITS}
+
+    def __init__(self, budget: float = DEFAULT_TAU, **params) -> None:
+        super().__init__(budget, **params)
+        for p in ("bits_important", "bits_other"):
+            try:
+                check_bits(self.config[p])
+            except ValueError as exc:
+                raise ValueError(f"parameter '{p}': {exc}") from None
+        if self.bits_other > self.bits_important:
+            raise ValueError(f"bits_other ({self.bits_other}) must not exceed bits_important ({self.bits_important})")
+        if self.recent_probes + self.random_probes < 1:
+            raise ValueError("ZipVL needs at least one probe query (recent_probes + random_probes >= 1)")
+        self._split: dict[int, torch.Tensor] = {}  # layer -> important mask over its buffered tokens
+        self._important: dict[int, list[torch.Tensor]] = {}
+        self._other: dict[int, list[torch.Tensor]] = {}
+        self._layers: dict[int, KVLayer] = {}
+
+    def describe(self) -> dict:
+        info = super().describe()
+        info["params"][0] = TAU.to_dict()
+        return info
+
+    @property
+    def tau(self) -> float:
+        return self.budget
+
+    @property
+    def quantises(self) -> bool:
+        return self.bits_important != FULL_BITS or self.bits_other != FULL_BITS
+
+    def new_layer(self, layer_idx: int) -> KVLayer:
+        layer = ZipVLLayer(self.bits_important, self.bits_other) if self.quantises else KVLayer()
+        self._layers[layer_idx] = layer
+        return layer
+
+    # --- prefill: split, then attend over the important tokens only -----------------------------
+    def attend(self, call: AttentionCall, query, key, value, scaling: float):
+        if not call.is_prefill:
+            return None  # decoding is dense (Sec. 4.2)
+        new, held = query.shape[2], key.shape[2]
+        # the tokens to split: the new ones plus generated ones still waiting in the buffer
+        layer = self._layers.get(call.layer_idx)
+        split = min(held, max(new, layer.buffered if isinstance(layer, ZipVLLayer) else 0))
+        if self.tau >= 1.0:
+            mask = torch.ones(split, dtype=torch.bool, device=key.device)
+            self._record(call.layer_idx, mask, split, call)
+            return None
+        rows = probe_rows(new, self.recent_probes, self.random_probes, self.seed)
+        accumulated, normalised, total = probe_scores(query, key, scaling, rows)
+        p = adaptive_count(accumulated, self.tau, total)
+        forced = torch.tensor([held - 1], device=key.device)  # the last prompt token: the first logit
+        mask = important_mask(normalised, p, forced)[held - split:]
+        self._record(call.layer_idx, mask, p, call)
+        chosen = mask[split - new:]  # the new queries that attend
+        if chosen.all() and mask.all():
+            return None
+        keys_used = torch.cat([torch.ones(held - split, dtype=torch.bool, device=key.device), mask])
+        out = query.new_zeros(query.shape)  # padded rows: zero output, the residual passes through
+        out[:, :, chosen] = causal_attention(query[:, :, chosen], key[:, :, keys_used], value[:, :, keys_used], scaling)
+        return out
+
+    def _record(self, layer_idx: int, mask: torch.Tensor, p: int, call: AttentionCall) -> None:
+        self._split[layer_idx] = mask
+        self.report.setdefault("p", [None] * call.num_layers)[layer_idx] = p
+
+    # --- cache: quantise what was split -------------------------------------------------------
+    def after_attention(self, call: AttentionCall, layer: KVLayer, query, key, scaling: float, attn_row=None) -> None:
+        i = call.layer_idx
+        if call.is_prefill:
+            mask = self._split.pop(i, None)
+            if mask is None:
+                return
+            positions = layer.positions[0, -mask.numel():]
+        else:
+            if not isinstance(layer, ZipVLLayer):
+                return
+            if layer.buffered < self.period:
+                if "bytes" in self.report:  # the buffer grew
+                    self.report["bytes"][i] = layer.byte_parts()
+                return
+            # Alg. 1 (decoding): the last query's attention over the buffered tokens, summed over heads
+            buffered = layer.buffered
+            scores = attention_probs(query, key, scaling)[:, 0, -buffered:].sum(dim=0)
+            p = adaptive_count(scores, self.tau)
+            mask = important_mask(scores, p)
+            self.report.setdefault("p", [None] * call.num_layers)[i] = p
+            positions = layer.positions[0]
+        if isinstance(layer, ZipVLLayer):
+            layer.compress(mask)
+        self._important.setdefault(i, []).append(positions[mask])
+        self._other.setdefault(i, []).append(positions[~mask])
+        self._report(call, layer)
+
+    def _report(self, call: AttentionCall, layer: KVLayer) -> None:
+        n, i = call.num_layers, call.layer_idx
+        for key in ("important", "other", "important_ratio", "layer_budgets", "overlay", "bytes"):
+            self.report.setdefault(key, [None] * n)
+        important, other = torch.cat(self._important[i]), torch.cat(self._other[i])
+        ratio = important.numel() / max(1, important.numel() + other.numel())
+        self.report["important"][i], self.report["other"][i] = important, other
+        self.report["important_ratio"][i] = self.report["layer_budgets"][i] = ratio
+        self.report["overlay"][i] = important.view(1, -1)
+        self.report["bytes"][i] = (layer.byte_parts() if isinstance(layer, ZipVLLayer)
+                                   else {"codes": layer.nbytes(), "scales": 0, "buffer": 0})
+        self.report["tau"] = self.tau
+
+
+__all__ = ["DEFAULT_TAU", "PACKED_BITS", "ZipVL", "ZipVLLayer", "adaptive_count", "important_mask", "probe_rows",
+           "probe_scores"]

@@ -1,0 +1,198 @@
+"""ZipVL's token-sparse prefill against the full cache: language-model prefill time at growing
+numbers of visual tokens, both methods in one run, same weights, same inputs.
+
+    python -m engine.bench --mode prefill --model random:Qwen/Qwen2-VL-2B-Instruct --num-layers 2 \\
+        --visual-tokens 2048,8192 --repeats 3 --json
+
+What is timed: one prefill forward pass of the decoder (every layer at its real width, the
+attention through the runtime's seam, so ZipVL's probes, split, sparse attention and quantisation
+are all inside the clock). What is not: the vision tower. Thousands of real patches through it
+would dominate (and on a CPU take minutes), and it is identical for both methods, so the decoder
+is fed precomputed random visual embeddings (N(0, 1)) between a short system prefix and a
+question, with the positions the model gives an image of that many tokens: M-RoPE
+(temporal, row, column) ids for Qwen-VL, 1-D positions otherwise. The vocabulary is cut to 256
+rows because no token is embedded. Random weights are enough: the cost of a prefill does not
+depend on them (but their near-uniform attention makes the important ratio high; ``--budget`` is
+tau, so lower it to see a sparser split).
+
+Warm-up: one pass per method; then ``--repeats`` passes each, interleaved, and the median.
+Printed per size: both times, their ratio (ZipVL / full: < 1 means sparse prefill pays), the
+realised important ratio (mean over layers) and ZipVL's KV bytes against the full cache's.
+Default sizes: 2k and 8k visual tokens, plus 32k on CUDA. Exit code 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+import backends
+from backends.base import AttentionCall, PromptLayout, VisualSpan
+
+from .attention import ForwardRun, forward_run
+from .bench import method_params
+from .cache import KVCache
+from .errors import UserError
+from .models import (
+    ATTENTION_NAME,
+    _random_model,
+    model_spec,
+    pick_device,
+    shipped_config,
+)
+from .tiny import tiny_config
+
+PREFIX, QUESTION = 16, 32  # text tokens before and after the image (system prompt, question)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m engine.bench --mode prefill", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="random:Qwen/Qwen2-VL-2B-Instruct", help="a random:<repo> or tiny model")
+    p.add_argument("--visual-tokens", default=None, help="comma-separated sizes (default 2048,8192; +32768 on CUDA)")
+    p.add_argument("--num-layers", type=int, default=None, help="decoder depth (e.g. 2 for short CPU runs)")
+    p.add_argument("--budget", type=float, default=0.975, help="ZipVL's tau (paper: 0.975)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="ZipVL parameter (repeatable)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on CUDA)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    return p.parse_args(argv)
+
+
+def build_decoder(name: str, num_layers: int | None, device: torch.device, dtype: torch.dtype, seed: int):
+    """The language model alone (no vision tower, no LM head), random weights, our attention."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    spec = model_spec(name)
+    if spec.source == "hub":
+        raise UserError(f"--mode prefill builds random weights: use random:<repo> or a tiny model, not '{name}'")
+    config = shipped_config(spec.repo, num_layers) if spec.source == "random" else tiny_config(spec.family)
+    text = config.get_text_config()
+    if num_layers and spec.source != "random":
+        text.num_hidden_layers = num_layers
+    text.vocab_size = 256  # inputs arrive as embeddings
+    text._attn_implementation = ATTENTION_NAME
+    model = _random_model(MODEL_MAPPING[type(text)], text, device, dtype, seed).eval()
+    rope_dims = 3 if "mrope_section" in (getattr(text, "rope_parameters", None) or {}) else 1
+    return model, text, rope_dims
+
+
+def synthetic_prompt(visual: int, rope_dims: int, hidden: int, device, dtype, seed: int):
+    """Embeddings, rotary ids (P, T) and layout of: PREFIX text, one image of ``visual`` tokens
+    (an h x w grid as square as divides it), QUESTION text."""
+    w = max(d for d in range(1, math.isqrt(visual) + 1) if visual % d == 0)
+    h = visual // w
+    total = PREFIX + visual + QUESTION
+    if rope_dims == 3:  # M-RoPE: text advances all three ids; the image uses (t, row, column)
+        grid = torch.stack([torch.zeros(visual, dtype=torch.long), torch.arange(visual) // w, torch.arange(visual) % w])
+        after = PREFIX + max(h, w)
+        rope = torch.cat([torch.arange(PREFIX).expand(3, -1), grid + PREFIX,
+                          torch.arange(after, after + QUESTION).expand(3, -1)], dim=1)
+    else:
+        rope = torch.arange(total)[None]
+    generator = torch.Generator().manual_seed(seed)
+    embeds = torch.randn(1, total, hidden, generator=generator).to(device, dtype)
+    layout = PromptLayout(0, total, system=(0, PREFIX), visuals=[VisualSpan("image", (PREFIX, PREFIX + visual), grid=(1, h, w))],
+                          text=[(PREFIX + visual, total)])
+    return embeds, rope.to(device), layout
+
+
+def prefill(model, backend, num_layers: int, embeds, rope, layout, sync: bool) -> tuple[float, KVCache]:
+    """One timed prefill through the runtime's attention seam; returns (seconds, cache)."""
+    total = embeds.shape[1]
+    cache = KVCache(backend, num_layers)
+    cache.pending_positions = torch.arange(total, device=embeds.device)
+    call = AttentionCall(layer_idx=0, num_layers=num_layers, phase="prefill", positions=cache.pending_positions,
+                         rope_ids=rope, layout=layout, seen=total, step=0)
+    position_ids = rope[:, None, :] if rope.shape[0] == 3 else rope
+    run = ForwardRun(cache, call, sync=sync)
+    if sync:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.inference_mode(), forward_run(run):
+        model(inputs_embeds=embeds, position_ids=position_ids, past_key_values=cache, use_cache=True)
+        backend.after_forward(cache, call)
+    if sync:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, cache
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    if args.repeats < 1:
+        raise UserError("--repeats must be at least 1")
+    device = pick_device(args.device)
+    sync = device.type == "cuda"
+    dtype_name = args.dtype or ("bfloat16" if sync else "float32")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype_name)
+    if dtype is None:
+        raise UserError(f"unknown dtype '{dtype_name}'; use float32, bfloat16 or float16")
+    sizes = args.visual_tokens or ("2048,8192,32768" if sync else "2048,8192")
+    try:
+        sizes = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--visual-tokens expects comma-separated integers, got '{args.visual_tokens}'") from None
+    if not sizes or min(sizes) < 1:
+        raise UserError("--visual-tokens needs positive sizes")
+    params = method_params(["zipvl"], args.set)["zipvl"]
+    backends.make_backend("zipvl", budget=args.budget, **params)  # bad parameters fail before the model is built
+    model, text, rope_dims = build_decoder(args.model, args.num_layers, device, dtype, args.seed)
+    layers = text.num_hidden_layers
+    rows = []
+    for visual in sizes:
+        embeds, rope, layout = synthetic_prompt(visual, rope_dims, text.hidden_size, device, dtype, args.seed)
+        make = {"full": lambda: backends.make_backend("full"),
+                "zipvl": lambda: backends.make_backend("zipvl", budget=args.budget, **params)}
+        for m in make.values():  # warm-up
+            prefill(model, m(), layers, embeds, rope, layout, sync)
+        times = {name: [] for name in make}
+        last = {}
+        for _ in range(args.repeats):  # interleaved, so drift hits both methods alike
+            for name, m in make.items():
+                backend = m()
+                seconds, cache = prefill(model, backend, layers, embeds, rope, layout, sync)
+                times[name].append(seconds)
+                last[name] = (backend, cache.nbytes())
+                del cache
+        full_s, zip_s = statistics.median(times["full"]), statistics.median(times["zipvl"])
+        zipvl, zip_bytes = last["zipvl"]
+        ratios = zipvl.report.get("important_ratio") or [1.0] * layers
+        rows.append({"model": args.model, "layers": layers, "hidden_size": text.hidden_size, "device": str(device),
+                     "dtype": dtype_name, "visual_tokens": visual, "prompt_tokens": embeds.shape[1], "tau": args.budget,
+                     "params": zipvl.config, "repeats": args.repeats, "full_s": full_s, "zipvl_s": zip_s,
+                     "prefill_ratio": zip_s / full_s, "speedup": full_s / zip_s,
+                     "important_ratio": sum(ratios) / len(ratios), "important_ratio_per_layer": ratios,
+                     "kv_ratio": zip_bytes / last["full"][1]})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    r0 = rows[0]
+    head = (f"{r0['model']}, {r0['layers']} layers x {r0['hidden_size']}, {r0['device']} {r0['dtype']}, tau {r0['tau']}, "
+            f"median of {r0['repeats']}; prefill_ratio = ZipVL / full (< 1: sparse prefill pays)")
+    lines = [f"{'visual':>7} {'prompt':>7} {'full_s':>8} {'zipvl_s':>8} {'ratio':>6} {'important':>9} {'kv_ratio':>8}"]
+    for r in rows:
+        lines.append(f"{r['visual_tokens']:>7} {r['prompt_tokens']:>7} {r['full_s']:>8.3f} {r['zipvl_s']:>8.3f} "
+                     f"{r['prefill_ratio']:>6.2f} {r['important_ratio']:>9.3f} {r['kv_ratio']:>8.3f}")
+    return "\n".join([head] + lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        rows = run(args)
+    except (UserError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(rows, indent=2) if args.json else table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
