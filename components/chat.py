@@ -17,7 +17,7 @@ import gradio as gr
 from engine import service
 from engine.errors import UserError
 
-from . import overlay, plots
+from . import media_library, overlay, plots
 from .settings import SettingsPanel, settings_from
 
 PLOT_EVERY_S = 0.4  # redraw the panels at most this often while streaming (the text every token)
@@ -60,9 +60,23 @@ def status_line(view: dict, settings: service.Settings) -> str:
         parts.append(f"{view['agreement']:.0%} of tokens match the full cache's answer")
     if ref and ref["cached"]:
         parts.append("full-cache figures reused from an earlier run on this input (cached)")
+    if view.get("mpic"):
+        parts.append(mpic_line(view["mpic"]))
     if service.has_random_weights(settings.model):
         parts.append("random weights: the text is nonsense, the figures are real")
     return " · ".join(parts)
+
+
+def mpic_line(reuse: dict) -> str:
+    """What MPIC reused from the store for this prompt, and any image it had to recompute."""
+    line = f"{reuse['mode']}: {reuse['reused']} prompt tokens reused from the media store, {reuse['recomputed']} computed"
+    # a stored image the linker could not use says why ("recomputed (not stored)", a damaged file...)
+    missed = [f"image/video {i + 1} {why}" for i, why in enumerate(reuse["visuals"]) if why.startswith("recomputed (")]
+    if missed:
+        line += " (" + "; ".join(missed) + ")"
+    if reuse.get("note"):
+        line += f"; {reuse['note']}"
+    return line
 
 
 def panels(view: dict) -> tuple:
@@ -180,13 +194,16 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
         picker = gr.Dropdown(choices=[overlay.MEAN], value=overlay.MEAN, label="Kept visual tokens at",
                              scale=1, elem_id="layer-picker")
         gr.Markdown("Clear cells: tokens the cache kept. Dark red: dropped (shaded by the share of heads "
-                    "and layers that dropped them).")
+                    "and layers that dropped them). With MPIC: clear = KV reused from the media store, "
+                    "dark red = recomputed.")
     gallery = gr.Gallery(label="Which visual tokens were kept", columns=3, height=320, object_fit="contain",
                          preview=False, fit_columns=False, elem_id="overlay")
+    library, ttft = media_library.build_media_panels()
     tab = ChatTab(chatbot, textbox, status, memory, speed, layers, picker, gallery)
 
     textbox.submit(submit, [textbox, chatbot, session, *settings.inputs], tab.outputs,
-                   concurrency_id="gpu", concurrency_limit=1)
+                   concurrency_id="gpu", concurrency_limit=1).success(
+        media_library.after_turn, [session, settings.method], [library, ttft], concurrency_id="gpu")
     stop_button.click(stop, session, None, queue=False)
     clear_button.click(clear, session, tab.outputs, queue=False)
     picker.change(show_layer, [session, picker], gallery, queue=False)

@@ -56,7 +56,8 @@ def render(visual: dict, layer: int | None = None) -> tuple[Image.Image, str]:
             image.paste(tile, (x, 0))
             x += tile.width + gap
     where = "averaged over layers" if layer is None else f"layer {layer + 1}"
-    caption = f"{visual['label']}: {keep.mean():.0%} of {keep.size} visual tokens kept ({where})"
+    meaning = visual.get("meaning", "kept")  # MPIC: "reused from the store" (shaded: recomputed)
+    caption = f"{visual['label']}: {keep.mean():.0%} of {keep.size} visual tokens {meaning} ({where})"
     return image, caption
 
 

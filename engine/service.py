@@ -8,6 +8,11 @@ tensor and never imports torch.
 * :func:`compare` runs the full cache and up to four methods one after another on one input.
 * The full-cache reference for a given input is computed once per session and reused; every view
   says whether its reference came from that cache (its timings are then from the earlier run).
+* MPIC's media KV store (:func:`media_store`) is one per process, under ``KV_ARENA_KV_STORE``
+  (default: ``kv-arena-mpic`` in the temp directory); each session's entries live in a namespace
+  named by the server-side :attr:`Session.id` (never by anything a client sends), are stored when
+  an MPIC turn adds media, listed by :func:`media_library` and dropped when the session closes or
+  its model changes.
 
 Models are shared between sessions (read-only weights); at most one hub model stays loaded.
 """
@@ -19,7 +24,9 @@ import hashlib
 import logging
 import os
 import socket
+import tempfile
 import threading
+import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -33,9 +40,12 @@ from PIL import Image
 import backends
 
 from .bench import agreement
+from .bench_mpic import measure_ttft
 from .errors import UserError
 from .generate import Conversation
 from .inputs import Message
+from .kv_store import KVStore
+from .linking import Linker, ingest
 from .media import Video, load_image, load_video
 from .models import DEFAULT_MODEL, MODELS, LoadedModel, load_model, model_spec
 
@@ -260,10 +270,34 @@ class ReferenceCache:
         return reference
 
 
+# --------------------------------------------------------------------------------------------
+# MPIC's media KV store
+# --------------------------------------------------------------------------------------------
+
+_STORE: KVStore | None = None
+_STORE_LOCK = threading.Lock()
+
+
+def media_store() -> KVStore:
+    """The process's one media KV store: ``KV_ARENA_KV_STORE`` (a directory), or a temp one.
+    ``KV_ARENA_KV_STORE_MB`` caps its disk use (memory: a quarter of that)."""
+    global _STORE
+    with _STORE_LOCK:
+        if _STORE is None:
+            root = os.environ.get("KV_ARENA_KV_STORE") or os.path.join(tempfile.gettempdir(), "kv-arena-mpic")
+            disk = int(float(os.environ.get("KV_ARENA_KV_STORE_MB", "8192")) * 2**20)
+            _STORE = KVStore(root, memory_bytes=disk // 4, disk_bytes=disk)
+        return _STORE
+
+
 class Session:
     """One browser tab. Starts empty (Gradio deep-copies it per session) and is freed on close."""
 
     def __init__(self) -> None:
+        self.id = uuid.uuid4().hex  # the media store's namespace: made here, never sent by a client
+        self.media_model: str | None = None  # the model the session's stored media KV belongs to
+        self.reused: list[set[int]] = []  # per layer: chat token indices whose KV came from the store
+        self.last_mpic: tuple[Settings, Prepared] | None = None  # the last MPIC turn, for the TTFT panel
         self.conv: Conversation | None = None
         self.cache_key: tuple | None = None  # Settings.cache_key of the method that built ``conv``
         self.history: list[Prepared] = []
@@ -277,10 +311,21 @@ class Session:
 
     def new_chat(self) -> None:
         self.conv, self.cache_key, self.history, self.visuals = None, None, [], []
+        self.reused = []
+
+    def use_model(self, model: str) -> None:
+        """Another model: the stored media KV of the previous one is useless, so it goes."""
+        if self.media_model not in (None, model):
+            media_store().drop_session(self.id)
+            self.last_mpic = None
+        self.media_model = model
 
     def close(self) -> None:
         self.new_chat()
         self.references = ReferenceCache()
+        if self.media_model is not None:
+            media_store().drop_session(self.id)
+        self.media_model, self.last_mpic = None, None
         free_memory()
 
 
@@ -315,14 +360,18 @@ def layer_figures(conv: Conversation) -> dict:
             "seen": conv.seen, "planned": [float(b) for b in report.get("layer_budgets", [])] or None}
 
 
-def kept_visuals(conv: Conversation, history: list[Prepared]) -> list[dict]:
+def kept_visuals(conv: Conversation, history: list[Prepared], highlight: list | None = None,
+                 meaning: str = "kept") -> list[dict]:
     """For each image and video of the chat, the share of KV heads keeping each visual token, per layer.
 
-    Returns dicts with ``label``, ``kind``, ``pictures`` (the image, or the frames a video's
-    temporal tokens cover, as the model saw them) and ``keep`` of shape (layers, t, h, w).
+    Returns dicts with ``label``, ``kind``, ``meaning``, ``pictures`` (the image, or the frames a
+    video's temporal tokens cover, as the model saw them) and ``keep`` of shape (layers, t, h, w).
+    ``highlight`` (per layer, token indices) replaces the kept tokens, e.g. MPIC's reused ones.
     """
     held = np.zeros((len(conv.cache.layers), conv.seen), dtype=np.float32)
-    for i, positions in enumerate(conv.cache.kept_positions()):
+    # a method that keeps every token may name the ones to highlight instead (ZipVL: its 4-bit tokens)
+    chosen = highlight if highlight is not None else conv.backend.report.get("overlay") or conv.cache.kept_positions()
+    for i, positions in enumerate(chosen):
         if positions is None or positions.numel() == 0:
             continue
         positions = positions.long().clamp(0, conv.seen - 1).cpu()
@@ -336,7 +385,7 @@ def kept_visuals(conv: Conversation, history: list[Prepared]) -> list[dict]:
                 continue  # tiled layouts (LLaVA-NeXT) have no single grid to draw on
             t, h, w = visual.grid
             keep = held[:, visual.span[0]:visual.span[1]].reshape(-1, t, h, w)
-            out.append({"label": f"turn {turn}, {kind} {n}", "kind": kind, "keep": keep,
+            out.append({"label": f"turn {turn}, {kind} {n}", "kind": kind, "keep": keep, "meaning": meaning,
                         "pictures": _pictures(source, t, conv.adapter.image_processor)})
     return out
 
@@ -399,10 +448,14 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
 def _turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress) -> Iterator[dict]:
     backend = settings.backend()
     loaded = get_model(settings.model, progress)
+    session.use_model(settings.model)
+    mpic = settings.method == "mpic"
+    note = store_media(session, loaded, prepared, progress) if mpic else ""
     new_chat = not session.continues(settings)
     if new_chat:  # the cache was built by another method or model: it cannot be continued
         session.new_chat()
-        session.conv, session.cache_key = Conversation(loaded, backend), settings.cache_key
+        linker = Linker(media_store(), session.id) if mpic else None  # without it MPIC is the full cache
+        session.conv, session.cache_key = Conversation(loaded, backend, linker=linker), settings.cache_key
     history = session.history + [prepared]
     reference, cached = None, False
     if settings.method != "full":
@@ -411,11 +464,13 @@ def _turn(session: Session, settings: Settings, prepared: Prepared, progress: Pr
     progress(0.7, f"Prefilling with {session.conv.backend.title}...")
     session.stop_requested = False
     conv = session.conv
+    if mpic:
+        conv.backend.report = {}  # a prompt without stored media must not show the last one's reuse
     for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
                               temperature=settings.temperature, should_stop=lambda: session.stop_requested):
         view = {"text": update.text, "done": update.done, "new_chat": new_chat, "metrics": update.metrics.to_dict(),
                 "method": conv.backend.title, "reference": _reference_view(reference, cached),
-                "layers": layer_figures(conv), "agreement": None, "visuals": None}
+                "layers": layer_figures(conv), "agreement": None, "visuals": None, "mpic": None}
         if update.done:
             session.history = history
             if reference is not None:
@@ -423,8 +478,79 @@ def _turn(session: Session, settings: Settings, prepared: Prepared, progress: Pr
             elif not session.stop_requested:  # a full-cache answer is itself the reference
                 key = settings.generation + tuple(p.key for p in history)
                 session.references.store(key, Reference(update.text, update.token_ids, view["metrics"], view["layers"]))
-            session.visuals = view["visuals"] = kept_visuals(conv, history)
+            if mpic:
+                view["mpic"] = _reuse_summary(session, conv, update.metrics.prompt_tokens, note)
+                session.last_mpic = (settings, prepared)
+                highlight = [torch.tensor(sorted(p), dtype=torch.long)[None] for p in session.reused]
+                session.visuals = view["visuals"] = kept_visuals(conv, history, highlight, "reused from the store")
+            else:
+                session.visuals = view["visuals"] = kept_visuals(conv, history)
         yield view
+
+
+# --------------------------------------------------------------------------------------------
+# MPIC: storing uploads, what was reused, the media library and the TTFT panel
+# --------------------------------------------------------------------------------------------
+
+
+def _media_names(prepared: Prepared) -> list[str]:
+    """File names in the message's media order (its images, then its videos)."""
+    names = [Path(f).name for f in prepared.files]
+    videos = [Path(f).suffix.lower() in VIDEO_SUFFIXES for f in prepared.files]
+    return [n for n, v in zip(names, videos) if not v] + [n for n, v in zip(names, videos) if v]
+
+
+def store_media(session: Session, loaded: LoadedModel, prepared: Prepared, progress: Progress = _silent) -> str:
+    """Store the KV of each image and video of the message for this session (a lookup when it
+    already is). A failure costs no answer: that media is recomputed; returns what to tell the user."""
+    store, message, failed = media_store(), prepared.message, []
+    media = [(m, False) for m in message.images] + [(v, True) for v in message.videos]
+    for (item, is_video), name in zip(media, _media_names(prepared)):
+        progress(0.3, f"Storing the KV of {name}...")
+        try:
+            ingest(loaded, store, session.id, item, video=is_video, num_frames=message.num_frames, label=name)
+        except Exception as exc:  # noqa: BLE001 - the turn goes on without this entry
+            log.warning("could not store %s: %s", name, exc)
+            failed.append(f"{name} ({exc.__class__.__name__})")
+    return f"could not store {', '.join(failed)}: recomputed" if failed else ""
+
+
+def _reuse_summary(session: Session, conv: Conversation, prompt_tokens: int, note: str) -> dict:
+    """This prompt's reused and recomputed token counts (mean over layers), each visual's fate, and
+    the chat's reused tokens so far (per layer) for the overlay."""
+    reused = conv.backend.report.get("reused") or []
+    if len(session.reused) != len(conv.cache.layers):
+        session.reused = [set() for _ in conv.cache.layers]
+    for layer, positions in zip(session.reused, reused):
+        layer.update(int(p) for p in positions.flatten())
+    count = round(sum(len(p) for p in reused) / len(reused)) if reused else 0
+    mode = conv.backend.mode
+    name = {"mpic": f"MPIC-{conv.backend.k}", "prefix": "prefix caching", "full_reuse": "full reuse",
+            "cacheblend": f"CacheBlend-{conv.backend.recompute_ratio:.0%}", "recompute": "full recompute"}[mode]
+    return {"mode": name, "reused": count, "recomputed": prompt_tokens - count,
+            "visuals": list(conv.linker.status) if conv.linker else [], "note": note}
+
+
+def media_library(session: Session) -> list[dict]:
+    """The session's stored media: label, kind, model, tokens, bytes, in_memory, on_disk."""
+    return media_store().library(session.id) if session.media_model is not None else []
+
+
+def mpic_ttft(session: Session) -> dict | None:
+    """TTFT of the last MPIC turn's message, sent as a new prompt with the store as it is now,
+    under full recompute, prefix caching and MPIC (its k): ``{"ttft_s": {mode: s}, "k", "tokens"}``.
+    None without such a turn or when its message has no media (nothing to reuse)."""
+    if session.last_mpic is None:
+        return None
+    settings, prepared = session.last_mpic
+    if not prepared.message.images and not prepared.message.videos:
+        return None
+    loaded = get_model(settings.model)
+    params = {k: v for k, v in settings.method_params("mpic").items() if k != "mode"}
+    figures = measure_ttft(loaded, media_store(), session.id, prepared.message, ("recompute", "prefix", "mpic"),
+                           **params)
+    return {"ttft_s": {mode: f["ttft_s"] for mode, f in figures.items()}, "k": params.get("k", 32),
+            "tokens": figures["mpic"]["prompt_tokens"]}
 
 
 def compare(session: Session, settings: Settings, methods: list[str], prepared: Prepared,
@@ -440,6 +566,9 @@ def _compare(session: Session, settings: Settings, methods: list[str], prepared:
              progress: Progress) -> Iterator[dict]:
     built = [settings.backend(m) for m in methods]  # bad parameters fail before any model work
     loaded = get_model(settings.model, progress)
+    session.use_model(settings.model)
+    if "mpic" in methods:
+        store_media(session, loaded, prepared, progress)
     progress(0.3, "Full cache...")
     reference, cached = session.references.get(loaded, settings, [prepared])
     runs = [{"name": "full", "method": "Full cache", "text": reference.text, "metrics": reference.metrics,
@@ -448,7 +577,8 @@ def _compare(session: Session, settings: Settings, methods: list[str], prepared:
     session.stop_requested = False
     for i, backend in enumerate(built):
         progress(0.4 + 0.6 * i / len(built), f"{backend.title}...")
-        conv = Conversation(loaded, backend)
+        linker = Linker(media_store(), session.id) if backend.name == "mpic" else None
+        conv = Conversation(loaded, backend, linker=linker)
         run = {"name": backend.name, "method": backend.title, "cached": False, "visuals": None, "agreement": None}
         runs.append(run)
         for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,

@@ -78,6 +78,7 @@ def test_chat_switch_method_and_compare(page):
     page.locator("#chat-status").get_by_text("tokens/s").wait_for()
     page.locator("#memory-plot .js-plotly-plot").wait_for()
     page.locator("#speed-plot .js-plotly-plot").wait_for()
+    page.locator("#overlay img").first.wait_for()  # drawn once the answer is complete: the box takes a message again
     assert page.get_by_test_id("user").count() >= 1
 
     # 2. switch method: the next message starts a new conversation and the panels show the saving

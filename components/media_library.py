@@ -1,0 +1,59 @@
+"""MPIC's panels under the chat: the session's media library (what the media KV store holds for
+this tab) and the TTFT of the last MPIC message under prefix caching vs MPIC.
+
+Both refresh after each chat turn (:func:`refresh`); the TTFT is measured only after an MPIC turn,
+so other methods pay nothing for it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import gradio as gr
+
+from engine import service
+from engine.errors import UserError
+
+from . import plots
+
+log = logging.getLogger(__name__)
+COLUMNS = ["media", "kind", "tokens", "stored (MB)", "in memory", "on disk", "model"]
+
+
+def library_rows(session: service.Session) -> list[list]:
+    """The session's stored media as table rows, oldest first."""
+    return [[row["label"] or row["key"][:12], row["kind"], row["tokens"], round(row["bytes"] / 2**20, 2),
+             "yes" if row["in_memory"] else "no", "yes" if row["on_disk"] else "no", row["model"]]
+            for row in service.media_library(session)]
+
+
+def refresh(session: service.Session, measure: bool = True) -> tuple:
+    """(library rows, TTFT figure); ``measure``: time the last MPIC message again (after its turn)."""
+    ttft = None
+    if measure:
+        try:
+            ttft = service.mpic_ttft(session)
+        except UserError as exc:
+            gr.Warning(str(exc))
+        except Exception:  # a side panel must never break the chat
+            log.exception("TTFT panel failed")
+    return library_rows(session), plots.ttft_figure(ttft)
+
+
+@service.gpu
+def after_turn(session: service.Session, method: str) -> tuple:
+    """The chat event's follow-up: the library always, the TTFT panel only after an MPIC turn."""
+    if method != "mpic":
+        return library_rows(session), gr.skip()
+    return refresh(session)
+
+
+def build_media_panels() -> tuple[gr.Dataframe, gr.Plot]:
+    with gr.Accordion("MPIC: media library and time to first token", open=False):
+        gr.Markdown("With **MPIC**, every image or video you send is stored once (its KV cache, in memory and "
+                    "on disk, for this tab only) and linked into later prompts at any position. The TTFT panel "
+                    "re-times your last MPIC message with prefix caching and MPIC (full recompute in grey).")
+        table = gr.Dataframe(headers=COLUMNS, value=[], label="Media library (this session)", interactive=False,
+                             elem_id="media-library")
+        plot = gr.Plot(label="TTFT: prefix caching vs MPIC", elem_id="mpic-ttft")
+    return table, plot
