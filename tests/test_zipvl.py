@@ -243,9 +243,12 @@ def test_prefill_bench_runs_at_a_tiny_size(capsys):
     from engine import bench
 
     code = bench.main(["--mode", "prefill", "--model", "random:Qwen/Qwen2-VL-2B-Instruct", "--num-layers", "1",
-                       "--visual-tokens", "256", "--repeats", "1", "--json"])
+                       "--visual-tokens", "256", "--budget", "0.975,0.5", "--repeats", "1", "--json"])
     out = capsys.readouterr()
     assert code == 0, out.err
     rows = json.loads(out.out)
-    assert [r["visual_tokens"] for r in rows] == [256]
-    assert rows[0]["full_s"] > 0 and rows[0]["zipvl_s"] > 0 and 0 < rows[0]["important_ratio"] <= 1
+    assert [(r["visual_tokens"], r["tau"]) for r in rows] == [(256, 0.975), (256, 0.5)]
+    assert rows[0]["full_s"] == rows[1]["full_s"] > 0  # one full-cache measurement per size
+    assert all(r["zipvl_s"] > 0 for r in rows)
+    assert 0 < rows[1]["important_ratio"] < rows[0]["important_ratio"] <= 1  # a lower tau keeps fewer tokens
+    assert bench.main(["--mode", "prefill", "--budget", "0.9,high"]) == 2
