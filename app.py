@@ -3,7 +3,7 @@ what it saves. ``python app.py`` serves it on ``GRADIO_SERVER_NAME``:``GRADIO_SE
 (Gradio's defaults otherwise).
 
 Environment: ``KV_ARENA_MODEL`` (the model picked at start; default: a hub model with a GPU and
-network, else the offline ``tiny-qwen2-vl``), ``KV_ARENA_PRELOAD=0`` (load it on first use instead),
+network, else the offline ``tiny-arena-vl``), ``KV_ARENA_PRELOAD=0`` (load it on first use instead),
 ``KV_ARENA_MAX_VIDEO_SECONDS`` / ``KV_ARENA_MAX_VIDEO_MB`` (upload limits), ``KV_ARENA_QUEUE``,
 ``KV_ARENA_KV_STORE`` / ``KV_ARENA_KV_STORE_MB`` (MPIC's media KV store: directory, disk cap).
 """

@@ -41,8 +41,10 @@ PANELS = """
 - A figure marked **cached** comes from an earlier full-cache run on exactly the same input, so the
   full cache is not paid for twice.
 
-The offline models (`tiny-…`, `random:…`) have random weights: their answers are nonsense text, but
-every memory and speed figure is measured, not estimated.
+`tiny-arena-vl`, the offline default, was trained by this project on 3x3 boards of coloured cells
+named A to I (the `board` examples): it answers "How many cells are red?" and "Colour of cell F?" about
+such a board, and nothing else. The other offline models (`tiny-…`, `random:…`) have random weights:
+their answers are nonsense text. Every memory and speed figure is measured, not estimated.
 """
 
 

@@ -150,7 +150,9 @@ def show_layer(session: service.Session, choice: str):
 
 def examples() -> list[list]:
     """Clickable examples made by ``assets/make_examples.py`` (present ones only)."""
-    rows = [("What shapes do you see, and what colour is each?", ["shapes.png"]),
+    rows = [("How many cells are green?", ["board_1.png"]),  # boards: what the offline tiny-arena-vl answers
+            ("Colour of cell C?", ["board_2.png"]),
+            ("What shapes do you see, and what colour is each?", ["shapes.png"]),
             ("Which bar is the tallest?", ["chart.png"]),
             ("What differs between these two pictures?", ["shapes.png", "street.png"]),
             ("Where does the ball go?", ["bouncing_ball.mp4"])]

@@ -69,6 +69,8 @@ def model_card(name: str) -> str:
     if service.has_random_weights(name):
         return (f"**{name}** has **random weights**: its answers are nonsense text. The memory, speed and "
                 "kept-token panels are real measurements; pick a hub model on a GPU for real answers.")
+    if service.is_trained_here(name):
+        return f"**{name}**: {service.model_description(name)}"
     return f"**{name}**: weights from the Hugging Face Hub."
 
 

@@ -169,7 +169,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join([head] + lines)
 
 
-MODES = {"mpic": "engine.bench_mpic", "prefill": "engine.bench_prefill"}  # modes with their own CLI
+MODES = {"mpic": "engine.bench_mpic", "prefill": "engine.bench_prefill", "accuracy": "engine.bench_accuracy"}  # modes with their own CLI
 
 
 def main(argv=None) -> int:

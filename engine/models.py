@@ -15,6 +15,11 @@ from .inputs import ADAPTERS, ChatAdapter
 from .tiny import byte_tokenizer, tiny_config, tiny_image_processor
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+ARENA = "tiny-arena-vl"  # trained by training/train_tiny_vlm.py, weights in assets/tiny-arena-vl
+ARENA_DESCRIPTION = ("Tiny Qwen2.5-VL trained here (offline, 1M parameters). It only understands 3x3 boards of "
+                     "red/green/blue/yellow cells named A to I, like the example 'board' images, one board per "
+                     "question: ask 'How many cells are red?' or 'Colour of cell F?'. Anything else (photos, charts, "
+                     "videos, several boards, free-form questions) gets nonsense.")
 ATTENTION_NAME = "kv_arena"  # registered by engine.attention
 
 
@@ -22,13 +27,22 @@ ATTENTION_NAME = "kv_arena"  # registered by engine.attention
 class ModelSpec:
     name: str
     family: str  # qwen2_vl, qwen2_5_vl, llava, llava_next, llava_onevision
-    source: str  # "builtin", "hub" or "random"
+    source: str  # "builtin" (tiny, random), "trained" (tiny, weights in assets/), "hub" or "random"
     repo: str | None = None
     description: str = ""
 
     @property
     def needs_download(self) -> bool:
         return self.source == "hub"
+
+    @property
+    def random_weights(self) -> bool:
+        return self.source in ("builtin", "random")
+
+    @property
+    def small(self) -> bool:
+        """Small enough to stay loaded next to another model."""
+        return self.source in ("builtin", "trained")
 
     def to_dict(self) -> dict:
         return {"name": self.name, "architecture": self.family, "source": self.source,
@@ -48,6 +62,7 @@ _SPECS = [
     ModelSpec("tiny-qwen2-vl", "qwen2_vl", "builtin", description="Tiny random Qwen2-VL (offline, M-RoPE, native video)"),
     ModelSpec("tiny-qwen2.5-vl", "qwen2_5_vl", "builtin", description="Tiny random Qwen2.5-VL (offline, windowed vision)"),
     ModelSpec("tiny-llava", "llava", "builtin", description="Tiny random LLaVA-1.5 shape (offline, Llama decoder, 1-D RoPE)"),
+    ModelSpec(ARENA, "qwen2_5_vl", "trained", description=ARENA_DESCRIPTION),
 ]
 _SPECS += [ModelSpec(repo, fam, "hub", repo, f"{repo} from the Hugging Face Hub") for repo, fam in HUB.items()]
 _SPECS += [ModelSpec("random:" + repo, fam, "random", repo, f"{repo} architecture, random weights (no download)")
@@ -163,6 +178,9 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
     if spec.source == "hub":
         say(0.1, f"Fetching {spec.repo} (weights are cached after the first download)...")
         model, tokenizer, image_processor, processor = _load_hub(spec, cls, dev, torch_dtype, quantization)
+    elif spec.source == "trained":
+        say(0.1, f"Loading {spec.name}'s trained weights from assets/...")
+        model, tokenizer, image_processor, processor = _load_arena(dev, torch_dtype)
     else:
         say(0.1, f"Building {spec.name} with random weights (seed {seed})...")
         if spec.source == "builtin":
@@ -182,6 +200,15 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
     say(0.9, "Model ready.")
     adapter = ADAPTERS[spec.family](model, tokenizer, image_processor, processor)
     return LoadedModel(spec, model, adapter, torch_dtype, dev)
+
+
+def _load_arena(dev, dtype):
+    """The trained tiny model: its config and tokenizer are made in code, its weights are in assets/."""
+    from .arena_model import arena_image_processor, build_arena_model, load_arena_weights, tokenizer
+
+    model = build_arena_model()
+    load_arena_weights(model)
+    return model.to(device=dev, dtype=dtype), tokenizer(), arena_image_processor(), None
 
 
 def _random_model(cls, config, dev, dtype, seed: int):

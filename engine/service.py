@@ -47,7 +47,8 @@ from .inputs import Message
 from .kv_store import KVStore
 from .linking import Linker, ingest
 from .media import Video, load_image, load_video
-from .models import DEFAULT_MODEL, MODELS, LoadedModel, load_model, model_spec
+from .arena_model import arena_weights_present
+from .models import ARENA, DEFAULT_MODEL, MODELS, LoadedModel, load_model, model_spec
 
 log = logging.getLogger(__name__)
 Progress = Callable[[float, str], None]
@@ -87,11 +88,14 @@ def hub_reachable(timeout: float = 1.5) -> bool:
 
 
 def default_model() -> str:
-    """``KV_ARENA_MODEL`` if set; a real hub model with a GPU and network; else the offline tiny one."""
+    """``KV_ARENA_MODEL`` if set; a real hub model with a GPU and network; else the model trained here
+    (it answers questions about its boards), or a tiny random one if its weights are missing."""
     chosen = os.environ.get("KV_ARENA_MODEL")
     if chosen:
         return chosen
-    return HUB_DEFAULT if torch.cuda.is_available() and hub_reachable() else DEFAULT_MODEL
+    if torch.cuda.is_available() and hub_reachable():
+        return HUB_DEFAULT
+    return ARENA if arena_weights_present() else DEFAULT_MODEL
 
 
 def model_choices() -> list[tuple[str, str]]:
@@ -100,7 +104,15 @@ def model_choices() -> list[tuple[str, str]]:
 
 
 def has_random_weights(name: str) -> bool:
-    return name in MODELS and model_spec(name).source != "hub"
+    return name in MODELS and model_spec(name).random_weights
+
+
+def is_trained_here(name: str) -> bool:
+    return name in MODELS and model_spec(name).source == "trained"
+
+
+def model_description(name: str) -> str:
+    return model_spec(name).description
 
 
 def get_model(name: str, progress: Progress = _silent) -> LoadedModel:
@@ -109,8 +121,8 @@ def get_model(name: str, progress: Progress = _silent) -> LoadedModel:
         if name in _MODELS:
             return _MODELS[name]
         spec = model_spec(name)
-        if spec.source != "builtin":  # free the previous large model before loading another
-            for other in [n for n in _MODELS if model_spec(n).source != "builtin"]:
+        if not spec.small:  # free the previous large model before loading another
+            for other in [n for n in _MODELS if not model_spec(n).small]:
                 del _MODELS[other]
             free_memory()
         try:
