@@ -27,8 +27,7 @@ def arena_config():
 
 def arena_image_processor():
     """Every image is resized to the board's size (84 px -> 9 tokens), as in training. Nearest-neighbour,
-    so that a board drawn larger (the app's examples) comes back pixel for pixel: the model never saw
-    the blurred edges a bicubic downscale leaves, and miscounts them."""
+    so that a board drawn larger (the app's examples) comes back pixel for pixel, exactly as trained."""
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 

@@ -103,13 +103,13 @@ def probe(loaded, items, rng) -> dict[str, float]:
 
 def figure(results: dict, budgets: list[float], out: Path, model: str) -> list[str]:
     """One panel per question type, one line per method; methods without a budget are flat dots."""
+    import plotly.colors
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     kinds = list(results)
     fig = make_subplots(rows=1, cols=len(kinds), subplot_titles=[f"{k} questions" for k in kinds], shared_yaxes=True)
-    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-               "#bcbd22", "#17becf", "#393b79", "#637939"]
+    palette = plotly.colors.qualitative.D3
     methods = list(dict.fromkeys(m for per_method in results.values() for m in per_method))
     for col, kind in enumerate(kinds, 1):
         for i, method in enumerate(methods):
@@ -148,9 +148,9 @@ def run(args) -> dict:
         if k not in QUESTION_TYPES + EXTRA_TYPES:
             raise UserError(f"unknown question type '{k}'; choose from: {', '.join(QUESTION_TYPES + EXTRA_TYPES)}")
     loaded = load_model(args.model)
+    items_of = {kind: held_out(kind, args.per_type) for kind in kinds}
     results: dict[str, dict[str, dict[str, float]]] = {}
-    for kind in kinds:
-        items = held_out(kind, args.per_type)
+    for kind, items in items_of.items():
         results[kind] = {}
         for method in ["full"] + [m for m in methods if m != "full"]:
             cls = backends.backend_class(method)
@@ -162,7 +162,7 @@ def run(args) -> dict:
     probes = {}
     if not args.no_probe:
         rng = np.random.default_rng(args.seed)
-        probes = {kind: probe(loaded, held_out(kind, args.per_type), rng) for kind in kinds if kind in QUESTION_TYPES}
+        probes = {kind: probe(loaded, items_of[kind], rng) for kind in kinds if kind in QUESTION_TYPES}
     return {"model": args.model, "per_type": args.per_type, "budgets": budgets, "question_after": True,
             "accuracy": results, "probe": probes}
 

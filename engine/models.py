@@ -16,7 +16,7 @@ from .tiny import byte_tokenizer, tiny_config, tiny_image_processor
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 ARENA = "tiny-arena-vl"  # trained by training/train_tiny_vlm.py, weights in assets/tiny-arena-vl
-ARENA_DESCRIPTION = ("Tiny Qwen2.5-VL trained here (offline, 1M parameters). It only understands 3x3 boards of "
+ARENA_DESCRIPTION = ("Tiny Qwen2.5-VL trained here (offline, 0.9M parameters). It only understands 3x3 boards of "
                      "red/green/blue/yellow cells named A to I, like the example 'board' images, one board per "
                      "question: ask 'How many cells are red?' or 'Colour of cell F?'. Anything else (photos, charts, "
                      "videos, several boards, free-form questions) gets nonsense.")
