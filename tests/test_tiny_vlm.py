@@ -31,6 +31,16 @@ def ask(loaded, image, question: str, question_after: bool = True) -> str:
     return conv.ask(Message(question, images=[image]), max_new_tokens=8).text.strip()
 
 
+def _training_module():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "training" / "train_tiny_vlm.py"
+    spec = importlib.util.spec_from_file_location("train_tiny_vlm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_scenes_are_seeded_and_answers_follow_the_board():
     a, qa = sample(123)
     b, qb = sample(123)
@@ -149,24 +159,56 @@ def test_offline_default_is_the_trained_model_and_the_app_examples_are_answered(
 
 def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
     """A few steps of the real training script: weights and curve written, a longer schedule resumes."""
-    import importlib.util
-
     from engine.arena_model import load_arena_weights
 
-    path = Path(__file__).resolve().parent.parent / "training" / "train_tiny_vlm.py"
-    spec = importlib.util.spec_from_file_location("train_tiny_vlm", path)
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
+    train = _training_module()
     small = ["--out", str(tmp_path), "--batch", "4", "--colour-first-steps", "1", "--eval-every", "1",
              "--eval-items", "2"]
     assert train.main(small + ["--stages", "2:0.5"]) == 0
     assert [p["step"] for p in json.loads((tmp_path / "training_curve.json").read_text())] == [1, 2]
-    assert train.main(small + ["--stages", "2:0.5,3:1.0"]) == 0
+    assert train.main(small + ["--stages", "2:0.5,3:1.0:1.0"]) == 0  # the last step trains with evictions
     curve = json.loads((tmp_path / "training_curve.json").read_text())
-    assert [p["step"] for p in curve] == [1, 2, 3] and set(curve[-1]) >= {"count", "colour", "loss"}
+    assert [p["step"] for p in curve] == [1, 2, 3]
+    assert set(curve[-1]) >= {"count", "colour", "count_drop1", "colour_drop1", "loss"}
     assert "resumed at step 2" in capsys.readouterr().out
     model = train.build_arena_model()
     load_arena_weights(model, tmp_path)  # what the app loads
     assert train.kinds_for(5, train.parse_args(small + ["--stages", "9:1.0"])) == ["count"] * 4
-    with pytest.raises(SystemExit):
-        train.parse_stages("10:0.5,5:0.5")
+    assert train.parse_stages("10:0.5,20:0.9:0.25") == [(10, 0.5, 0.0), (20, 0.9, 0.25)]
+    for bad in ("10:0.5,5:0.5", "10:0.5:2", "10"):
+        with pytest.raises(SystemExit):
+            train.parse_stages(bad)
+
+
+def test_training_evictions_are_the_probes_cache_edit(arena):
+    """Training hides keys with an attention mask; the probe removes them from the cache after the
+    board was prefilled. Both must give the same answers, and hidden_keys never hides what the
+    answer depends on nor the first token."""
+    import numpy as np
+    import torch
+
+    from engine.arena_model import load_arena_weights
+    from engine.bench_accuracy import _dropper, answer, is_right
+
+    train = _training_module()
+    model = train.build_arena_model()
+    load_arena_weights(model, ASSETS / "tiny-arena-vl")
+    model.set_attn_implementation("sdpa")
+    model.eval()
+    batcher = train.Batcher(model, arena.adapter)
+    items = held_out("count", 12)
+    pairs = [(it.scenes[0], it.question) for it in items]
+    hidden = train.one_unrelated_cell(batcher, pairs, np.random.default_rng(0))
+    with torch.no_grad():
+        _, hits = train.forward_loss(model, batcher, pairs, hidden=hidden)
+    start = batcher.prefix_ids.shape[1]
+    for it, keys, hit in zip(items, hidden, hits.tolist()):
+        cells = [divmod(k - start, GRID) for k in keys]
+        assert not set(cells) & set(it.question.cells)
+        got = answer(arena, backends.make_backend("full"), it, _dropper(cells))
+        assert is_right(got, it.question.answer) == hit, (it.question, cells, got)
+    drawn = train.hidden_keys(batcher, pairs, np.random.default_rng(1), share=1.0)
+    for (_, question), keys in zip(pairs, drawn):
+        visual = [divmod(k - start, GRID) for k in keys if k >= start]
+        assert 0 not in keys and not set(visual) & set(question.cells)
+        assert 1 <= len(visual) <= 2 if len(question.cells) < GRID * GRID else not visual
