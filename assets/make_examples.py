@@ -3,8 +3,8 @@ they carry no licence and work offline.
 
     python assets/make_examples.py          # needs Pillow; the video also needs PyAV (pip install av)
 
-Writes shapes.png, chart.png, street.png, board_1.png, board_2.png and bouncing_ball.mp4 (H.264, so browsers play it) next
-to this file, and the README's screenshot is taken separately by tests/test_app_browser.py.
+Writes shapes.png, chart.png, street.png, board_1.png, board_2.png and bouncing_ball.mp4 (H.264,
+so browsers play it) next to this file; the README's screenshot is taken by tests/test_app_browser.py.
 """
 
 from __future__ import annotations

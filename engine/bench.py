@@ -169,7 +169,8 @@ def table(rows: list[dict]) -> str:
     return "\n".join([head] + lines)
 
 
-MODES = {"mpic": "engine.bench_mpic", "prefill": "engine.bench_prefill", "accuracy": "engine.bench_accuracy"}  # modes with their own CLI
+# modes with their own CLI
+MODES = {"mpic": "engine.bench_mpic", "prefill": "engine.bench_prefill", "accuracy": "engine.bench_accuracy"}
 
 
 def main(argv=None) -> int:

@@ -90,7 +90,7 @@ def probe(loaded, items, rng) -> dict[str, float]:
     full = lambda: backends.make_backend("full")  # noqa: E731
 
     def unrelated(q):
-        others = [cell for cell in every if cell not in q.cells]
+        others = q.unrelated_cells()
         return _dropper([others[rng.integers(len(others))]] if others else [])
 
     def random75(q):

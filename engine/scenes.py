@@ -55,6 +55,10 @@ class Question:
     answer: str
     cells: tuple[tuple[int, int], ...]  # (row, column) of the cells the answer depends on (0-based)
 
+    def unrelated_cells(self) -> list[tuple[int, int]]:
+        """The board's cells the answer does not depend on, in reading order."""
+        return [(r, c) for r in range(GRID) for c in range(GRID) if (r, c) not in self.cells]
+
 
 def cell_name(row: int, column: int) -> str:
     return LABELS[row * GRID + column]

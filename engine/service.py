@@ -39,6 +39,7 @@ from PIL import Image
 
 import backends
 
+from .arena_model import arena_weights_present
 from .bench import agreement
 from .bench_mpic import measure_ttft
 from .errors import UserError
@@ -47,7 +48,6 @@ from .inputs import Message
 from .kv_store import KVStore
 from .linking import Linker, ingest
 from .media import Video, load_image, load_video
-from .arena_model import arena_weights_present
 from .models import ARENA, DEFAULT_MODEL, MODELS, LoadedModel, load_model, model_spec
 
 log = logging.getLogger(__name__)

@@ -113,6 +113,10 @@ class Batcher:
         f = torch.cat(list(f)) if isinstance(f, (list, tuple)) else f
         assert torch.allclose(f, self.visual(scene), atol=1e-5), "cell tokens depend on more than their cell"
 
+    def cell_key(self, row: int, column: int) -> int:
+        """The key position of a cell's visual token (0 = the first prefix token)."""
+        return self.prefix_ids.shape[1] + row * self.grid + column
+
     def visual(self, scene) -> torch.Tensor:
         return self.visuals([scene])[0]
 
@@ -195,15 +199,13 @@ def hidden_keys(batcher: Batcher, items, rng: np.random.Generator, share: float)
     hidden, so the model leans on it as an attention sink; SnapKV, which can evict it, pays for
     that (README)."""
     prefix = batcher.prefix_ids.shape[1]
-    every = [(r, c) for r in range(batcher.grid) for c in range(batcher.grid)]
     out = []
     for _, question in items:
         keys = []
-        others = [cell for cell in every if cell not in question.cells]
+        others = question.unrelated_cells()
         if others and rng.random() < share:
             for i in rng.choice(len(others), size=min(len(others), int(rng.integers(1, 3))), replace=False):
-                r, c = others[i]
-                keys.append(prefix + r * batcher.grid + c)
+                keys.append(batcher.cell_key(*others[i]))
         if rng.random() < share:
             rate = rng.random()
             keys += [k for k in range(1, prefix) if rng.random() < rate]
@@ -213,11 +215,10 @@ def hidden_keys(batcher: Batcher, items, rng: np.random.Generator, share: float)
 
 def one_unrelated_cell(batcher: Batcher, items, rng: np.random.Generator) -> list[list[int]]:
     """The accuracy probe's edit (engine/bench_accuracy.py), on the training path."""
-    prefix, every = batcher.prefix_ids.shape[1], [(r, c) for r in range(batcher.grid) for c in range(batcher.grid)]
     out = []
     for _, question in items:
-        others = [prefix + r * batcher.grid + c for r, c in every if (r, c) not in question.cells]
-        out.append([others[rng.integers(len(others))]] if others else [])
+        others = question.unrelated_cells()
+        out.append([batcher.cell_key(*others[rng.integers(len(others))])] if others else [])
     return out
 
 
