@@ -12,6 +12,9 @@ from .tiny import byte_tokenizer, tiny_config
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-arena-vl"
 WEIGHTS = "model.safetensors"
+# The app's clickable examples for this model: (question, media files in assets/), each answered right.
+EXAMPLES: list[tuple[str, list[str]]] = [("How many cells are green?", ["board_1.png"]),
+                                         ("Colour of cell C?", ["board_2.png"])]
 
 
 def arena_config():
