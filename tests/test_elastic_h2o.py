@@ -90,6 +90,33 @@ def test_fixed_point_eviction_removes_the_truncation_entry_and_holds_gamma_seen(
     assert layer.positions[0, :7].tolist() == before[:7]  # the head of the merged prompt is fixed
 
 
+@pytest.mark.parametrize("budget", [0.2, 0.5])
+def test_anchors_of_a_short_prompt_survive_32_decode_steps(budget):
+    """On a 20-token prompt M - 25 < 0: the truncation point sits after the merged prompt, so every
+    anchor stays and the tail of generated tokens is what gets evicted (not StreamingLLM's order)."""
+    method = ElasticCache(budget=budget)
+    layer = filled(KVLayer(), 20, seed=3)
+    query = torch.randn(1, 4, 20, 4, generator=torch.Generator().manual_seed(4))
+    method.after_attention(call("prefill", 20, 20), layer, query, layer.keys, 0.5)
+    anchors = layer.positions[0].tolist()
+    assert len(anchors) == math.ceil(budget * 20) and method.report["truncation_index"] == [len(anchors)]
+    for seen in range(21, 53):
+        g = torch.Generator().manual_seed(seen)
+        layer.append(torch.randn(1, 2, 1, 4, generator=g), torch.randn(1, 2, 1, 4, generator=g), torch.tensor([seen - 1]))
+        method.after_attention(call("decode", seen, 1), layer, query[:, :, :1], layer.keys, 0.5)
+        held = layer.positions[0].tolist()
+        assert len(held) == math.ceil(budget * seen) and held[-1] == seen - 1
+    assert held[:len(anchors)] == anchors  # all anchors, then the most recent generated tokens
+    assert held[len(anchors):] == list(range(52 - (len(held) - len(anchors)), 52))
+
+
+def test_truncation_index_is_the_papers_on_long_prompts_and_never_falls():
+    method = ElasticCache(budget=0.5)  # d = 25
+    assert [method.truncation_index(m) for m in (4, 25, 30, 50, 51, 400)] == [4, 25, 25, 25, 26, 375]
+    kept = [method.truncation_index(m) for m in range(1, 200)]
+    assert kept == sorted(kept)
+
+
 # --- H2O on hand-made tensors -----------------------------------------------------------------------
 
 
