@@ -139,6 +139,19 @@ def test_h2o_adds_the_decode_row_averaged_over_each_gqa_group():
     assert layer.scores[:, 6].gt(0).all()
 
 
+def test_h2o_counts_its_score_buffer_and_fits_it_in_the_budget():
+    layer = filled(ScoredLayer(), 100, dim=8)  # per head and token: 2 x 8 x 4 bytes of K/V, 4 of score
+    assert layer.nbytes() == layer.keys.nbytes + layer.values.nbytes + layer.scores.nbytes
+    assert layer.scores.nbytes == 2 * 100 * 4
+    method = H2O(budget=0.5)
+    target = method.target(100, layer)
+    assert target == math.floor(0.5 * 100 * 64 / 68) == 47  # not 50: the scores take their share
+    method.evict(layer, target)
+    full_bytes = 2 * 2 * 100 * 8 * 4
+    assert layer.nbytes() <= 0.5 * full_bytes < layer.nbytes() + 2 * 68
+    assert isinstance(H2O(budget=1.0).new_layer(0), KVLayer) and not isinstance(H2O(budget=1.0).new_layer(0), ScoredLayer)
+
+
 @pytest.mark.parametrize("name,bad", [("elastic_cache", {"truncation_distance": 0}),
                                       ("elastic_cache", {"protected_tokens": 0}),
                                       ("h2o", {"recent_share": 1.5}), ("h2o", {"window": 4})])
@@ -164,8 +177,9 @@ def two_turns(loaded, backend):
 def test_second_turn_is_compressed_on_top_of_the_history(models, name, model):
     _, conv = two_turns(models(model), backends.make_backend(name, budget=0.5))
     first_turn_end = conv.layouts[1].start
-    for kept in conv.cache.kept_positions():
-        assert kept.shape[1] == math.ceil(0.5 * conv.seen)
+    for layer, kept in zip(conv.cache.layers, conv.cache.kept_positions()):
+        held = math.ceil(0.5 * conv.seen) if name == "elastic_cache" else conv.backend.target(conv.seen, layer)
+        assert kept.shape[1] == held
         assert (kept[:, 1:] > kept[:, :-1]).all()  # token order kept, no duplicates
         assert (kept < first_turn_end).any() and (kept >= first_turn_end).any()
         if name == "elastic_cache":
