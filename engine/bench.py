@@ -170,7 +170,8 @@ def table(rows: list[dict]) -> str:
     cells = [[c for c, _ in cols]] + [[fmt.format(r[c]) if r[c] is not None else "-" for c, fmt in cols] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     lines = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
-    head = f"model {rows[0]['model']}, budget {rows[0]['budget'] if len(rows) == 1 else rows[-1]['budget']}, " \
+    budget = next((r["budget"] for r in rows if r["uses_budget"]), 1.0)  # methods with their own knob run at 1.0
+    head = f"model {rows[0]['model']}, budget {budget}, " \
            f"{rows[0]['prompt_tokens']} prompt tokens ({rows[0]['visual_tokens']} visual); ratios are against the full cache"
     return "\n".join([head] + lines)
 
