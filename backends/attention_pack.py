@@ -14,13 +14,22 @@ Models with Memory-efficient Decoding", CVPR 2026; Sec. 3-4 and Algorithm 1 in S
   with all R components, the rest with the first R/4. The paper does this for the values only;
   ``partial_on`` can move it to the keys or both (its Fig. 4). The statistic is seeded at prefill
   from the last 32 prompt rows (the question) and updated with every decode query's attention row.
-* Tokens generated while decoding collect dense; every ``period`` (T_p) of them are factorised too
-  (the paper gives no T_p; 0 keeps generated text dense, as its image-QA runs keep all text).
+* Tokens generated while decoding stay dense by default (``period`` 0): the paper compresses the
+  visual tokens and found compressing text harmful (Sec. 8.2). ``period`` T_p > 0 factorises every
+  T_p generated tokens too (Algorithm 1's T_p; the paper gives no value).
+* Randomized SVD with oversampling (Halko, Martinsson and Tropp, SIAM Review 2011, Sec. 1.3 and
+  4.2): ``svd_lowrank`` draws R + 10 test vectors and the top R components are kept; with exactly
+  R vectors the fit is measurably worse than the best rank-R fit.
 
-Budget -> rank: the largest R whose factors fit ``budget`` x the block's dense bytes,
-``R = floor(budget * T * W / (T + W))`` in [1, min(T, W)]; ``rank_k`` / ``rank_v`` > 0 override it
-(the paper uses 64 for images, 128 for video). Budget 1.0 is the full cache whatever the ranks:
-factors at a rank that loses nothing would be larger than the dense matrix.
+Budget -> rank (METHODS.md: budget = fraction of the layer's full bytes held): the prompt's visual
+block gets the largest R whose factors fit what the budget leaves after everything else the layer
+holds (dense text, earlier blocks, the statistic, the block's rotary ids):
+``R = floor((budget * full_bytes - other_bytes) / (2 * (T + W) * itemsize))`` in [1, min(T, W)]
+(R = 1 when text alone outgrows the budget). A generated block of T_p tokens fits its own share.
+``rank_k`` / ``rank_v`` > 0 override it (the paper uses 64 for images, 128 for video). A block whose
+factors and rotary ids would not be smaller than its dense keys and values stays dense, and a layer
+with no block to rank holds no statistic, so the layer never holds more than the full cache. Budget
+1.0 is the full cache whatever the ranks.
 
 Deviations, on purpose: a layer's visual tokens are factorised right after its prefill attention
 rather than at the first decode step (same cache, lower peak); and each period's tokens become a
@@ -45,13 +54,26 @@ from .rope import rotate, unrotate
 
 STAT_ROWS = 32  # prompt rows that seed the statistic: the question sits at the end of the prompt
 REDUCED = 4  # the low-attention group keeps R / 4 components (paper: R^(1) = 4 R^(2))
+OVERSAMPLE = 10  # extra random test vectors of the randomized SVD (Halko et al. 2011: 5-10)
 
 
 def factorise(matrix: torch.Tensor, rank: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(T, W) ~ coef (T, R) @ basis (R, W), components by decreasing singular value, stored in ``dtype``."""
     dtype = dtype or matrix.dtype
-    u, s, v = torch.svd_lowrank(matrix.float(), q=rank, niter=2)  # float32: no half-precision SVD kernels
+    sketch = min(rank + OVERSAMPLE, *matrix.shape)  # oversampled: the top R of R + 10 fit better
+    u, s, v = torch.svd_lowrank(matrix.float(), q=sketch, niter=2)  # float32: no half-precision SVD kernels
+    u, s, v = u[:, :rank], s[:rank], v[:, :rank]
     return (u * s).to(dtype), v.T.contiguous().to(dtype)
+
+
+def factor_bytes(tokens: int, width: int, rank_k: int, rank_v: int, itemsize: int, rope_dims: int) -> int:
+    """Bytes of a block: both factor pairs in the cache dtype plus int32 rotary ids per token."""
+    return (rank_k + rank_v) * (tokens + width) * itemsize + rope_dims * tokens * 4
+
+
+def fitted_rank(spare: float, tokens: int, width: int, itemsize: int, rope_dims: int) -> int:
+    """The largest R (at least 1) whose key and value factors and rotary ids fit ``spare`` bytes."""
+    return max(1, math.floor((spare - rope_dims * tokens * 4) / (2 * (tokens + width) * itemsize)))
 
 
 def rebuild(coef: torch.Tensor, basis: torch.Tensor, full: torch.Tensor | None, reduced: int) -> torch.Tensor:
@@ -128,22 +150,29 @@ class PackedLayer(KVLayer):
             b.score = keep * b.score + (1 - keep) * s
         self.score = keep * self.score + (1 - keep) * parts[-1]
 
-    def pack(self, index: torch.Tensor, rope_ids: torch.Tensor, rank_k: int, rank_v: int, rotary) -> None:
-        """Factorise the dense entries at ``index`` (their rotary ids ``rope_ids``) into a block."""
+    def pack(self, index: torch.Tensor, rope_ids: torch.Tensor, rank_k: int, rank_v: int, rotary) -> bool:
+        """Factorise the dense entries at ``index`` (their rotary ids ``rope_ids``) into a block; a
+        block whose factors would not be smaller than its dense keys and values stays dense (False)."""
+        width, tokens = self.keys.shape[1] * self.keys.shape[3], index.numel()
+        rank_k, rank_v = min(rank_k, tokens, width), min(rank_v, tokens, width)
+        itemsize = self.keys.element_size()
+        if factor_bytes(tokens, width, rank_k, rank_v, itemsize, rope_ids.shape[0]) >= 2 * tokens * width * itemsize:
+            return False
         self.rotary = rotary
         rope_ids = rope_ids.to(self.keys.device, torch.int32)
         cos, sin = rotary(rope_ids)
         keys = unrotate(self.keys[:, :, index].float(), cos, sin)  # float32: half precision would add error
-        width, dtype, tokens = keys.shape[1] * keys.shape[3], self.keys.dtype, index.numel()
+        dtype = self.keys.dtype
         k_mat = keys[0].transpose(0, 1).reshape(-1, width)
         v_mat = self.values[0, :, index].transpose(0, 1).reshape(-1, width)
         self.blocks.append(LowRankBlock(self.positions[0, index], rope_ids,
-                                        *factorise(k_mat, min(rank_k, tokens, width), dtype),
-                                        *factorise(v_mat, min(rank_v, tokens, width)), self.score[index]))
+                                        *factorise(k_mat, rank_k, dtype),
+                                        *factorise(v_mat, rank_v), self.score[index]))
         rest = torch.ones(self.keys.shape[2], dtype=torch.bool, device=self.keys.device)
         rest[index] = False
         self.keys, self.values = self.keys[:, :, rest], self.values[:, :, rest]
         self.positions, self.score, self.buffered = self.positions[:, rest], self.score[rest], self.buffered[rest]
+        return True
 
     def hold(self, rope_ids: torch.Tensor) -> int:
         """Mark the newest dense tokens as waiting for the period; returns how many wait."""
@@ -152,8 +181,24 @@ class PackedLayer(KVLayer):
         return int(self.buffered.sum())
 
     def pack_buffer(self, rank_k: int, rank_v: int, rotary) -> None:
-        self.pack(self.buffered.nonzero().squeeze(1), self.buffer_rope, rank_k, rank_v, rotary)
+        if not self.pack(self.buffered.nonzero().squeeze(1), self.buffer_rope, rank_k, rank_v, rotary):
+            self.buffered[:] = False  # too few tokens to pay: they stay dense for good
         self.buffer_rope = None
+
+    def track_statistic(self) -> None:
+        """Zeros for the dense tokens that have no statistic (it was dropped while nothing used it)."""
+        held = 0 if self.score is None else self.score.numel()
+        missing = self.keys.shape[2] - held
+        if missing > 0:
+            self.score = _cat(torch.zeros(missing, device=self.keys.device), self.score)
+
+    def drop_statistic(self) -> None:
+        """No block and no buffer: nothing to rank, so hold no statistic (the layer stays <= dense)."""
+        self.score = None
+
+    def full_bytes(self) -> int:
+        """What the full cache holds for the same tokens: dense keys and values."""
+        return 2 * self.get_seq_length() * self.keys.shape[1] * self.keys.shape[3] * self.keys.element_size()
 
     # --- what it holds -------------------------------------------------------------------------
     def tensors(self) -> list[torch.Tensor]:
@@ -185,7 +230,8 @@ class AttentionPack(KVBackend):
         Param("partial_on", "values", "Which factors the reduced-rank group applies to (paper: values).",
               choices=("values", "keys", "both", "none")),
         Param("ema_alpha", 0.25, "Decay of the running attention statistic per query (Eq. 1).", 0.0, 1.0, 0.05),
-        Param("period", 128, "Generated tokens collected dense before they are factorised too; 0 never.", 0, 4096, 1),
+        Param("period", 0, "Generated tokens collected dense before they are factorised too; 0 never (the "
+              "paper compresses visual tokens only, Sec. 8.2).", 0, 4096, 1),
     )
     needs_decode_attention = True  # the decode query's attention row feeds the statistic
 
@@ -198,35 +244,52 @@ class AttentionPack(KVBackend):
             return KVLayer()
         return PackedLayer(self.full_share, self.partial_on)
 
-    def ranks(self, tokens: int, width: int) -> tuple[int, int]:
-        fitted = math.floor(self.budget * tokens * width / (tokens + width))
+    def ranks(self, spare: float, tokens: int, width: int, itemsize: int, rope_dims: int) -> tuple[int, int]:
+        """(R_k, R_v) for a block of ``tokens``: the explicit ranks, else the largest fitting ``spare`` bytes."""
+        fitted = fitted_rank(spare, tokens, width, itemsize, rope_dims)
         return tuple(max(1, min(r or fitted, tokens, width)) for r in (self.rank_k, self.rank_v))
 
     def after_attention(self, call, layer, query, key, scaling, attn_row=None) -> None:
         if not isinstance(layer, PackedLayer):
             return
+        index = self._visual_index(call, layer)
+        if not (layer.blocks or index.numel() or self.period > 0):  # nothing to rank now
+            layer.drop_statistic()
+            self._report(call, layer)
+            return
+        layer.track_statistic()
         if attn_row is not None:  # decode: the runtime's softmax row, averaged over heads
             stat, rows = attn_row.reshape(-1, attn_row.shape[-1]).mean(0), 1
         else:  # prefill: the last prompt rows against every key they see
             rows, total = min(STAT_ROWS, query.shape[2]), key.shape[2]
-            index = torch.arange(total - rows, total, device=key.device)
-            stat = attention_probs(query[:, :, -rows:], key, scaling, index).mean(dim=(0, 1))
+            own = torch.arange(total - rows, total, device=key.device)
+            stat = attention_probs(query[:, :, -rows:], key, scaling, own).mean(dim=(0, 1))
         layer.observe(stat, rows, self.ema_alpha)
-        width = key.shape[1] * key.shape[3]
-        if call.is_prefill and call.layout is not None and call.layout.visuals:
+        width, itemsize, rope_dims = key.shape[1] * key.shape[3], layer.keys.element_size(), call.rope_ids.shape[0]
+        if index.numel():
             dense = layer.positions[0]
-            visual = torch.zeros_like(dense, dtype=torch.bool)
-            for v in call.layout.visuals:
-                visual |= (dense >= v.span[0]) & (dense < v.span[1])
-            index = visual.nonzero().squeeze(1)
-            if index.numel():
-                rope = call.rope_ids.to(dense.device)[:, dense[index] - int(call.positions[0])]
-                layer.pack(index, rope, *self.ranks(index.numel(), width), call.rotary)
+            rope = call.rope_ids.to(dense.device)[:, dense[index] - int(call.positions[0])]
+            # the budget is the layer's: what it leaves once everything else it holds is counted
+            spare = self.budget * layer.full_bytes() - (layer.nbytes() - 2 * index.numel() * width * itemsize)
+            layer.pack(index, rope, *self.ranks(spare, index.numel(), width, itemsize, rope_dims), call.rotary)
         elif not call.is_prefill and self.period > 0 and layer.hold(call.rope_ids) >= self.period:
-            layer.pack_buffer(*self.ranks(self.period, width), call.rotary)
+            spare = self.budget * 2 * self.period * width * itemsize  # the block's own share
+            layer.pack_buffer(*self.ranks(spare, self.period, width, itemsize, rope_dims), call.rotary)
         if layer.blocks:  # the groups of the next read (Algorithm 1, line 6), from the updated statistic
             layer.choose_groups()
+        elif self.period == 0:
+            layer.drop_statistic()
         self._report(call, layer)
+
+    @staticmethod
+    def _visual_index(call, layer: PackedLayer) -> torch.Tensor:
+        """Dense-part indices of this prefill's visual tokens (empty while decoding or without media)."""
+        dense = layer.positions[0]
+        visual = torch.zeros_like(dense, dtype=torch.bool)
+        if call.is_prefill and call.layout is not None:
+            for v in call.layout.visuals:
+                visual |= (dense >= v.span[0]) & (dense < v.span[1])
+        return visual.nonzero().squeeze(1)
 
     def _report(self, call, layer: PackedLayer) -> None:
         for key in ("full_rank", "reduced_rank", "ranks", "bytes"):

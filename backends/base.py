@@ -245,6 +245,10 @@ class KVBackend:
     holds_budget_while_decoding: ClassVar[bool] = False
     # True when ``after_attention`` needs the exact attention row of the decode query.
     needs_decode_attention: ClassVar[bool] = False
+    # True: ``budget`` is the fraction of the full cache's bytes the method holds after the prompt,
+    # everything its layers hold counted (factors, codes, scales, score buffers). False: the method
+    # has its own knob as a named parameter (ZipVL's tau, MPIC's mode), is built with budget 1.0 and
+    # is compared at the fraction it realises.
     uses_budget: ClassVar[bool] = True
     # Parameters that, with budget 1.0, make the method reproduce the full cache exactly (the
     # registry-wide lossless test uses them; e.g. a quantising method turns quantisation off).

@@ -20,9 +20,18 @@ Instruction encoding (importance-driven cache merging, Sec. 3.2-3.3):
   holds them.
 
 Output generation (fixed-point elimination, Sec. 3.3): the cache is held at gamma x tokens seen;
-when a new token pushes it over, the entry at the fixed truncation index N_tl is removed, N_tl =
-(merged prompt length) - ``truncation_distance`` (25 in Sec. 4.1), so the first entries and a
-recent tail both survive. Nothing is merged while decoding.
+when a new token pushes it over, the entry at the fixed truncation index N_tl is removed, so the
+first entries and a recent tail both survive. Nothing is merged while decoding. With M the merged
+prompt length and d = ``truncation_distance`` (25 in Sec. 4.1):
+
+    N_tl = max(M - d, min(M, d)), and never past the newest entry (N_tl <= held budget - 1).
+
+For M >= 2d this is the paper's M - d. The paper's prompts are hundreds of tokens; on a short one
+M - d falls to the first entries and the rule would evict the prompt's anchors oldest-first, like
+StreamingLLM. So a short merged prompt keeps at least its first min(M, d) anchors: at M <= d every
+anchor survives and the recent tail is the generated tokens (the truncation point sits right after
+the prompt). The anchors kept, min(M, max(d, M - d)), never fall as M grows. Only when gamma x
+seen has not yet grown past M (a rounding step) does the newest token push out the last anchor.
 
 Multi-turn: each new prefill (a next user turn, or the question in question-after mode) scores
 every held entry with the new queries, re-selects anchors over the whole history (the paper
@@ -83,6 +92,12 @@ class ElasticCache(KVBackend):
         """Entries held for ``seen`` tokens: gamma x seen, never fewer than the forced anchors."""
         return self.budget_tokens(seen, minimum=self.protected_tokens + 1)
 
+    def truncation_index(self, merged: int) -> int:
+        """N_tl for a merged prompt of ``merged`` entries: the paper's M - d, and at least the first
+        min(M, d) entries on short prompts, so their anchors are not evicted oldest-first."""
+        d = self.truncation_distance
+        return max(self.protected_tokens, merged - d, min(merged, d))
+
     def after_attention(self, call: AttentionCall, layer: KVLayer, query, key, scaling: float, attn_row=None) -> None:
         if not self.report:
             self.report.update(kept=[None] * call.num_layers, merged=[0] * call.num_layers,
@@ -96,7 +111,7 @@ class ElasticCache(KVBackend):
                 importance = attention_column_sums(query, key, scaling, rows).mean(dim=0)  # (1/K) sum_j
                 self.merge(layer, importance, target)
             self.report["merged"][i] = max(0, held - target)
-            self._cut[i] = max(self.protected_tokens, layer.get_seq_length() - self.truncation_distance)
+            self._cut[i] = self.truncation_index(layer.get_seq_length())
             self.report["truncation_index"][i] = self._cut[i]
         else:
             self.evict(layer, self._cut.get(i, self.protected_tokens), target)
@@ -119,6 +134,6 @@ class ElasticCache(KVBackend):
         excess = held - target
         if excess <= 0:
             return
-        # cut < target by construction, so the newest token always survives
+        cut = min(cut, target - 1)  # the newest token always survives
         index = torch.cat([torch.arange(cut), torch.arange(cut + excess, held)])
         layer.keep(index)

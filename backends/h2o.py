@@ -11,18 +11,23 @@ received the most attention so far (the heavy hitters) plus a window of the most
   finest unit whose entries can really be dropped when query heads share keys, and per-head
   ``keep`` saves the same bytes as a shared one. (The Elastic Cache authors' H2O baseline averaged
   all heads and layers into one score; that is a coarser variant, not the paper's.)
-* Budget: the cache holds budget x tokens seen, at prefill and during decoding. A share of it
-  (``recent_share``, 10% as in VL-Cache's fair-comparison setting, see METHODS.md) is the most
-  recent tokens; the rest are the highest accumulated scores among the older entries.
+* Budget: the fraction of the full cache's bytes held, at prefill and during decoding. H2O must
+  hold its (H_kv, S) float32 score buffer next to the keys and values to rank them (Alg. 1 keeps
+  the accumulated scores), so the buffer is counted and the entries per KV head are the most whose
+  keys, values and scores fit: floor(budget x seen x kv / (kv + score)), kv = 2 x D x itemsize,
+  score = 4 bytes. A share of them (``recent_share``, 10% as in VL-Cache's fair-comparison setting,
+  see METHODS.md) is the most recent tokens; the rest are the highest accumulated scores among the
+  older entries. Budget 1.0 evicts nothing, so it needs no scores: a plain layer, the full cache.
 * Multi-turn: scores persist with their entries, so the next turn's prompt is scored on top of
   the history's accumulated attention, as H2O's running statistic would be.
 
-The (H_kv, S) float32 score buffer is bookkeeping, like the position index, not attention
-storage; it is not counted in the cache bytes. Report: ``kept`` (per layer, (H_kv, S) positions
-held per head) and ``scores`` (per layer, (H_kv, S) accumulated attention of those entries).
+Report: ``kept`` (per layer, (H_kv, S) positions held per head) and ``scores`` (per layer, (H_kv, S)
+accumulated attention of those entries).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -49,6 +54,15 @@ class ScoredLayer(KVLayer):
             index = index.view(1, -1).expand(self.scores.shape[0], -1)
         self.scores = self.scores.gather(1, index.to(self.scores.device))
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The score buffer is held to rank the entries, so it counts like any other tensor held."""
+        return super().tensors() + ([self.scores] if self.scores is not None else [])
+
+    def token_share(self) -> float:
+        """Share of one entry's bytes that is keys and values (the rest is its score)."""
+        kv = 2 * self.keys.shape[3] * self.keys.element_size()
+        return kv / (kv + self.scores.element_size())
+
 
 class H2O(KVBackend):
     name = "h2o"
@@ -63,10 +77,22 @@ class H2O(KVBackend):
     holds_budget_while_decoding = True
     needs_decode_attention = True
 
-    def new_layer(self, layer_idx: int) -> ScoredLayer:
-        return ScoredLayer()
+    def __init__(self, budget: float = 1.0, **params) -> None:
+        super().__init__(budget, **params)
+        self.needs_decode_attention = self.budget < 1.0  # the full cache ranks nothing
+
+    def new_layer(self, layer_idx: int) -> KVLayer:
+        return ScoredLayer() if self.budget < 1.0 else KVLayer()  # nothing to evict: no scores to hold
+
+    def target(self, seen: int, layer: ScoredLayer) -> int:
+        """Entries per KV head whose keys, values and scores fit budget x the full cache's bytes."""
+        if self.budget >= 1.0:
+            return seen
+        return min(seen, max(1, math.floor(self.budget * seen * layer.token_share() + 1e-9)))
 
     def after_attention(self, call: AttentionCall, layer: ScoredLayer, query, key, scaling: float, attn_row=None) -> None:
+        if not isinstance(layer, ScoredLayer):
+            return
         if not self.report:
             self.report.update(kept=[None] * call.num_layers, scores=[None] * call.num_layers)
         if call.is_prefill:
@@ -76,7 +102,7 @@ class H2O(KVBackend):
         else:
             received = attn_row[:, 0]  # (H, S): the decode query's softmax row
         layer.scores += kv_group_mean(received, key.shape[1])
-        self.evict(layer, self.budget_tokens(call.seen))
+        self.evict(layer, self.target(call.seen, layer))
         self.report["kept"][call.layer_idx] = layer.positions
         self.report["scores"][call.layer_idx] = layer.scores
 

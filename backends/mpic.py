@@ -15,11 +15,13 @@ a fixed prefix (the system prompt), and hands this backend the stored spans of a
 * ``full_reuse`` (Sec. 3.2): recompute the text only, in two steps, as the paper describes it: the
   text's KV on its own, then the first output token from the concatenated cache (the last prompt
   token, fed again, is the only query that sees the stored images).
-* ``cacheblend`` (Yao et al., EuroSys 2025; the paper's CacheBlend-r, Sec. 6.1): every token goes
-  through the layers before ``check_layer``; there the r = 15% of the chunk with the largest key
-  deviation from the stored cache are chosen (text always: it has no stored KV, so against the
-  zero dummy its deviation is the largest) and only they continue; the others keep their stored
-  KV from ``check_layer`` on. Deviation as in LMCache's blender: squared key difference, layer 1.
+* ``cacheblend`` (Yao et al., EuroSys 2025, Sec. 4; the paper's CacheBlend-r, Sec. 6.1): every token
+  goes through the layers before ``check_layer``; there all new text (it has no stored KV) plus
+  ceil(r x reused tokens), r = 15%, of the stored tokens with the largest key deviation from the
+  stored cache are chosen, and only they continue; the others keep their stored KV from
+  ``check_layer`` on. r is a share of the reused tokens, not of the prompt (CacheBlend Sec. 4
+  selects r% of the reused KV; text is recomputed on top), so a long question never crowds the
+  image tokens out. Deviation as in LMCache's blender: squared key difference, layer 1.
 * ``prefix``: reuse only an exact token prefix of an earlier prompt of the session (the runtime
   restores it; everything after the first difference is computed as without a cache).
 * ``recompute``: no reuse: the reference every TTFT is divided by.
@@ -135,7 +137,8 @@ class MPIC(KVBackend):
         Param("mode", "mpic", "What to reuse: MPIC-k, exact prefix, full reuse (text only), CacheBlend-r, or nothing.",
               choices=MODES),
         Param("k", 32, "MPIC-k: tokens at the start of every image that are recomputed (paper: 32).", 0, 4096, 1),
-        Param("recompute_ratio", 0.15, "CacheBlend-r: share of the prompt recomputed, text first (paper: 15%).",
+        Param("recompute_ratio", 0.15, "CacheBlend-r: share of the reused (stored) tokens recomputed, on top of "
+              "all new text (paper: 15%).",
               0.0, 1.0, 0.01),
         Param("check_layer", 1, "CacheBlend: layer whose key deviation picks the recomputed tokens.", 0, 128, 1),
     )
@@ -236,9 +239,11 @@ class MPIC(KVBackend):
         """CacheBlend's choice at the check layer; unchosen rows get their stored KV back."""
         slots, old_k, old_v, was_stored = layer.replaced
         deviation = ((layer.keys[:, :, slots] - old_k).float() ** 2).sum(dim=(0, 1, 3))
-        deviation[~was_stored] = float("inf")  # no stored KV: text, and spans the store missed
-        deviation[-1] = float("inf")  # the last prompt token produces the first output token
-        count = max(int(deviation.isinf().sum()), math.ceil(self.recompute_ratio * layer.length))
+        forced = ~was_stored  # no stored KV: text, and spans the store missed
+        forced[-1] = True  # the last prompt token produces the first output token
+        deviation[forced] = float("inf")
+        # r of the *reused* tokens on top of every forced one: text never eats into the share
+        count = int(forced.sum()) + math.ceil(self.recompute_ratio * int((~forced).sum()) - 1e-9)
         rows = deviation.topk(min(count, len(deviation))).indices.sort().values
         back = was_stored.clone()
         back[rows] = False

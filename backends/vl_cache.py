@@ -11,6 +11,10 @@ the sparsity of the post-vision attention, tokens ranked by that same attention.
   to the unclipped layers in proportion to their density (METHODS.md allows it; at alpha = 1 it
   gives every layer 1). alpha = 1 is the full cache either way (the paper's 100% point), not
   Alg. 1's clip, which would still evict from the sparse layers; nothing is scored then.
+  The floor at 0.01 would *add* budget to very sparse layers (Alg. 1 clips after the split, so the
+  total can exceed alpha x L); here the floor is paid for by the other layers, in proportion to
+  their density, so sum_l beta_l <= alpha x L and the realised total, after rounding each layer up
+  to whole tokens, is at most alpha x L x T + L: alpha plus one token per layer.
 * Token scores (Sec. 4.2): column sums of the post-vision attention over its rows and all heads;
   layer l keeps ceil(beta_l x T) entries, shared by its heads: the post-vision tokens first (the
   most recent of them if the budget is smaller), then the highest scores.
@@ -67,18 +71,21 @@ def post_vision_statistics(query: torch.Tensor, key: torch.Tensor, scaling: floa
 
 
 def allocate_budgets(sparsity: torch.Tensor, alpha: float, redistribute: bool = False) -> torch.Tensor:
-    """beta_l of Alg. 1 l.9-12 for the (L,) head-averaged sparsities; optionally re-spend what the
-    clip at 1 leaves over on the other layers, in proportion to their density."""
+    """beta_l of Alg. 1 l.9-12 for the (L,) head-averaged sparsities, the floor paid for by the other
+    layers (their sum never exceeds alpha x L); optionally re-spend what the clip at 1 leaves over
+    on the other layers, in proportion to their density."""
     density = (1 - sparsity).clamp_min(1e-6)  # a fully sparse layer still gets the floor
-    share = density / density.sum() * alpha * len(density)
-    if redistribute:
-        capped = torch.zeros_like(share, dtype=torch.bool)
-        while True:  # water-filling: at most L rounds, each caps at least one more layer
-            free = alpha * len(density) - capped.sum()
-            share = torch.where(capped, 1.0, density / density[~capped].sum() * free)
-            if not (share[~capped] > 1).any():
-                break
-            capped |= share > 1
+    floored = torch.zeros_like(density, dtype=torch.bool)
+    capped = torch.zeros_like(density, dtype=torch.bool)
+    while True:  # water-filling: at most L rounds, each fixes at least one more layer at a bound
+        fixed = floored | capped
+        free = alpha * len(density) - MIN_LAYER_BUDGET * floored.sum() - capped.sum()
+        share = torch.where(floored, MIN_LAYER_BUDGET, torch.where(capped, 1.0, density / density[~fixed].sum() * free))
+        low = ~fixed & (share < MIN_LAYER_BUDGET)
+        high = ~fixed & (share > 1) if redistribute else torch.zeros_like(low)
+        if not (low.any() or high.any()) or bool((fixed | low | high).all()):
+            break
+        floored, capped = floored | low, capped | high
     return share.clamp(MIN_LAYER_BUDGET, 1.0)
 
 

@@ -27,15 +27,18 @@ mixed-precision KV cache.
   stay full precision in the buffer until ``period`` (100) have accumulated, then the last query's
   attention over them (summed over heads, Eq. 6 against its own total) splits and quantises them.
 
-Budget -> tau: the app's budget slider *is* tau (the attention mass the important tokens must
-cover); the paper's setting is 0.975 (Sec. 5.3.2), the constructor's default. Budget 1.0 makes
-every token important: with both bit widths at 16 (``lossless_params``) that is the full cache.
+No budget: ZipVL's own knob is ``tau``, the attention mass the important tokens must cover (Eq. 6;
+0.975, Sec. 5.3.2), a named parameter; the bytes it holds follow from the split it finds, so it sits
+on the comparison axis at its realised fraction (``realised_fraction`` in the report), like MPIC.
+``budget`` is accepted and ignored (``uses_budget`` is False). tau 1.0 makes every token important:
+with both bit widths at 16 (``lossless_params``) that is the full cache.
 
 Report (``self.report``), per layer: ``important`` / ``other`` (1-D token indices held at each
 precision), ``important_ratio`` (important / tokens split so far, also as ``layer_budgets`` for the
 layer panel), ``p`` (Eq. 6's count at the last split, over every key the probes saw: a later turn's
 count includes the history), ``bytes`` (codes, scales, buffer) and
-``overlay`` ((1, n) important indices, which the service draws instead of the kept tokens).
+``overlay`` ((1, n) important indices, which the service draws instead of the kept tokens);
+``realised_fraction`` (bytes held / the same tokens' bytes in full precision, all layers) and ``tau``.
 """
 
 from __future__ import annotations
@@ -45,13 +48,10 @@ from typing import ClassVar
 import torch
 
 from .attention_math import attention_probs, causal_attention
-from .base import BUDGET, AttentionCall, KVBackend, KVLayer, Param
+from .base import AttentionCall, KVBackend, KVLayer, Param
 from .quant import FULL_BITS, PACKED_BITS, QuantTensor, check_bits, quantize
 
 DEFAULT_TAU = 0.975  # Sec. 5.3.2: "the optimal range for tau lies around 0.97"
-TAU = Param(BUDGET.name, DEFAULT_TAU, "ZipVL's tau: the share of the probes' attention the important tokens must "
-            "hold, per layer (Eq. 6; paper 0.975). 1.0 makes every token important.", BUDGET.minimum, BUDGET.maximum,
-            BUDGET.step)  # what the budget slider means for this method
 PROBE_CHUNK = 32  # probe rows per softmax pass: bounds the float32 (H, rows, S) block at long contexts
 
 
@@ -190,6 +190,11 @@ def _nbytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
 
+def _width_bytes(layer: KVLayer) -> int:
+    """Bytes of one token's keys (or values) in the cache dtype: H_kv x D x itemsize."""
+    return layer.keys.shape[1] * layer.keys.shape[3] * layer.keys.element_size() if layer.keys is not None else 0
+
+
 # ---------------------------------------------------------------------------------------------
 # The method
 # ---------------------------------------------------------------------------------------------
@@ -199,9 +204,12 @@ class ZipVL(KVBackend):
     name = "zipvl"
     title = "ZipVL"
     paper = "https://arxiv.org/abs/2410.08584"
-    summary = ("Per layer, finds the fewest tokens holding tau (the budget slider, paper 0.975) of the probes' "
-               "attention; prefill attends over those only, and the cache keeps them at 4 bits, the rest at 2 bits.")
+    summary = ("Per layer, finds the fewest tokens holding tau (paper 0.975) of the probes' attention; prefill "
+               "attends over those only, and the cache keeps them at 4 bits, the rest at 2 bits. No budget: the "
+               "memory it saves follows from tau.")
     params = (
+        Param("tau", DEFAULT_TAU, "Share of the probes' attention the important tokens must hold, per layer (Eq. 6; "
+              "Sec. 5.3.2: 0.975). 1.0 makes every token important.", 0.01, 1.0, 0.005),
         Param("recent_probes", 64, "Probe queries: the most recent prompt tokens (App. A: 64).", 0, 4096, 1),
         Param("random_probes", 64, "Probe queries drawn at random among the other prompt tokens (App. A: 64).", 0, 4096, 1),
         Param("seed", 0, "Seed of the random probe positions.", 0, 2**31 - 1, 1),
@@ -211,9 +219,10 @@ class ZipVL(KVBackend):
         Param("period", 100, "Generated tokens kept in full precision before they are scored and quantised "
               "(Sec. 4.2: 100).", 1, 100000, 1),
     )
-    lossless_params: ClassVar[dict] = {"bits_important": FULL_BITS, "bits_other": FULL_BITS}
+    lossless_params: ClassVar[dict] = {"tau": 1.0, "bits_important": FULL_BITS, "bits_other": FULL_BITS}
+    uses_budget = False
 
-    def __init__(self, budget: float = DEFAULT_TAU, **params) -> None:
+    def __init__(self, budget: float = 1.0, **params) -> None:
         super().__init__(budget, **params)
         for p in ("bits_important", "bits_other"):
             try:
@@ -228,15 +237,6 @@ class ZipVL(KVBackend):
         self._important: dict[int, list[torch.Tensor]] = {}
         self._other: dict[int, list[torch.Tensor]] = {}
         self._layers: dict[int, KVLayer] = {}
-
-    def describe(self) -> dict:
-        info = super().describe()
-        info["params"][0] = TAU.to_dict()
-        return info
-
-    @property
-    def tau(self) -> float:
-        return self.budget
 
     @property
     def quantises(self) -> bool:
@@ -317,6 +317,9 @@ class ZipVL(KVBackend):
         self.report["bytes"][i] = (layer.byte_parts() if isinstance(layer, ZipVLLayer)
                                    else {"codes": layer.nbytes(), "scales": 0, "buffer": 0})
         self.report["tau"] = self.tau
+        held = sum(layer.nbytes() for layer in self._layers.values())
+        full = sum(2 * layer.get_seq_length() * _width_bytes(layer) for layer in self._layers.values())
+        self.report["realised_fraction"] = held / full if full else None
 
 
 __all__ = ["DEFAULT_TAU", "PACKED_BITS", "ZipVL", "ZipVLLayer", "adaptive_count", "important_mask", "probe_rows",

@@ -13,9 +13,10 @@ question, with the positions the model gives an image of that many tokens: M-RoP
 (temporal, row, column) ids for Qwen-VL, 1-D positions otherwise. The vocabulary is cut to 256
 rows because no token is embedded. Random weights are enough: the cost of a prefill does not
 depend on them, but their near-uniform attention makes the important ratio high: about 0.93 at the
-paper's tau 0.975, where the paper's trained models keep 42-53% (Tables 1 and 3). ``--budget`` is
-tau and takes several values, so a sweep (e.g. 0.975,0.8,0.5) prints the time against the realised
-important ratio: where sparse prefill starts to pay for a model whose attention is that sparse.
+paper's tau 0.975, where the paper's trained models keep 42-53% (Tables 1 and 3). ``--tau`` (old
+name ``--budget``: ZipVL takes no budget) takes several values, so a sweep (e.g. 0.975,0.8,0.5)
+prints the time against the realised important ratio: where sparse prefill starts to pay for a
+model whose attention is that sparse.
 
 Warm-up: one pass per method; then ``--repeats`` passes each, interleaved, and the median.
 Printed per size and tau: both times, their ratio (ZipVL / full: < 1 means sparse prefill pays),
@@ -58,7 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="random:Qwen/Qwen2-VL-2B-Instruct", help="a random:<repo> or tiny model")
     p.add_argument("--visual-tokens", default=None, help="comma-separated sizes (default 2048,8192; +32768 on CUDA)")
     p.add_argument("--num-layers", type=int, default=None, help="decoder depth (e.g. 2 for short CPU runs)")
-    p.add_argument("--budget", default="0.975", help="ZipVL's tau, comma-separated for a sweep (paper: 0.975)")
+    p.add_argument("--tau", "--budget", dest="budget", default="0.975",
+                   help="ZipVL's tau, comma-separated for a sweep (paper: 0.975); --budget is the old name")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="ZipVL parameter (repeatable)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default=None)
@@ -145,19 +147,19 @@ def run(args: argparse.Namespace) -> list[dict]:
     try:
         taus = [float(t) for t in str(args.budget).split(",") if t.strip()]
     except ValueError:
-        raise UserError(f"--budget expects comma-separated tau values, got '{args.budget}'") from None
+        raise UserError(f"--tau expects comma-separated values, got '{args.budget}'") from None
     if not taus:
-        raise UserError("--budget needs at least one tau")
+        raise UserError("--tau needs at least one value")
     params = method_params(["zipvl"], args.set)["zipvl"]
     for tau in taus:  # bad parameters fail before the model is built
-        backends.make_backend("zipvl", budget=tau, **params)
+        backends.make_backend("zipvl", **(params | {"tau": tau}))
     model, text, rope_dims = build_decoder(args.model, args.num_layers, device, dtype, args.seed)
     layers = text.num_hidden_layers
     rows = []
     for visual in sizes:
         embeds, rope, layout = synthetic_prompt(visual, rope_dims, text.hidden_size, device, dtype, args.seed)
         make = {"full": lambda: backends.make_backend("full")}
-        make |= {tau: (lambda tau=tau: backends.make_backend("zipvl", budget=tau, **params)) for tau in taus}
+        make |= {tau: (lambda tau=tau: backends.make_backend("zipvl", **(params | {"tau": tau}))) for tau in taus}
         for m in make.values():  # warm-up
             prefill(model, m(), layers, embeds, rope, layout, sync)
         times = {name: [] for name in make}

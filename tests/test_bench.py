@@ -29,6 +29,21 @@ def test_bench_reports_every_field_and_a_ratio_close_to_the_budget(capsys):
     assert abs(method["kv_bytes"] / method["kv_bytes_full"] - 0.5) < 0.01
 
 
+def test_every_budgeted_method_holds_at_most_its_budget_of_the_full_bytes(capsys):
+    """Issue #17's axis: budget = fraction of the full cache's bytes held after the prompt."""
+    code, out = run_json(capsys, "--model", "tiny-qwen2-vl", "--budget", "0.2", "--max-new-tokens", "4",
+                         "--methods", "full,attention_pack,snapkv,elastic_cache,h2o,vl_cache,pyramidkv,streamingllm,zipvl")
+    assert code == 0, out.err
+    rows = {r["method"]: r for r in json.loads(out.out)}
+    for name, row in rows.items():
+        assert row["realised_fraction"] == row["kv_bytes_prefill"] / row["kv_bytes_full_prefill"]
+        if row["uses_budget"]:
+            assert row["realised_fraction"] <= 0.22, (name, row["realised_fraction"])
+    zipvl = rows["zipvl"]  # its own knob: no budget, tau at the paper's 0.975, its point where tau puts it
+    assert not zipvl["uses_budget"] and zipvl["budget"] == 1.0 and zipvl["params"]["tau"] == 0.975
+    assert 0 < zipvl["realised_fraction"] < 1
+
+
 def test_bench_question_after_and_set(capsys):
     code, out = run_json(capsys, "--methods", "streamingllm", "--budget", "0.3", "--set", "sink_tokens=8",
                          "--question-after", "--max-new-tokens", "4")
@@ -43,6 +58,9 @@ def test_bench_list(capsys):
     assert {m["name"] for m in listing["methods"]} >= {"full", "streamingllm"}
     assert any(m["name"] == "tiny-qwen2-vl" and not m["needs_download"] for m in listing["models"])
     assert any(m["needs_download"] for m in listing["models"])
+    zipvl = next(m for m in listing["methods"] if m["name"] == "zipvl")
+    assert not zipvl["uses_budget"]
+    assert next(p for p in zipvl["params"] if p["name"] == "tau")["default"] == 0.975
 
 
 @pytest.mark.parametrize("argv, message", [

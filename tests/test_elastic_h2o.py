@@ -90,6 +90,33 @@ def test_fixed_point_eviction_removes_the_truncation_entry_and_holds_gamma_seen(
     assert layer.positions[0, :7].tolist() == before[:7]  # the head of the merged prompt is fixed
 
 
+@pytest.mark.parametrize("budget", [0.2, 0.5])
+def test_anchors_of_a_short_prompt_survive_32_decode_steps(budget):
+    """On a 20-token prompt M - 25 < 0: the truncation point sits after the merged prompt, so every
+    anchor stays and the tail of generated tokens is what gets evicted (not StreamingLLM's order)."""
+    method = ElasticCache(budget=budget)
+    layer = filled(KVLayer(), 20, seed=3)
+    query = torch.randn(1, 4, 20, 4, generator=torch.Generator().manual_seed(4))
+    method.after_attention(call("prefill", 20, 20), layer, query, layer.keys, 0.5)
+    anchors = layer.positions[0].tolist()
+    assert len(anchors) == math.ceil(budget * 20) and method.report["truncation_index"] == [len(anchors)]
+    for seen in range(21, 53):
+        g = torch.Generator().manual_seed(seen)
+        layer.append(torch.randn(1, 2, 1, 4, generator=g), torch.randn(1, 2, 1, 4, generator=g), torch.tensor([seen - 1]))
+        method.after_attention(call("decode", seen, 1), layer, query[:, :, :1], layer.keys, 0.5)
+        held = layer.positions[0].tolist()
+        assert len(held) == math.ceil(budget * seen) and held[-1] == seen - 1
+    assert held[:len(anchors)] == anchors  # all anchors, then the most recent generated tokens
+    assert held[len(anchors):] == list(range(52 - (len(held) - len(anchors)), 52))
+
+
+def test_truncation_index_is_the_papers_on_long_prompts_and_never_falls():
+    method = ElasticCache(budget=0.5)  # d = 25
+    assert [method.truncation_index(m) for m in (4, 25, 30, 50, 51, 400)] == [4, 25, 25, 25, 26, 375]
+    kept = [method.truncation_index(m) for m in range(1, 200)]
+    assert kept == sorted(kept)
+
+
 # --- H2O on hand-made tensors -----------------------------------------------------------------------
 
 
@@ -110,6 +137,19 @@ def test_h2o_adds_the_decode_row_averaged_over_each_gqa_group():
     method.after_attention(call("decode", 7, 1), layer, torch.zeros(1, 4, 1, 4), layer.keys, 0.5, row)
     torch.testing.assert_close(layer.scores[:, :6], before + row[:, 0, :6].view(2, 2, 6).mean(1))
     assert layer.scores[:, 6].gt(0).all()
+
+
+def test_h2o_counts_its_score_buffer_and_fits_it_in_the_budget():
+    layer = filled(ScoredLayer(), 100, dim=8)  # per head and token: 2 x 8 x 4 bytes of K/V, 4 of score
+    assert layer.nbytes() == layer.keys.nbytes + layer.values.nbytes + layer.scores.nbytes
+    assert layer.scores.nbytes == 2 * 100 * 4
+    method = H2O(budget=0.5)
+    target = method.target(100, layer)
+    assert target == math.floor(0.5 * 100 * 64 / 68) == 47  # not 50: the scores take their share
+    method.evict(layer, target)
+    full_bytes = 2 * 2 * 100 * 8 * 4
+    assert layer.nbytes() <= 0.5 * full_bytes < layer.nbytes() + 2 * 68
+    assert isinstance(H2O(budget=1.0).new_layer(0), KVLayer) and not isinstance(H2O(budget=1.0).new_layer(0), ScoredLayer)
 
 
 @pytest.mark.parametrize("name,bad", [("elastic_cache", {"truncation_distance": 0}),
@@ -137,8 +177,9 @@ def two_turns(loaded, backend):
 def test_second_turn_is_compressed_on_top_of_the_history(models, name, model):
     _, conv = two_turns(models(model), backends.make_backend(name, budget=0.5))
     first_turn_end = conv.layouts[1].start
-    for kept in conv.cache.kept_positions():
-        assert kept.shape[1] == math.ceil(0.5 * conv.seen)
+    for layer, kept in zip(conv.cache.layers, conv.cache.kept_positions()):
+        held = math.ceil(0.5 * conv.seen) if name == "elastic_cache" else conv.backend.target(conv.seen, layer)
+        assert kept.shape[1] == held
         assert (kept[:, 1:] > kept[:, :-1]).all()  # token order kept, no duplicates
         assert (kept < first_turn_end).any() and (kept >= first_turn_end).any()
         if name == "elastic_cache":

@@ -98,8 +98,28 @@ def test_modes_recompute_what_the_paper_says(models, store):
     _, conv, _ = run(loaded, store, "a", message, "cacheblend", recompute_ratio=0.3)
     counts = [len(r) for r in conv.backend.report["recomputed"]]
     assert counts[0] == layout.length  # every token before the check layer
-    assert counts[1:] == [math.ceil(0.3 * layout.length)] * 3  # text plus the most deviating image tokens
+    assert counts[1:] == [text + math.ceil(0.3 * visual)] * 3  # text plus 30% of the reused image tokens
     assert len(conv.backend.report["reused"][1]) == layout.length - counts[1]
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_cacheblend_recomputes_its_share_of_the_reused_tokens_whatever_the_text(models, store, count):
+    """CacheBlend-15% recomputes 15% of the *reused* (image) tokens on top of all the text: 39, 77
+    and 154 image tokens for 1, 2 and 4 stored 256-token images, even with the text over 15% of the
+    prompt (counting the text inside the 15% recomputed no image token for 1 or 2 images)."""
+    loaded = models("tiny-qwen2-vl")
+    images = [make_image(i) for i in range(count)]
+    for image in images:
+        ingest(loaded, store, "a", image)
+    _, conv, _ = run(loaded, store, "a", moved(*images), "cacheblend")
+    layout = conv.layouts[0]
+    visual = torch.cat([torch.arange(*v.span) for v in layout.visuals])
+    text = layout.length - visual.numel()
+    if count == 1:
+        assert text > 0.15 * layout.length  # the case that used to recompute no image token
+    for recomputed in conv.backend.report["recomputed"][1:]:
+        assert int(torch.isin(recomputed, visual).sum()) == {1: 39, 2: 77, 4: 154}[count]
+        assert len(recomputed) == text + {1: 39, 2: 77, 4: 154}[count]
 
 
 def test_prefix_caching_reuses_only_the_exact_prefix(models, store):

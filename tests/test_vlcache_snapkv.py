@@ -90,6 +90,17 @@ def test_layer_budgets_follow_density_and_clip():
     assert allocate_budgets(sparsity, 1.0, redistribute=True).tolist() == [1.0] * 4
 
 
+def test_the_floor_is_paid_for_by_the_other_layers():
+    sparsity = torch.tensor([0.0, 0.9999, 0.9999, 0.9999])
+    betas = allocate_budgets(sparsity, 0.02)  # shares 0.0799, 8e-6 x 3: the floor would add 0.03
+    assert betas[1:].tolist() == pytest.approx([0.01] * 3)
+    assert float(betas.sum()) == pytest.approx(0.02 * 4) and float(betas[0]) == pytest.approx(0.05)
+    for redistribute in (False, True):
+        for alpha in (0.01, 0.05, 0.3, 0.9):
+            betas = allocate_budgets(torch.tensor([0.0, 0.3, 0.999, 0.99999]), alpha, redistribute)
+            assert float(betas.sum()) <= alpha * 4 + 1e-5 and float(betas.min()) >= 0.01 - 1e-7
+
+
 def sharp_query(layer: KVLayer, tokens: int, target: int, rows: int, dim: int = 8) -> torch.Tensor:
     """Queries whose last ``rows`` rows all look at token ``target`` only (both KV heads made equal)."""
     layer.keys[:, 1] = layer.keys[:, 0]
@@ -119,6 +130,20 @@ def test_vl_cache_allocates_by_sparsity_once_every_layer_is_known():
     assert report["layer_budgets"] == [k / tokens for k in kept]
     assert report["realised_budget"] == sum(kept) / (2 * tokens)
     assert layers[1].positions[0].tolist() == list(range(tokens - kept[1], tokens))  # newest post-vision tokens
+
+
+def test_vl_cache_realised_total_is_at_most_alpha_plus_one_token_per_layer():
+    tokens, dim, layers_n, alpha = 200, 8, 4, 0.05
+    layout = PromptLayout(0, tokens, visuals=[VisualSpan("image", (2, 190))])  # 10 post-vision tokens
+    method = VLCache(budget=alpha)
+    layers = [filled(tokens, seed=i) for i in range(layers_n)]
+    queries = [torch.zeros(1, 4, tokens, dim)] + [sharp_query(layers[i], tokens, 7, 10) for i in range(1, layers_n)]
+    for i, (layer, query) in enumerate(zip(layers, queries)):  # one dense layer, three very sparse ones
+        method.after_attention(prefill_call(tokens, i, layers_n, layout), layer, query, layer.keys, dim ** -0.5)
+    method.after_forward(SimpleNamespace(layers=layers), prefill_call(tokens, layers_n - 1, layers_n, layout))
+    assert method.report["planned_budgets"][1:] == pytest.approx([0.01] * 3)  # at the floor
+    kept = sum(layer.get_seq_length() for layer in layers)
+    assert kept <= alpha * layers_n * tokens + layers_n
 
 
 def test_vl_cache_keeps_post_vision_tokens_then_the_most_attended():

@@ -149,7 +149,7 @@ def test_tau_one_and_no_quantisation_equals_the_full_cache(models, name):
     loaded = models(name)
     message = Message("What is shown?", images=[make_image(0)])
     ref = Conversation(loaded, backends.make_backend("full")).ask(message, max_new_tokens=10, ignore_eos=True)
-    conv = Conversation(loaded, backends.make_backend("zipvl", budget=1.0, bits_important=16, bits_other=16))
+    conv = Conversation(loaded, backends.make_backend("zipvl", tau=1.0, bits_important=16, bits_other=16))
     got = conv.ask(message, max_new_tokens=10, ignore_eos=True)
     assert got.token_ids == ref.token_ids and got.metrics.kv_bytes == ref.metrics.kv_bytes
     assert conv.backend.report["important_ratio"] == [1.0] * loaded.num_layers
@@ -175,18 +175,21 @@ def _bytes_formula(conv) -> int:
     return total
 
 
-@pytest.mark.parametrize("budget, below", [(0.5, 0.25), (0.975, 0.30)])
-def test_mixed_precision_bytes_at_16_bits(bf16_qwen, budget, below):
-    """Bytes are the packed formula for the realised split. At the app's default budget (tau 0.5)
+@pytest.mark.parametrize("tau, below", [(0.5, 0.25), (0.975, 0.30)])
+def test_mixed_precision_bytes_at_16_bits(bf16_qwen, tau, below):
+    """Bytes are the packed formula for the realised split. At tau 0.5
     the cache is below a quarter of the bf16 full cache; at tau 0.975 the random tiny model marks
     ~90% of its (near-identical) tokens important, so 4-bit dominates: just above 0.25."""
     message = Message("What is shown?", images=[make_image(0), make_image(1)])
     full = Conversation(bf16_qwen, backends.make_backend("full")).ask(message, max_new_tokens=6, ignore_eos=True)
-    conv = Conversation(bf16_qwen, backends.make_backend("zipvl", budget=budget))
+    conv = Conversation(bf16_qwen, backends.make_backend("zipvl", tau=tau))
     got = conv.ask(message, max_new_tokens=6, ignore_eos=True)
     ratio = got.metrics.kv_bytes / full.metrics.kv_bytes
     assert got.metrics.kv_bytes == conv.cache.nbytes() == _bytes_formula(conv)
     assert ratio < below
+    # its point on the realised-bytes axis, as the runtime measures it after the prefill
+    prefill_ratio = got.metrics.kv_bytes_prefill / full.metrics.kv_bytes_prefill
+    assert conv.backend.report["realised_fraction"] == pytest.approx(prefill_ratio)
     report = conv.backend.report
     assert conv.cache.tokens_per_layer() == [conv.seen] * bf16_qwen.num_layers  # nothing evicted
     for i in range(bf16_qwen.num_layers):
@@ -198,7 +201,7 @@ def test_mixed_precision_bytes_at_16_bits(bf16_qwen, budget, below):
 
 def test_generated_tokens_are_quantised_every_period(models):
     loaded = models("tiny-qwen2-vl")
-    conv = Conversation(loaded, backends.make_backend("zipvl", budget=0.9, period=8))
+    conv = Conversation(loaded, backends.make_backend("zipvl", tau=0.9, period=8))
     conv.ask(Message("Hi", images=[make_image(0)]), max_new_tokens=20, ignore_eos=True)
     layer = conv.cache.layers[0]
     assert len(layer.blocks) == 1 + 19 // 8 and layer.buffered == 19 % 8  # 19 tokens fed while decoding
@@ -209,7 +212,7 @@ def test_multi_turn_and_the_overlay_shows_the_important_tokens(models):
     from engine.service import Prepared, kept_visuals
 
     loaded = models("tiny-qwen2-vl")
-    conv = Conversation(loaded, backends.make_backend("zipvl", budget=0.9))
+    conv = Conversation(loaded, backends.make_backend("zipvl", tau=0.9))
     messages = [Message("Look.", images=[make_image(0)]), Message("More?", images=[make_image(2, (224, 224))])]
     first = conv.ask(messages[0], max_new_tokens=4, ignore_eos=True)
     second = conv.ask(messages[1], max_new_tokens=4, ignore_eos=True)
@@ -229,12 +232,19 @@ def test_multi_turn_and_the_overlay_shows_the_important_tokens(models):
 
 def test_bad_parameters_raise():
     for params in ({"bits_important": 3}, {"bits_other": 5}, {"bits_important": 2, "bits_other": 4},
-                   {"recent_probes": 0, "random_probes": 0}, {"period": 0}, {"tau": 0.9}):
+                   {"recent_probes": 0, "random_probes": 0}, {"period": 0}, {"tau": 1.5}, {"tau": 0}):
         with pytest.raises(ValueError):
-            backends.make_backend("zipvl", 0.9, **params)
+            backends.make_backend("zipvl", **params)
     with pytest.raises(ValueError):
         backends.make_backend("zipvl", 1.5)
-    assert ZipVL().tau == 0.975 and ZipVL(0.8).tau == 0.8
+
+
+def test_tau_is_a_named_parameter_and_the_budget_is_not_used():
+    assert ZipVL().tau == 0.975 and ZipVL(tau=0.8).tau == 0.8
+    assert ZipVL(budget=0.2).tau == 0.975  # no budget: the app and the benches pass 1.0, like MPIC's
+    info = ZipVL.describe_class()
+    assert info["uses_budget"] is False
+    assert {"name": "tau", "default": 0.975}.items() <= next(p for p in info["params"] if p["name"] == "tau").items()
 
 
 def test_prefill_bench_runs_at_a_tiny_size(capsys):
