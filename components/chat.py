@@ -7,6 +7,7 @@ panels (KV memory, speed, per-layer budget) and the kept-visual-token overlay.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,9 +21,17 @@ from engine.errors import UserError
 from . import media_library, overlay, plots
 from .settings import SettingsPanel, settings_from
 
+log = logging.getLogger(__name__)
 PLOT_EVERY_S = 0.4  # redraw the panels at most this often while streaming (the text every token)
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 EMPTY_INPUT = {"text": "", "files": []}
+NOT_ANSWERED = "**Not answered:**"
+
+
+def refusal(exc: UserError) -> str:
+    """A user error as the status line says it, logged as one line (never a traceback)."""
+    log.info("user error: %s", exc)
+    return f"{NOT_ANSWERED} {exc}"
 
 
 def parse_message(message: dict | str | None) -> tuple[str, list[str]]:
@@ -92,21 +101,25 @@ def progress_reporter(progress):
 def respond(message, history: list, session: service.Session, settings: service.Settings,
             progress=None) -> Iterator[tuple]:
     """Answer one message. Yields (chatbot, input box, status, memory, speed, layers, layer picker,
-    overlay gallery). Bad input raises gr.Error and leaves the chat as it was."""
+    overlay gallery). Bad input is said once, in the status line under the input: the chat and the
+    panels keep what they showed, the rejected files leave the input box (the text stays)."""
     text, files = parse_message(message)
     history = list(history or [])
+    skip = (gr.skip(),) * 5
     try:
+        service.check_uploads(session, files)
         prepared = service.prepare(text, files, settings.num_frames, progress_reporter(progress))
     except UserError as exc:
-        raise gr.Error(str(exc)) from None
+        yield history, {"text": text, "files": []}, refusal(exc), *skip
+        return
     shown = history
     if history and not session.continues(settings):
         shown = shown + [{"role": "assistant", "content": "The settings changed, so this is a new conversation: "
                           "the messages above are not in its memory.", "metadata": {"title": "New conversation"}}]
     shown = shown + user_messages(text, files)
     answer = {"role": "assistant", "content": "…"}
-    skip = (gr.skip(),) * 5
     yield shown + [answer], EMPTY_INPUT, "Working…", *skip
+    hint = service.media_hint(settings.model, prepared)
     drawn = 0.0
     try:
         for view in service.chat_turn(session, settings, prepared, progress_reporter(progress)):
@@ -118,10 +131,10 @@ def respond(message, history: list, session: service.Session, settings: service.
             if view["done"]:
                 picker = gr.Dropdown(choices=overlay.layer_choices(len(view["layers"]["tokens"])), value=overlay.MEAN)
                 gallery = overlay.gallery(view["visuals"])
-            yield shown + [answer], gr.skip(), status_line(view, settings), *figures, picker, gallery
+            status = status_line(view, settings) + (f"\n\n{hint}" if hint else "")
+            yield shown + [answer], gr.skip(), status, *figures, picker, gallery
     except UserError as exc:
-        yield history, message, f"**Not answered:** {exc}", *skip  # the chat as it was, the message back
-        raise gr.Error(str(exc)) from None
+        yield history, message, refusal(exc), *skip  # the chat as it was, the message back
 
 
 @service.gpu
@@ -131,7 +144,8 @@ def submit(message, history, session, request: gr.Request, progress=gr.Progress(
     try:
         settings = settings_from(controls)
     except UserError as exc:
-        raise gr.Error(str(exc)) from None
+        yield gr.skip(), gr.skip(), refusal(exc), *(gr.skip(),) * 5
+        return
     yield from respond(message, history, session, settings, progress)
 
 

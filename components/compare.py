@@ -17,7 +17,7 @@ from engine import service
 from engine.errors import UserError
 
 from . import overlay, plots
-from .chat import PLOT_EVERY_S, fmt_bytes, parse_message, progress_reporter
+from .chat import PLOT_EVERY_S, fmt_bytes, parse_message, progress_reporter, refusal
 from .settings import SettingsPanel, settings_from
 
 COLUMNS = ["Method", "KV cache", "vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",
@@ -50,9 +50,12 @@ def answer_boxes(runs: list[dict]) -> list:
 
 def respond(message, methods: list[str], session: service.Session, settings: service.Settings,
             progress=None) -> Iterator[tuple]:
-    """Yields (5 answer boxes, table, status, memory, speed, layers, overlay gallery)."""
+    """Yields (5 answer boxes, table, status, memory, speed, layers, overlay gallery, input box).
+    Bad input is said once, in the status line: the rest keeps what it showed, rejected files
+    leave the input box."""
     text, files = parse_message(message)
     try:
+        service.check_uploads(session, files)
         prepared = service.prepare(text, files, settings.num_frames, progress_reporter(progress))
         views = service.compare(session, settings, methods, prepared, progress_reporter(progress))
         drawn = 0.0
@@ -67,9 +70,16 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
             status = "Done." if view["done"] else f"Running {runs[-1]['method']}…"
             if service.has_random_weights(settings.model):
                 status += " Random weights: the answers are nonsense, the figures are real."
-            yield (*answer_boxes(runs), table(runs), status, *figures, items if view["done"] else gr.skip())
+            hint = service.media_hint(settings.model, prepared)
+            status += f" {hint}" if hint else ""
+            yield (*answer_boxes(runs), table(runs), status, *figures, items if view["done"] else gr.skip(), gr.skip())
     except UserError as exc:
-        raise gr.Error(str(exc)) from None
+        yield refused(exc, {"text": text, "files": []})
+
+
+def refused(exc: UserError, box) -> tuple:
+    """Every output kept as it was but the status (the message) and the input box."""
+    return (*(gr.skip(),) * (SLOTS + 1), refusal(exc), *(gr.skip(),) * 4, box)
 
 
 @service.gpu
@@ -78,8 +88,18 @@ def run(message, methods, session, request: gr.Request, progress=gr.Progress(), 
     try:
         settings = settings_from(controls)
     except UserError as exc:
-        raise gr.Error(str(exc)) from None
+        yield refused(exc, gr.skip())
+        return
     yield from respond(message, methods, session, settings, progress)
+
+
+def limit_methods(chosen: list[str]) -> tuple[list[str], str]:
+    """At most MAX_COMPARE ticked: the later ticks are undone, and the status says which."""
+    if len(chosen or []) <= service.MAX_COMPARE:
+        return chosen, ""
+    dropped = ", ".join(backends.backend_class(n).title for n in chosen[service.MAX_COMPARE:])
+    return chosen[:service.MAX_COMPARE], (f"Compare runs at most {service.MAX_COMPARE} methods besides the full "
+                                          f"cache: {dropped} not added. Untick one first.")
 
 
 def choices() -> list[tuple[str, str]]:
@@ -101,7 +121,8 @@ class CompareTab:
 
     @property
     def outputs(self) -> list:
-        return [*self.answers, self.table, self.status, self.memory, self.speed, self.layers, self.gallery]
+        return [*self.answers, self.table, self.status, self.memory, self.speed, self.layers, self.gallery,
+                self.textbox]
 
 
 def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
@@ -125,6 +146,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     gallery = gr.Gallery(label="Which visual tokens each method kept (averaged over layers)", columns=4, height=320,
                          object_fit="contain", preview=False, fit_columns=False)
     tab = CompareTab(methods, textbox, button, answers, grid, status, memory, speed, layers, gallery)
+    methods.input(limit_methods, methods, [methods, status], queue=False, api_visibility="private")
     button.click(run, [textbox, methods, session, *settings.inputs], tab.outputs, concurrency_id="gpu",
                  concurrency_limit=1)
     return tab

@@ -19,6 +19,20 @@ from engine.errors import UserError
 
 BASE_CONTROLS = ("model", "method", "budget", "max_new_tokens", "num_frames")
 DEFAULTS = {"budget": 0.5, "max_new_tokens": 48, "num_frames": 8}
+RANGES = {"budget": (0.01, 1.0), "max_new_tokens": (1, 512), "num_frames": (1, 32)}  # the sliders' ranges
+LABELS = {"budget": "The budget", "max_new_tokens": "Max new tokens", "num_frames": "Video frames"}
+
+
+def checked(name: str, value) -> float:
+    """A base control's value, or a UserError that says the allowed range (never a silent clamp)."""
+    low, high = RANGES[name]
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{LABELS[name]} must be a number from {low:g} to {high:g}; got {value!r}.") from None
+    if not low <= number <= high:
+        raise UserError(f"{LABELS[name]} must lie between {low:g} and {high:g}; got {number:g}. Nothing was changed.")
+    return number
 
 
 def method_specs() -> list[dict]:
@@ -45,8 +59,9 @@ def settings_from(values: Sequence) -> service.Settings:
     if base["model"] is None or base["method"] is None:
         raise UserError("Pick a model and a method first.")
     return service.Settings.make(params=params, model=base["model"], method=base["method"],
-                                 budget=float(base["budget"]), max_new_tokens=int(base["max_new_tokens"]),
-                                 num_frames=int(base["num_frames"]))
+                                 budget=checked("budget", base["budget"]),
+                                 max_new_tokens=int(checked("max_new_tokens", base["max_new_tokens"])),
+                                 num_frames=int(checked("num_frames", base["num_frames"])))
 
 
 def control_values(model: str | None = None, method: str = "full", params: dict[str, dict] | None = None,
@@ -135,7 +150,7 @@ def build_settings() -> SettingsPanel:
     method = gr.Dropdown(choices=[(s["title"], s["name"]) for s in specs], value="full", label="Method",
                          elem_id="method")
     info = gr.Markdown(method_card("full"))
-    budget = gr.Slider(0.01, 1.0, value=DEFAULTS["budget"], step=0.01, label="Budget", interactive=False,
+    budget = gr.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=0.01, label="Budget", interactive=False,
                        info="The full cache does not use a budget.", elem_id="budget")
     groups, params = {}, []
     with gr.Accordion("Advanced: the method's own parameters", open=False):
@@ -149,8 +164,8 @@ def build_settings() -> SettingsPanel:
                 gr.Markdown(f"Parameters of **{spec['title']}**{paper}, with the paper's defaults.")
                 params += [_control(p, p["name"].replace("_", " ")) for p in own]
             groups[spec["name"]] = group
-    max_new = gr.Slider(1, 512, value=DEFAULTS["max_new_tokens"], step=1, label="Max new tokens")
-    frames = gr.Slider(1, 32, value=DEFAULTS["num_frames"], step=1, label="Video frames",
+    max_new = gr.Slider(*RANGES["max_new_tokens"], value=DEFAULTS["max_new_tokens"], step=1, label="Max new tokens")
+    frames = gr.Slider(*RANGES["num_frames"], value=DEFAULTS["num_frames"], step=1, label="Video frames",
                        info="Frames sampled uniformly from an attached video.")
     gr.Markdown("Changing the model, method or its settings starts a new conversation: "
                 "a cache built by one method cannot be continued by another.")

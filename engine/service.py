@@ -19,6 +19,7 @@ Models are shared between sessions (read-only weights); at most one hub model st
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import logging
@@ -221,6 +222,76 @@ def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = _s
     return Prepared(message, digest.hexdigest(), files)
 
 
+def media_hint(model: str, messages: list[Prepared]) -> str:
+    """A hint when a model that only answers about media gets a conversation without any."""
+    if not is_trained_here(model) or any(p.message.images or p.message.videos for p in messages):
+        return ""
+    return (f"Hint: {model} only answers questions about a board image (see the Examples); "
+            "without one its answer means nothing.")
+
+
+# --------------------------------------------------------------------------------------------
+# Uploads: a session may only use files it uploaded
+# --------------------------------------------------------------------------------------------
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+_CLAIMS: dict[tuple[str, int], str] = {}  # (uploaded path, inode) -> id of the session that used it first
+_CLAIMS_LOCK = threading.Lock()
+
+
+def upload_dir() -> Path:
+    """Where Gradio keeps uploads (its own rule: ``GRADIO_TEMP_DIR``, else <temp>/gradio)."""
+    return Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
+
+
+@functools.lru_cache(maxsize=1)
+def _public_hashes() -> dict[int, set[str]]:
+    """size -> content hashes of the shipped example media (Gradio's copies of them are public)."""
+    out: dict[int, set[str]] = {}
+    for path in ASSETS.glob("*.*"):
+        if path.suffix.lower() in {".png", ".jpg", ".jpeg", ".mp4"}:
+            out.setdefault(path.stat().st_size, set()).add(_file_hash(str(path)))
+    return out
+
+
+def check_uploads(session: Session, files: list[str]) -> None:
+    """Every uploaded path an event receives must be this session's. Gradio names an upload by its
+    content hash, and a new upload of the same bytes replaces the file (a new inode), so the first
+    session to use an (path, inode) owns it: another session sending that path without uploading
+    the bytes itself is refused. Files outside Gradio's upload folder (the app's own examples, tests
+    calling the functions directly) are not uploads; copies of the shipped examples are public."""
+    root = upload_dir()
+    for name in files:
+        path = Path(name).resolve()
+        if root not in path.parents or not path.is_file():
+            continue
+        stat = path.stat()
+        if _file_hash(str(path)) in _public_hashes().get(stat.st_size, ()):
+            continue
+        key = (str(path), stat.st_ino)
+        with _CLAIMS_LOCK:
+            owner = _CLAIMS.setdefault(key, session.id)
+        if owner != session.id:
+            raise UserError(f"'{path.name}' was uploaded in another session: attach it from your computer.")
+        session.uploads.add(key)
+
+
+def forget_uploads(session: Session) -> None:
+    """The session ended: its uploads leave Gradio's folder (their URLs stop working) unless a new
+    upload of the same bytes replaced the file since."""
+    with _CLAIMS_LOCK:
+        for path, inode in session.uploads:
+            if _CLAIMS.pop((path, inode), None) != session.id:
+                continue
+            try:
+                if os.stat(path).st_ino == inode:
+                    os.unlink(path)
+                    os.rmdir(os.path.dirname(path))  # Gradio's per-hash folder, when now empty
+            except OSError:
+                pass
+    session.uploads = set()
+
+
 def _file_hash(path: str) -> str:
     h = hashlib.sha1()
     with open(path, "rb") as f:
@@ -315,6 +386,7 @@ class Session:
         self.history: list[Prepared] = []
         self.references = ReferenceCache()
         self.visuals: list[dict] = []  # kept-token maps of the last answer, for the overlay
+        self.uploads: set[tuple[str, int]] = set()  # (path, inode) of the uploads it used
         self.stop_requested = False
 
     def continues(self, settings: Settings) -> bool:
@@ -338,6 +410,7 @@ class Session:
         if self.media_model is not None:
             media_store().drop_session(self.id)
         self.media_model, self.last_mpic = None, None
+        forget_uploads(self)
         free_memory()
 
 

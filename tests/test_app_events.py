@@ -41,14 +41,10 @@ def config(method="streamingllm", **kw):
 
 
 def turn(session, message, history=(), method="streamingllm", **kw):
-    """All outputs of one chat event, and the gr.Error it raised (or None)."""
-    outputs = []
-    try:
-        for out in chat.respond(message, list(history), session, config(method, **kw)):
-            outputs.append(out)
-    except gr.Error as exc:
-        return outputs, exc
-    return outputs, None
+    """All outputs of one chat event, and the message it refused with (or None)."""
+    outputs = list(chat.respond(message, list(history), session, config(method, **kw)))
+    status = outputs[-1][2] if outputs else ""
+    return outputs, status if isinstance(status, str) and status.startswith(chat.NOT_ANSWERED) else None
 
 
 def ask(text, *files):
@@ -164,8 +160,11 @@ def test_bad_input_gives_a_message_and_the_next_request_succeeds(media, monkeypa
     history, _ = turn(session, ask("First.", media["image"]))
     history = history[-1][0]
     outputs, error = turn(session, message, history)
-    assert error is not None and expected in error.message
-    assert outputs == []  # rejected before the chat changed
+    assert error is not None and expected in error
+    # said once, in the status line: the chat as it was, the panels untouched, the files out of the box
+    (shown, box, _, *panels), = outputs
+    assert shown == history and box == {"text": message["text"], "files": []}
+    assert all(isinstance(p, type(gr.skip())) for p in panels)
     outputs, error = turn(session, ask("Still there?"), history)
     assert error is None and outputs[-1][0][: len(history)] == history and len(session.history) == 2
 
@@ -184,10 +183,8 @@ def test_model_that_fails_to_load(media, monkeypatch):
     assert (chosen, kept) == (MODEL, MODEL) and "weights file truncated" in card
     session = service.Session()
     values = settings.control_values(model=name, method="streamingllm", max_new_tokens=4)
-    outputs = []
-    with pytest.raises(gr.Error, match="failed to load: RuntimeError: weights file truncated"):
-        for out in chat.respond(ask("Hi", media["image"]), [], session, settings.settings_from(values)):
-            outputs.append(out)
+    outputs = list(chat.respond(ask("Hi", media["image"]), [], session, settings.settings_from(values)))
+    assert "failed to load: RuntimeError: weights file truncated" in outputs[-1][2]
     assert outputs[-1][0] == [] and outputs[-1][1] == ask("Hi", media["image"])  # history and message back
     assert turn(session, ask("Hi", media["image"]))[1] is None
 
@@ -204,7 +201,7 @@ def test_out_of_memory_frees_the_cache_and_keeps_serving(media, monkeypatch):
 
     monkeypatch.setattr(Conversation, "stream", oom)
     outputs, error = turn(session, ask("Second.", media["image2"]), history)
-    assert "Out of GPU memory" in error.message and outputs[-1][0] == history
+    assert "Out of GPU memory" in error and outputs[-1][0] == history
     assert session.conv is None
     monkeypatch.setattr(Conversation, "stream", real)
     outputs, error = turn(session, ask("Third."), history)
@@ -214,7 +211,7 @@ def test_out_of_memory_frees_the_cache_and_keeps_serving(media, monkeypatch):
 def test_compare_runs_full_then_each_method(media):
     session = service.Session()
     runs = list(compare.respond(ask("What is this?", media["image"]), ["streamingllm"], session, config(max_new_tokens=4)))
-    *boxes, table, status, memory, speed, layers, gallery = runs[-1]
+    *boxes, table, status, memory, speed, layers, gallery, _ = runs[-1]
     assert [b.label for b in boxes[:2]] == ["Full cache", "StreamingLLM"] and boxes[2].visible is False
     assert [row[0] for row in table] == ["Full cache", "StreamingLLM"] and table[1][2].endswith("%")
     assert status.startswith("Done") and len(gallery) == 1 and gallery[0][1].startswith("StreamingLLM, ")
@@ -225,8 +222,59 @@ def test_compare_runs_full_then_each_method(media):
 
 @pytest.mark.parametrize("methods", [[], ["streamingllm", "a", "b", "c", "d"]])
 def test_compare_rejects_a_bad_selection(media, methods):
-    with pytest.raises(gr.Error):
-        list(compare.respond(ask("Hi", media["image"]), methods, service.Session(), config()))
+    outputs = list(compare.respond(ask("Hi", media["image"]), methods, service.Session(), config()))
+    (*kept, status, memory, speed, layers, gallery, box), = outputs
+    assert status.startswith(chat.NOT_ANSWERED) and "Pick 1 to 4 methods" in status
+
+
+def test_compare_keeps_at_most_four_ticked():
+    kept, status = compare.limit_methods(["h2o", "snapkv", "zipvl", "mpic", "vl_cache"])
+    assert kept == ["h2o", "snapkv", "zipvl", "mpic"] and "at most 4" in status and "VL-Cache" in status
+    assert compare.limit_methods(["h2o"]) == (["h2o"], "")
+
+
+@pytest.mark.parametrize("name, value", [("budget", 5), ("budget", -1), ("budget", 0), ("max_new_tokens", 0),
+                                         ("num_frames", 99)])
+def test_out_of_range_settings_are_said_not_clamped(media, name, value):
+    values = settings.control_values(model=MODEL, method="streamingllm", **{name: value})
+    with pytest.raises(service.UserError, match="must lie between"):
+        settings.settings_from(values)
+    outputs = list(chat.submit(ask("Hi", media["image"]), [], service.Session(), None, None, *values))
+    assert outputs[-1][2].startswith(chat.NOT_ANSWERED) and "must lie between" in outputs[-1][2]
+
+
+def test_a_question_without_media_to_a_board_model_gets_a_hint():
+    hint = service.media_hint("tiny-arena-vl", [service.prepare("How many cells are red?", [])])
+    assert "board image" in hint
+    assert service.media_hint("tiny-qwen2-vl", [service.prepare("Hi", [])]) == ""
+    with_board = service.prepare("How many cells are red?", [str(chat.ASSETS / "board_1.png")])
+    assert service.media_hint("tiny-arena-vl", [with_board]) == ""
+
+
+def test_an_image_over_the_limits_is_refused_before_decoding(tmp_path, monkeypatch):
+    """The issue's 8000 x 8000 PNG (solid: 200 KB on disk, 192 MB decoded): a message, and the
+    resident memory stays within 10% of what it was."""
+    psutil = pytest.importorskip("psutil")
+    big = tmp_path / "big.png"
+    from PIL import Image
+    Image.new("RGB", (8000, 8000), (200, 30, 30)).save(big)
+    process = psutil.Process()
+    before = process.memory_info().rss
+    session = service.Session()
+    outputs, error = turn(session, ask("What is it?", str(big)))
+    assert error is not None and "8000 x 8000 pixels" in error
+    assert process.memory_info().rss < 1.1 * before
+    monkeypatch.setattr(engine.media, "MAX_IMAGE_BYTES", 1000)
+    outputs, error = turn(session, ask("What is it?", str(big)))
+    assert "larger than the" in error
+
+
+def test_a_large_image_within_the_limits_is_downscaled_at_load(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine.media, "LOAD_PIXELS", 100 * 100)
+    path = tmp_path / "wide.png"
+    make_image(4, (400, 100)).save(path)
+    image = engine.media.load_image(str(path))
+    assert image.size == (200, 50)  # the aspect ratio kept, at most LOAD_PIXELS
 
 
 def test_overlay_shades_dropped_tokens():
