@@ -31,6 +31,26 @@ CSS = """
 """
 
 
+PUBLIC_API = {"chat", "compare"}  # the named endpoints; every other event stays off the API page
+
+
+class UploadLedger(set):
+    """Gradio's set of uploaded paths; each upload is also told to the service, which lets a
+    session use only files it uploaded (Gradio does not say which session uploaded a file)."""
+
+    def update(self, *batches) -> None:
+        for paths in batches:
+            paths = list(paths)
+            service.note_uploads(paths)
+            super().update(paths)
+
+
+def _count_uploads(demo: gr.Blocks) -> None:
+    ledger = UploadLedger(demo.upload_file_set)
+    demo.temp_file_sets = [ledger if s is demo.upload_file_set else s for s in demo.temp_file_sets]
+    demo.upload_file_set = ledger
+
+
 def _release(request: gr.Request) -> None:
     service.release(getattr(request, "session_hash", None))  # the tab closed: free its caches now
 
@@ -53,6 +73,10 @@ def build_demo() -> gr.Blocks:
                     with gr.Tab("About", id="about"):
                         build_about()
         demo.unload(_release)
+    for fn in demo.fns.values():  # the State's own load event (it makes each tab's Session) is internal too
+        if fn.api_name not in PUBLIC_API:
+            fn.api_visibility = "private"
+    _count_uploads(demo)
     demo.queue(max_size=int(os.environ.get("KV_ARENA_QUEUE", 32)))
     return demo
 

@@ -142,6 +142,20 @@ def get_model(name: str, progress: Progress = _silent) -> LoadedModel:
         return loaded
 
 
+def image_tokens(name: str, side: int = 448) -> int:
+    """Visual tokens the model makes of one ``side`` x ``side`` image (its processor's own resize)."""
+    loaded = get_model(name)
+    chunk = loaded.adapter.encode_turn(Message("", images=[Image.new("RGB", (side, side))]), 0, 0, None)
+    return chunk.layout.visuals[0].length
+
+
+def mpic_default_k(name: str, paper_k: int = 32) -> int:
+    """MPIC-k's k for this model: the paper's 32 recomputed tokens per image (of 256 and more in
+    its models), capped at a quarter of the model's tokens for a 448 px image, so a model with
+    few tokens per image (tiny-arena-vl: 9) still reuses most of each stored image."""
+    return max(1, min(paper_k, image_tokens(name) // 4))
+
+
 def free_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -235,13 +249,29 @@ def media_hint(model: str, messages: list[Prepared]) -> str:
 # --------------------------------------------------------------------------------------------
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
-_CLAIMS: dict[tuple[str, int], str] = {}  # (uploaded path, inode) -> id of the session that used it first
-_CLAIMS_LOCK = threading.Lock()
+
+
+@dataclass
+class _Upload:
+    uploads: int = 0  # times the bytes were uploaded (Gradio names a file by a keyed hash of its bytes)
+    used: int = 0  # uploads some session has used
+    owners: set[str] = field(default_factory=set)  # ids of the live sessions using it
+
+
+_UPLOADS: dict[str, _Upload] = {}
+_UPLOADS_LOCK = threading.Lock()
 
 
 def upload_dir() -> Path:
     """Where Gradio keeps uploads (its own rule: ``GRADIO_TEMP_DIR``, else <temp>/gradio)."""
     return Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
+
+
+def note_uploads(paths) -> None:
+    """Gradio received these files (one upload each); the app's upload hook calls this."""
+    with _UPLOADS_LOCK:
+        for path in paths:
+            _UPLOADS.setdefault(str(Path(path).resolve()), _Upload()).uploads += 1
 
 
 @functools.lru_cache(maxsize=1)
@@ -255,38 +285,46 @@ def _public_hashes() -> dict[int, set[str]]:
 
 
 def check_uploads(session: Session, files: list[str]) -> None:
-    """Every uploaded path an event receives must be this session's. Gradio names an upload by its
-    content hash, and a new upload of the same bytes replaces the file (a new inode), so the first
-    session to use an (path, inode) owns it: another session sending that path without uploading
-    the bytes itself is refused. Files outside Gradio's upload folder (the app's own examples, tests
-    calling the functions directly) are not uploads; copies of the shipped examples are public."""
+    """Every file in Gradio's upload folder that an event receives must be one this session
+    uploaded. Two uploads of the same bytes share one path, so a path uploaded n times serves at
+    most n sessions: a client that sends another session's path without uploading the bytes
+    itself is refused. (Not closed: an upload that no session has used yet, e.g. a chat history an
+    API client uploads again with each turn, can be used by the first session that names its path.)
+    Files outside the folder (tests calling the functions directly) are not
+    uploads; Gradio's copies of the shipped examples are public."""
     root = upload_dir()
     for name in files:
         path = Path(name).resolve()
         if root not in path.parents or not path.is_file():
             continue
-        stat = path.stat()
-        if _file_hash(str(path)) in _public_hashes().get(stat.st_size, ()):
+        if _file_hash(str(path)) in _public_hashes().get(path.stat().st_size, ()):
             continue
-        key = (str(path), stat.st_ino)
-        with _CLAIMS_LOCK:
-            owner = _CLAIMS.setdefault(key, session.id)
-        if owner != session.id:
-            raise UserError(f"'{path.name}' was uploaded in another session: attach it from your computer.")
-        session.uploads.add(key)
+        with _UPLOADS_LOCK:
+            record = _UPLOADS.get(str(path), _Upload())
+            if session.id not in record.owners:
+                if record.used >= record.uploads:
+                    raise UserError(f"'{path.name}' was not uploaded in this session: attach it from your computer.")
+                record.used += 1
+                record.owners.add(session.id)
+                _UPLOADS[str(path)] = record
+        session.uploads.add(str(path))
 
 
 def forget_uploads(session: Session) -> None:
-    """The session ended: its uploads leave Gradio's folder (their URLs stop working) unless a new
-    upload of the same bytes replaced the file since."""
-    with _CLAIMS_LOCK:
-        for path, inode in session.uploads:
-            if _CLAIMS.pop((path, inode), None) != session.id:
+    """The session ended: an upload no other session uses or may still use leaves Gradio's folder,
+    so its URL stops working."""
+    with _UPLOADS_LOCK:
+        for path in session.uploads:
+            record = _UPLOADS.get(path)
+            if record is None:
                 continue
+            record.owners.discard(session.id)
+            if record.owners or record.used < record.uploads:
+                continue
+            del _UPLOADS[path]
             try:
-                if os.stat(path).st_ino == inode:
-                    os.unlink(path)
-                    os.rmdir(os.path.dirname(path))  # Gradio's per-hash folder, when now empty
+                os.unlink(path)
+                os.rmdir(os.path.dirname(path))  # Gradio's per-file folder, now empty
             except OSError:
                 pass
     session.uploads = set()
@@ -386,7 +424,7 @@ class Session:
         self.history: list[Prepared] = []
         self.references = ReferenceCache()
         self.visuals: list[dict] = []  # kept-token maps of the last answer, for the overlay
-        self.uploads: set[tuple[str, int]] = set()  # (path, inode) of the uploads it used
+        self.uploads: set[str] = set()  # paths of the uploads it used (see check_uploads)
         self.stop_requested = False
 
     def continues(self, settings: Settings) -> bool:

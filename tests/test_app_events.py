@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import make_image
 
+import backends
 import engine.media
 from components import chat, compare, media_library, overlay, settings
 from engine import service
@@ -63,17 +64,31 @@ def test_settings_round_trip_every_registered_method():
     with gr.Blocks():  # one control per parameter of every method, and a fold per method that has any
         panel = settings.build_settings()
     assert len(panel.params) == len(settings.param_order())
-    assert len(settings.on_method("streamingllm")) == 2 + len(panel.groups)
+    assert len(settings.on_method("streamingllm")) == 3 + len(panel.groups)
+
+
+def test_a_method_without_budget_hides_the_slider_and_shows_what_it_holds(media):
+    for name in ("full", "mpic", "streamingllm"):
+        card, budget, note, *groups = settings.on_method(name)
+        uses = backends.backend_class(name).uses_budget
+        assert budget.visible is uses and (note == "") is uses
+    session = service.Session()
+    outputs, error = turn(session, ask("What is this?", media["image"]), method="mpic")
+    realised = outputs[-1][9]
+    assert error is None and re.search(r"MPIC.* holds \d\.\d\dx of the full cache's KV bytes", realised)
 
 
 def test_chat_turn_streams_text_panels_and_overlay(media):
     session = service.Session()
     outputs, error = turn(session, ask("What is this?", media["image"]), max_new_tokens=6)
     assert error is None and len(outputs) >= 3  # the echo, then one update per token
-    history, box, status, memory, speed, layers, picker, gallery = outputs[-1]
+    history, box, status, memory, speed, layers, picker, gallery, scale, realised = outputs[-1]
     assert history[0]["role"] == "user" and history[-1]["role"] == "assistant" and history[-1]["content"]
     assert outputs[0][1] == chat.EMPTY_INPUT  # the input box empties as soon as the message is taken
     assert "StreamingLLM" in status and "saved" in status and "random weights" in status
+    assert re.search(r"after the prompt it held 0\.\d\dx of the full KV", status)
+    assert "Qwen2.5-VL-7B-Instruct" in scale and "16 GiB of KV fits" in scale
+    assert "StreamingLLM holds 0." in realised
     assert isinstance(memory, go.Figure) and {t.name for t in memory.data} == {"Full cache", "StreamingLLM"}
     assert any("saved" in a.text for a in memory.layout.annotations)
     assert [t.x for t in speed.data][0] == ("Full cache", "StreamingLLM")
@@ -103,7 +118,7 @@ def test_full_cache_reference_is_cached_per_input(media):
     chat.clear(session)
     outputs, _ = turn(session, ask("What is this?", media["image"]))
     assert "cached" in outputs[-1][2]
-    assert outputs[-1][4].data[0].x[0] == "Full cache (cached)"
+    assert outputs[-1][4].data[0].x[0] == "Full cache<br>(cached)"  # wrapped: long names must not overlap
 
 
 def test_stop_ends_the_answer_and_keeps_the_chat_usable(media):
@@ -179,7 +194,7 @@ def test_model_that_fails_to_load(media, monkeypatch):
 
     monkeypatch.setattr(service, "load_model", broken)
     name = "random:Qwen/Qwen2-VL-2B-Instruct"
-    chosen, kept, card = settings.on_model(name, MODEL)
+    chosen, kept, card, _ = settings.on_model(name, MODEL)
     assert (chosen, kept) == (MODEL, MODEL) and "weights file truncated" in card
     session = service.Session()
     values = settings.control_values(model=name, method="streamingllm", max_new_tokens=4)
@@ -212,8 +227,10 @@ def test_compare_runs_full_then_each_method(media):
     session = service.Session()
     runs = list(compare.respond(ask("What is this?", media["image"]), ["streamingllm"], session, config(max_new_tokens=4)))
     *boxes, table, status, memory, speed, layers, gallery, _ = runs[-1]
-    assert [b.label for b in boxes[:2]] == ["Full cache", "StreamingLLM"] and boxes[2].visible is False
-    assert [row[0] for row in table] == ["Full cache", "StreamingLLM"] and table[1][2].endswith("%")
+    assert boxes[0].label == "Full cache" and boxes[2].visible is False
+    assert re.fullmatch(r"StreamingLLM · holds 0\.\d\dx the full KV", boxes[1].label)
+    assert [row[0] for row in table] == ["Full cache", "StreamingLLM"]
+    assert all(re.fullmatch(r"\d+\.\d\dx|~ same", cell) for cell in (table[1][2], table[1][4], table[1][6]))
     assert status.startswith("Done") and len(gallery) == 1 and gallery[0][1].startswith("StreamingLLM, ")
     assert {t.name for t in memory.data} == {"Full cache", "StreamingLLM"}
     again = list(compare.respond(ask("What is this?", media["image"]), ["streamingllm"], session, config(max_new_tokens=4)))
@@ -239,7 +256,8 @@ def test_out_of_range_settings_are_said_not_clamped(media, name, value):
     values = settings.control_values(model=MODEL, method="streamingllm", **{name: value})
     with pytest.raises(service.UserError, match="must lie between"):
         settings.settings_from(values)
-    outputs = list(chat.submit(ask("Hi", media["image"]), [], service.Session(), None, None, *values))
+    named = dict(zip(settings.control_names(), values))
+    outputs = list(chat.submit(ask("Hi", media["image"]), [], service.Session(), None, None, **named))
     assert outputs[-1][2].startswith(chat.NOT_ANSWERED) and "must lie between" in outputs[-1][2]
 
 
@@ -362,3 +380,35 @@ def test_a_damaged_store_file_does_not_break_a_turn(media, media_store):
     assert error is None and outputs[-1][0][-1]["content"]
     # the damaged file is found (by the upload's lookup or by the linker), deleted and recomputed
     assert re.search(r"image/video 1 recomputed \((damaged file|stored entry unusable|not stored)\)", outputs[-1][2])
+
+
+def test_projection_at_real_scale_is_plain_arithmetic_on_the_configs():
+    from engine import at_scale
+
+    arch = next(a for a in at_scale.architectures() if a.name == "Qwen/Qwen2-VL-2B-Instruct")
+    assert arch.bytes_per_token == 2 * 28 * 2 * 128 * 2  # 28 KiB, as the About tab says
+    p = at_scale.project(arch, 0.25, 1000, memory_bytes=2**30)
+    assert p["prompt_full_bytes"] == 1000 * 28 * 1024 and p["prompt_method_bytes"] == 250 * 28 * 1024
+    assert p["fit_full_tokens"] == 2**30 // (28 * 1024) and p["fit_method_tokens"] == 4 * p["fit_full_tokens"]
+    assert p["fit_full_frames"] == p["fit_full_tokens"] // 128
+    llava = next(a for a in at_scale.architectures() if a.name == "llava-hf/llava-1.5-7b-hf")
+    assert llava.bytes_per_token == 2 * 32 * 32 * 128 * 2  # no grouped-query attention: 512 KiB a token
+    from components.at_scale import scale_line
+    assert scale_line("H2O", None, 100) == "" and scale_line("H2O", 0.5, 100).startswith("*Computed, not measured:*")
+
+
+def test_examples_are_those_of_the_selected_model():
+    from engine import arena_model
+
+    board = chat.examples("tiny-arena-vl")
+    assert [(e[0]["text"], [p.rsplit("/", 1)[-1] for p in e[0]["files"]]) for e in board] == \
+        [(q, files) for q, files in arena_model.EXAMPLES]
+    general = chat.examples(MODEL)
+    assert len(general) == 4 and not any("board" in f for e in general for f in e[0]["files"])
+    shown = chat.show_examples("tiny-arena-vl")
+    assert shown[0].visible is True and shown[1].visible is False
+
+
+def test_mpic_default_k_suits_the_model_image_size():
+    assert service.mpic_default_k("tiny-arena-vl") == 2  # 9 tokens per image: a quarter, rounded down
+    assert service.mpic_default_k(MODEL) == 32  # 256 tokens for 448 px: the paper's 32

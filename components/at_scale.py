@@ -1,0 +1,36 @@
+"""The line under the KV memory panel: the kept fraction measured here, projected onto real
+architectures (computed by :mod:`engine.at_scale`, labelled as computed, not measured)."""
+
+from __future__ import annotations
+
+from engine import at_scale
+
+from . import plots
+
+SHOWN = ("Qwen/Qwen2.5-VL-7B-Instruct", "llava-hf/llava-1.5-7b-hf")  # a GQA and a dense-attention 7B
+MEMORY = 16 * 2**30
+
+
+def _count(tokens: int | None, frames: int | None) -> str:
+    if tokens is None:
+        return "unbounded"
+    return f"{tokens:,} tokens" + (f" ({frames:,} video frames)" if frames is not None else "")
+
+
+def scale_line(method: str, fraction: float | None, prompt_tokens: int) -> str:
+    """Markdown: this prompt and 16 GiB of KV on real architectures, full cache vs ``method`` at
+    the measured ``fraction`` of the full cache's bytes. Empty when nothing was measured."""
+    if fraction is None or prompt_tokens <= 0:
+        return ""
+    parts = []
+    for arch in at_scale.architectures():
+        if arch.name not in SHOWN:
+            continue
+        p = at_scale.project(arch, fraction, prompt_tokens, MEMORY)
+        parts.append(f"on **{arch.name.split('/')[-1]}** ({plots.fmt_bytes(p['bytes_per_token'])} per token) this prompt's "
+                     f"{prompt_tokens:,} tokens take {plots.fmt_bytes(p['prompt_full_bytes'])} in full, "
+                     f"{plots.fmt_bytes(p['prompt_method_bytes'])} with {method}; 16 GiB of KV fits "
+                     f"{_count(p['fit_full_tokens'], p['fit_full_frames'])} in full, "
+                     f"{_count(p['fit_method_tokens'], p['fit_method_frames'])} with {method}")
+    return (f"*Computed, not measured:* at the {fraction:.2f}x of the full cache measured here, "
+            + "; ".join(parts) + ".")
