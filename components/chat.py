@@ -124,7 +124,7 @@ def respond(message, history: list, session: service.Session, settings: service.
     shown = shown + user_messages(text, files)
     answer = {"role": "assistant", "content": "…"}
     yield shown + [answer], EMPTY_INPUT, "Working…", *skip
-    hint = service.media_hint(settings.model, prepared)
+    hint = service.media_hint(settings.model, (session.history if session.continues(settings) else []) + [prepared])
     drawn = 0.0
     try:
         for view in service.chat_turn(session, settings, prepared, progress_reporter(progress)):

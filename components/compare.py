@@ -78,7 +78,7 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
             status = "Done." if view["done"] else f"Running {runs[-1]['method']}…"
             if service.has_random_weights(settings.model):
                 status += " Random weights: the answers are nonsense, the figures are real."
-            hint = service.media_hint(settings.model, prepared)
+            hint = service.media_hint(settings.model, [prepared])
             status += f" {hint}" if hint else ""
             yield (*answer_boxes(runs), table(runs), status, *figures, items if view["done"] else gr.skip(), gr.skip())
     except UserError as exc:

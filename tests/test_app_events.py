@@ -38,7 +38,8 @@ def media(tmp_path_factory):
 
 
 def config(method="streamingllm", **kw):
-    return settings.settings_from(settings.control_values(model=MODEL, method=method, max_new_tokens=kw.pop("max_new_tokens", 5), **kw))
+    return settings.settings_from(settings.control_values(model=kw.pop("model", MODEL), method=method,
+                                                          max_new_tokens=kw.pop("max_new_tokens", 5), **kw))
 
 
 def turn(session, message, history=(), method="streamingllm", **kw):
@@ -267,6 +268,8 @@ def test_a_question_without_media_to_a_board_model_gets_a_hint():
     assert service.media_hint("tiny-qwen2-vl", [service.prepare("Hi", [])]) == ""
     with_board = service.prepare("How many cells are red?", [str(chat.ASSETS / "board_1.png")])
     assert service.media_hint("tiny-arena-vl", [with_board]) == ""
+    outputs, error = turn(service.Session(), ask("How many cells are red?"), method="full", model="tiny-arena-vl")
+    assert error is None and "Hint: tiny-arena-vl only answers questions about a board image" in outputs[-1][2]
 
 
 def test_an_image_over_the_limits_is_refused_before_decoding(tmp_path, monkeypatch):
@@ -360,9 +363,12 @@ def test_a_second_session_cannot_see_or_link_the_first_sessions_media(media, med
     a.use_model("another-model")  # entries of the previous model go when the model changes
     assert service.media_library(a) == []
     turn(a, ask("Again.", media["image"]), method="mpic")
+    store.flush()
+    assert (store.root / store.namespace(a.id)).is_dir()
     service.track(a, "tab-mpic")
     service.release("tab-mpic")  # and when the tab closes
     assert store.library(a.id) == []
+    assert not (store.root / store.namespace(a.id)).exists()  # its folder too: none left per closed tab
 
 
 def test_a_damaged_store_file_does_not_break_a_turn(media, media_store):
@@ -409,6 +415,16 @@ def test_examples_are_those_of_the_selected_model():
     assert shown[0].visible is True and shown[1].visible is False
 
 
-def test_mpic_default_k_suits_the_model_image_size():
+def test_mpic_default_k_suits_the_model_image_size(media_store):
     assert service.mpic_default_k("tiny-arena-vl") == 2  # 9 tokens per image: a quarter, rounded down
     assert service.mpic_default_k(MODEL) == 32  # 256 tokens for 448 px: the paper's 32
+    # with that default the board model reuses most of a stored board (k = 32 reused none of its 9 tokens)
+    media_store()
+    session = service.Session()
+    board = str(chat.ASSETS / "board_1.png")
+    k = {"mpic": {"k": service.mpic_default_k("tiny-arena-vl")}}
+    first, _ = turn(session, ask("How many cells are green?", board), method="mpic", model="tiny-arena-vl", params=k)
+    second, error = turn(session, ask("Colour of cell C?", board), first[-1][0], method="mpic", model="tiny-arena-vl",
+                         params=k)
+    assert error is None
+    assert int(re.search(r"(\d+) prompt tokens reused", second[-1][2]).group(1)) >= 9 - 2
