@@ -81,6 +81,11 @@ def build_demo() -> gr.Blocks:
     return demo
 
 
+def launch_options() -> dict:
+    """What ``launch()`` takes besides the address (the tests launch with the same look and limits)."""
+    return {"max_file_size": media.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS}
+
+
 def main() -> None:
     if os.environ.get("KV_ARENA_PRELOAD", "1") != "0":  # the first visitor should not wait for it
         try:
@@ -89,7 +94,7 @@ def main() -> None:
             print(f"warning: {exc}")
     port = os.environ.get("GRADIO_SERVER_PORT")
     build_demo().launch(server_name=os.environ.get("GRADIO_SERVER_NAME"), server_port=int(port) if port else None,
-                        max_file_size=media.MAX_VIDEO_BYTES, theme=gr.themes.Soft(), css=CSS)
+                        **launch_options())
 
 
 if __name__ == "__main__":

@@ -34,10 +34,11 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def url():
-    from app import build_demo
+    from app import build_demo, launch_options
 
     demo = build_demo()
-    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                                    **launch_options())
     yield local_url
     demo.close()
 
