@@ -14,23 +14,22 @@ MEMORY = 16 * 2**30
 def _count(tokens: int | None, frames: int | None) -> str:
     if tokens is None:
         return "unbounded"
-    return f"{tokens:,} tokens" + (f" ({frames:,} video frames)" if frames is not None else "")
+    return f"{tokens:,} tokens" + (f" ({frames:,} frames)" if frames is not None else "")
 
 
 def scale_line(method: str, fraction: float | None, prompt_tokens: int) -> str:
-    """Markdown: this prompt and 16 GiB of KV on real architectures, full cache vs ``method`` at
+    """Markdown: this prompt and 16 GiB of KV on real architectures, full cache -> ``method`` at
     the measured ``fraction`` of the full cache's bytes. Empty when nothing was measured."""
     if fraction is None or prompt_tokens <= 0:
         return ""
-    parts = []
+    rows = []
     for arch in at_scale.architectures():
         if arch.name not in SHOWN:
             continue
         p = at_scale.project(arch, fraction, prompt_tokens, MEMORY)
-        parts.append(f"on **{arch.name.split('/')[-1]}** ({plots.fmt_bytes(p['bytes_per_token'])} per token) this prompt's "
-                     f"{prompt_tokens:,} tokens take {plots.fmt_bytes(p['prompt_full_bytes'])} in full, "
-                     f"{plots.fmt_bytes(p['prompt_method_bytes'])} with {method}; 16 GiB of KV fits "
-                     f"{_count(p['fit_full_tokens'], p['fit_full_frames'])} in full, "
-                     f"{_count(p['fit_method_tokens'], p['fit_method_frames'])} with {method}")
-    return (f"*Computed, not measured:* at the {fraction:.2f}x of the full cache measured here, "
-            + "; ".join(parts) + ".")
+        rows.append(f"- **{arch.name.split('/')[-1]}** ({plots.fmt_bytes(p['bytes_per_token'])}/token): this prompt "
+                    f"{plots.fmt_bytes(p['prompt_full_bytes'])} → {plots.fmt_bytes(p['prompt_method_bytes'])}; "
+                    f"16 GiB fits {_count(p['fit_full_tokens'], p['fit_full_frames'])} → "
+                    f"{_count(p['fit_method_tokens'], p['fit_method_frames'])}")
+    return (f"*Computed, not measured:* this {fraction:.2f}x at real scale (full cache → {method}, "
+            f"{prompt_tokens:,} prompt tokens)\n" + "\n".join(rows))

@@ -241,7 +241,7 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
         gr.Markdown("Clear cells: tokens the cache kept. Dark red: dropped (shaded by the share of heads "
                     "and layers that dropped them). With MPIC: clear = KV reused from the media store, "
                     "dark red = recomputed.")
-    gallery = gr.Gallery(label="Which visual tokens were kept", columns=3, height=320, object_fit="contain",
+    gallery = gr.Gallery(label="Which visual tokens were kept (mean over layers unless a layer is picked)", columns=3, height=320, object_fit="contain",
                          preview=False, fit_columns=False, elem_id="overlay")
     library, ttft = media_library.build_media_panels()
     tab = ChatTab(chatbot, textbox, status, memory, speed, layers, picker, gallery, scale, settings.realised)

@@ -22,7 +22,7 @@ from .settings import SettingsPanel, settings_from_named
 
 COLUMNS = ["Method", "KV after prompt", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",
            "Same tokens as full", "Note"]
-WIDTHS = ["13%", "10%", "8%", "8%", "9%", "9%", "9%", "9%", "25%"]  # the Note column gets room for its words
+WIDTHS = ["15%", "10%", "8%", "8%", "10%", "9%", "10%", "9%", "21%"]  # the Note column gets room for its words
 SLOTS = 1 + service.MAX_COMPARE  # the full cache and up to four methods
 
 
@@ -149,7 +149,8 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
         answers = [gr.Textbox(visible=False, lines=6, max_lines=12, elem_classes=["answer"]) for _ in range(SLOTS)]
     grid = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="compare-table", wrap=True, column_widths=WIDTHS)
     gr.Markdown("Every *vs full* column is a ratio to the full cache (0.50x = half). *~ same*: the difference is "
-                "smaller than the spread of the decode steps' times on this machine, i.e. noise.")
+                "smaller than the spread of the decode steps' times on this machine, i.e. noise; *(noise ?)*: too few "
+                "decode steps to measure that spread.")
     with gr.Row():
         memory = gr.Plot(label="KV memory")
         speed = gr.Plot(label="Speed")

@@ -28,24 +28,27 @@ def fmt_bytes(n: float) -> str:
     return f"{n / scale:.1f} {unit}" if scale > 1 else f"{n:.0f} bytes"
 
 
-def step_spread(*runs: dict) -> float:
+def step_spread(*runs: dict) -> float | None:
     """The relative spread (std / mean) of the decode steps' times, the larger of the runs': a
-    difference smaller than this is within the noise of this machine."""
+    difference smaller than this is within the noise of this machine. None: too few steps to tell."""
     spreads = []
     for run in runs:
         steps = run["metrics"].get("step_s") or []
         if len(steps) >= 2:
             mean = sum(steps) / len(steps)
             spreads.append((sum((s - mean) ** 2 for s in steps) / (len(steps) - 1)) ** 0.5 / mean if mean else 0.0)
-    return max(spreads, default=0.0)
+    return max(spreads, default=None)
 
 
-def vs_full(value: float, reference: float, spread: float = 0.0) -> str:
+def vs_full(value: float, reference: float, spread: float | None = 0.0) -> str:
     """Every "vs full" figure in one unit, a ratio to the full cache ("0.50x"); "~ same" when the
-    difference is smaller than ``spread`` (relative), i.e. within the noise of repeated steps."""
+    difference is smaller than ``spread`` (relative), i.e. within the noise of repeated steps;
+    "(noise ?)" when there were too few steps to measure that spread."""
     if not reference:
         return "n/a"
     ratio = value / reference
+    if spread is None:
+        return f"{ratio:.2f}x (noise ?)"
     return "~ same" if abs(ratio - 1) < spread else f"{ratio:.2f}x"
 
 
@@ -115,7 +118,7 @@ def speed_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
         fig.add_bar(x=[series_name(r).replace(" (", "<br>(") for r in bars], y=values, text=labels, textposition="outside", textangle=0,
                     cliponaxis=False, marker_color=colors, textfont=dict(size=13), row=1, col=col)
         fig.update_yaxes(range=[0, 1.35 * max(values, default=0) or 1], row=1, col=col)  # room for the labels
-    fig.update_xaxes(tickfont=dict(size=12), automargin=True)
+    fig.update_xaxes(tickfont=dict(size=12), tickangle=0, automargin=True)
     return fig
 
 

@@ -508,7 +508,8 @@ def kept_visuals(conv: Conversation, history: list[Prepared], highlight: list | 
                 continue  # tiled layouts (LLaVA-NeXT) have no single grid to draw on
             t, h, w = visual.grid
             keep = held[:, visual.span[0]:visual.span[1]].reshape(-1, t, h, w)
-            out.append({"label": f"turn {turn}, {kind} {n}", "kind": kind, "keep": keep, "meaning": meaning,
+            label = f"{kind} {n}" + (f", turn {turn}" if len(history) > 1 else "")  # short: a one-line caption
+            out.append({"label": label, "kind": kind, "keep": keep, "meaning": meaning,
                         "pictures": _pictures(source, t, conv.adapter.image_processor)})
     return out
 
@@ -605,7 +606,7 @@ def _turn(session: Session, settings: Settings, prepared: Prepared, progress: Pr
                 view["mpic"] = _reuse_summary(session, conv, update.metrics.prompt_tokens, note)
                 session.last_mpic = (settings, prepared)
                 highlight = [torch.tensor(sorted(p), dtype=torch.long)[None] for p in session.reused]
-                session.visuals = view["visuals"] = kept_visuals(conv, history, highlight, "reused from the store")
+                session.visuals = view["visuals"] = kept_visuals(conv, history, highlight, "reused")
             else:
                 session.visuals = view["visuals"] = kept_visuals(conv, history)
         yield view

@@ -88,14 +88,14 @@ def test_chat_turn_streams_text_panels_and_overlay(media):
     assert outputs[0][1] == chat.EMPTY_INPUT  # the input box empties as soon as the message is taken
     assert "StreamingLLM" in status and "saved" in status and "random weights" in status
     assert re.search(r"after the prompt it held 0\.\d\dx of the full KV", status)
-    assert "Qwen2.5-VL-7B-Instruct" in scale and "16 GiB of KV fits" in scale
+    assert "Qwen2.5-VL-7B-Instruct" in scale and "16 GiB fits" in scale
     assert "StreamingLLM holds 0." in realised
     assert isinstance(memory, go.Figure) and {t.name for t in memory.data} == {"Full cache", "StreamingLLM"}
     assert any("saved" in a.text for a in memory.layout.annotations)
     assert [t.x for t in speed.data][0] == ("Full cache", "StreamingLLM")
     assert len(layers.data[0].y) == 4  # four layers in the tiny model
     assert picker.choices[0][0] == overlay.MEAN
-    assert len(gallery) == 1 and "visual tokens kept" in gallery[0][1]
+    assert len(gallery) == 1 and re.fullmatch(r"image 1: \d+% of 16 kept", gallery[0][1])
     # the layer picker redraws from the session, without running the model
     assert "layer 2" in chat.show_layer(session, "layer 2")[0][1]
 
@@ -306,7 +306,7 @@ def test_overlay_shades_dropped_tokens():
     visual = {"label": "turn 1, image 1", "kind": "image", "keep": keep,
               "pictures": [np.full((64, 64, 3), 200, np.uint8)]}
     image, caption = overlay.render(visual)
-    assert "50% of 16 visual tokens kept" in caption
+    assert caption == "turn 1, image 1: 50% of 16 kept"
     pixels = np.asarray(image)
     assert pixels[: pixels.shape[0] // 2].mean() < pixels[pixels.shape[0] // 2:].mean()
     assert overlay.layer_index("layer 2") == 1 and overlay.layer_index(overlay.MEAN) is None
@@ -342,7 +342,7 @@ def test_mpic_stores_uploads_and_reuses_them_in_the_next_turn(media, media_store
     assert reused > 0 and "recomputed (" not in status
     assert len(media_library.library_rows(session)) == 2  # stored once, found again
     gallery = second[-1][7]
-    assert len(gallery) == 4 and all("reused from the store" in caption for _, caption in gallery)
+    assert len(gallery) == 4 and all("reused" in caption for _, caption in gallery)
     table, figure = media_library.refresh(session)
     assert len(table) == 2 and list(figure.data[0].x) == ["Full recompute", "Prefix caching", "MPIC-4"]
     assert all(t > 0 for t in figure.data[0].y)
@@ -428,3 +428,13 @@ def test_mpic_default_k_suits_the_model_image_size(media_store):
                          params=k)
     assert error is None
     assert int(re.search(r"(\d+) prompt tokens reused", second[-1][2]).group(1)) >= 9 - 2
+
+
+def test_vs_full_is_one_unit_and_marks_noise():
+    from components import plots
+
+    steady = {"metrics": {"step_s": [0.010, 0.011, 0.009, 0.010]}}  # about 8% spread
+    assert plots.vs_full(50, 100) == "0.50x"
+    assert plots.vs_full(0.0105, 0.0100, plots.step_spread(steady, steady)) == "~ same"
+    assert plots.vs_full(0.0200, 0.0100, plots.step_spread(steady, steady)) == "2.00x"
+    assert plots.vs_full(0.0200, 0.0100, plots.step_spread({"metrics": {"step_s": [0.01]}})) == "2.00x (noise ?)"
