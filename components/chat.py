@@ -106,8 +106,9 @@ def progress_reporter(progress):
 def respond(message, history: list, session: service.Session, settings: service.Settings,
             progress=None) -> Iterator[tuple]:
     """Answer one message. Yields (chatbot, input box, status, memory, speed, layers, layer picker,
-    overlay gallery, line at real scale, realised-fraction note). Bad input is said once, in the status line under the input: the chat and the
-    panels keep what they showed, the rejected files leave the input box (the text stays)."""
+    overlay gallery, line at real scale, realised-fraction note). Bad input is said once, in the
+    status line under the input: the chat and the panels keep what they showed, the rejected files
+    leave the input box (the text stays)."""
     text, files = parse_message(message)
     history = list(history or [])
     skip = (gr.skip(),) * (len(ChatTab.OUTPUTS) - 3)
@@ -162,7 +163,8 @@ def stop(session: service.Session) -> None:
 
 def clear(session: service.Session) -> tuple:
     session.new_chat()
-    return [], EMPTY_INPUT, "", None, None, None, gr.Dropdown(choices=[overlay.MEAN], value=overlay.MEAN), None, "", gr.skip()
+    return ([], EMPTY_INPUT, "", None, None, None, gr.Dropdown(choices=[overlay.MEAN], value=overlay.MEAN), None, "",
+            gr.skip())
 
 
 def show_layer(session: service.Session, choice: str):
@@ -175,9 +177,11 @@ GENERAL_EXAMPLES = [("What shapes do you see, and what colour is each?", ["shape
                     ("Where does the ball go?", ["bouncing_ball.mp4"])]
 
 
-def examples(model: str) -> list[list]:
-    """The clickable examples for ``model`` (present files only): the trained board model's own
-    (``arena_model.EXAMPLES``, each answered right), else general ones for hub and random models."""
+def examples(model: str | None = None) -> list[list]:
+    """The clickable examples for ``model`` (default: the model picked at start; present files only):
+    the trained board model's own (``arena_model.EXAMPLES``, each answered right), else general ones
+    for hub and random models."""
+    model = service.default_model() if model is None else model
     rows = arena_model.EXAMPLES if service.is_trained_here(model) else GENERAL_EXAMPLES
     return [[{"text": text, "files": [str(ASSETS / f) for f in files]}] for text, files in rows
             if all((ASSETS / f).is_file() for f in files)]
@@ -241,7 +245,8 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
         gr.Markdown("Clear cells: tokens the cache kept. Dark red: dropped (shaded by the share of heads "
                     "and layers that dropped them). With MPIC: clear = KV reused from the media store, "
                     "dark red = recomputed.")
-    gallery = gr.Gallery(label="Which visual tokens were kept (mean over layers unless a layer is picked)", columns=3, height=320, object_fit="contain",
+    gallery = gr.Gallery(label="Which visual tokens were kept (mean over layers unless a layer is picked)", columns=3,
+                         height=320, object_fit="contain",
                          preview=False, fit_columns=False, elem_id="overlay")
     library, ttft = media_library.build_media_panels()
     tab = ChatTab(chatbot, textbox, status, memory, speed, layers, picker, gallery, scale, settings.realised)

@@ -115,10 +115,12 @@ def speed_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
                   for r in bars]
         colors = [FULL_COLOR if r is reference else COLORS[(i - bool(reference)) % len(COLORS)] for i, r in enumerate(bars)]
         values = [r["metrics"][key] for r in bars]
-        fig.add_bar(x=[series_name(r).replace(" (", "<br>(") for r in bars], y=values, text=labels, textposition="outside", textangle=0,
+        names = [series_name(r).replace(" (", "<br>(") for r in bars]  # wrapped: long names must not overlap
+        fig.add_bar(x=names, y=values, text=labels, textposition="outside", textangle=0,
                     cliponaxis=False, marker_color=colors, textfont=dict(size=13), row=1, col=col)
         fig.update_yaxes(range=[0, 1.35 * max(values, default=0) or 1], row=1, col=col)  # room for the labels
     fig.update_xaxes(tickfont=dict(size=12), tickangle=0, automargin=True)
+    fig.update_layout(uniformtext=dict(minsize=12, mode="show"))  # never shrink a label to fit a narrow bar
     return fig
 
 

@@ -59,8 +59,8 @@ def load_image(source) -> Image.Image:
         with Image.open(path) as image:
             width, height = image.size
             if width * height > MAX_IMAGE_PIXELS:
-                raise UserError(f"'{name}' is {width} x {height} pixels; the limit is {MAX_IMAGE_PIXELS / 1e6:g} million "
-                                "pixels. Downscale it and attach it again.")
+                raise UserError(f"'{name}' is {width} x {height} pixels; the limit is "
+                                f"{MAX_IMAGE_PIXELS / 1e6:g} million pixels. Downscale it and attach it again.")
             image.draft("RGB", fitted(width, height))  # JPEG: decode at a reduced scale (no-op otherwise)
             image.load()
             return bounded(image.convert("RGB"))

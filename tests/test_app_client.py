@@ -37,8 +37,8 @@ def url():
     from app import build_demo, launch_options
 
     demo = build_demo()
-    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
-                                    **launch_options())
+    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                                  quiet=True, **launch_options())
     yield local_url
     demo.close()
 
