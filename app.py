@@ -81,9 +81,27 @@ def build_demo() -> gr.Blocks:
     return demo
 
 
+# A number typed into a slider's box outside its range is clamped by Gradio's frontend before any
+# event sees it; this says so under the settings (capture phase: it runs before the clamp).
+RANGE_JS = """
+() => document.addEventListener("change", (event) => {
+  const box = event.target;
+  if (!box.matches || !box.matches(".range-said input[type=number]")) return;
+  const value = parseFloat(box.value), low = parseFloat(box.min), high = parseFloat(box.max);
+  const note = document.querySelector("#range-note");
+  const label = box.closest(".range-said").querySelector("[data-testid=block-info]");
+  if (!note) return;
+  note.textContent = (value < low || value > high || isNaN(value))
+    ? `${label ? label.textContent : "This value"} must lie between ${low} and ${high}: ` +
+      `${box.value} was set to ${isNaN(value) ? low : Math.min(high, Math.max(low, value))}.`
+    : "";
+}, true)
+"""
+
+
 def launch_options() -> dict:
     """What ``launch()`` takes besides the address (the tests launch with the same look and limits)."""
-    return {"max_file_size": media.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS}
+    return {"max_file_size": media.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS}
 
 
 def main() -> None:

@@ -203,7 +203,7 @@ def build_settings() -> SettingsPanel:
     info = gr.Markdown(method_card("full"))
     budget = gr.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=0.01, label="Budget", visible=False,
                        info="Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).",
-                       elem_id="budget")
+                       elem_id="budget", elem_classes=["range-said"])
     realised = gr.Markdown(budget_note(specs[0]), elem_id="realised")
     groups, params = {}, []
     with gr.Accordion("Advanced: the method's own parameters", open=False):
@@ -221,9 +221,12 @@ def build_settings() -> SettingsPanel:
     if k is not None:  # MPIC-k's k suits the model's image size (service.mpic_default_k says how)
         params[k].value = mpic_k(first)
         params[k].info += " Set for the model's image size: at most a quarter of its tokens per 448 px image."
-    max_new = gr.Slider(*RANGES["max_new_tokens"], value=DEFAULTS["max_new_tokens"], step=1, label="Max new tokens")
+    max_new = gr.Slider(*RANGES["max_new_tokens"], value=DEFAULTS["max_new_tokens"], step=1, label="Max new tokens",
+                        elem_classes=["range-said"])
     frames = gr.Slider(*RANGES["num_frames"], value=DEFAULTS["num_frames"], step=1, label="Video frames",
+                       elem_classes=["range-said"],
                        info="Frames sampled uniformly from an attached video.")
+    gr.Markdown(elem_id="range-note")  # where a typed value out of a slider's range is said (app.RANGE_JS)
     gr.Markdown("Changing the model, method or its settings starts a new conversation: "
                 "a cache built by one method cannot be continued by another.")
     panel = SettingsPanel(model, card, method, info, budget, max_new, frames, realised, groups, params)

@@ -114,6 +114,11 @@ def test_a_newcomer_recovers_from_a_bad_file_then_chats_switches_method_and_comp
 
     # 4. another method: a new conversation, marked on its own line, and the panels show the saving
     pick(page, "method", "StreamingLLM")
+    budget = page.locator("#budget input[type=number]")
+    for typed, note in (("5", "Budget must lie between 0.01 and 1: 5 was set to 1."), ("0.5", "")):
+        budget.fill(typed)
+        budget.press("Enter")  # a typed value out of range is clamped by Gradio, and said
+        expect(page.locator("#range-note")).to_have_text(note)
     send(page, "chat-input", "How many cells are red?", BOARD)
     submit(page)
     page.locator("#chat-status").get_by_text("match the full cache").wait_for()
