@@ -155,8 +155,8 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
         memory = gr.Plot(label="KV memory")
         speed = gr.Plot(label="Speed")
     layers = gr.Plot(label="Per-layer budget")
-    gallery = gr.Gallery(label="Which visual tokens each method kept (averaged over layers)", columns=4, height=320,
-                         object_fit="contain", preview=False, fit_columns=False)
+    gallery = gr.Gallery(label="Which visual tokens each method kept (averaged over layers)", columns=2, height="auto",
+                         object_fit="contain", preview=False, fit_columns=False)  # 2 columns: captions fit
     tab = CompareTab(methods, textbox, button, answers, grid, status, memory, speed, layers, gallery)
     methods.input(limit_methods, methods, [methods, status], queue=False, api_visibility="private")
     button.click(run, [textbox, methods, session], tab.outputs, inputs_kwargs=settings.named, api_name="compare",

@@ -100,27 +100,27 @@ def memory_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
 
 
 def speed_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
-    """Time to first token and decode tokens/s, method vs full side by side, labelled with the ratio
-    to the full cache ("~ same" within the spread of the decode steps)."""
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.18,
-                        subplot_titles=("<b>Time to first token</b> (s)<br>lower is better",
-                                        "<b>Decode speed</b> (tokens/s)<br>higher is better"))
+    """Time to first token and decode tokens/s, one horizontal bar per method (names never collide,
+    however many), the full cache first, labelled with the ratio to it ("~ same" within the spread
+    of the decode steps)."""
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.2,
+                        subplot_titles=("<b>Time to first token</b> (s), lower is better",
+                                        "<b>Decode speed</b> (tokens/s), higher is better"))
     fig.update_annotations(font_size=13)
-    fig.update_layout(uirevision="speed", showlegend=False, **(LAYOUT | {"margin": dict(l=50, r=20, t=70, b=90)}))
+    fig.update_layout(uirevision="speed", showlegend=False, **(LAYOUT | {"margin": dict(l=20, r=20, t=40, b=30)}))
     bars = ([reference] if reference else []) + [r for r in runs if r]
-    for col, key in ((1, "ttft_s"), (2, "decode_tok_s")):
+    for row, key in ((1, "ttft_s"), (2, "decode_tok_s")):
         ref = reference["metrics"][key] if reference else None
         labels = [f"{r['metrics'][key]:.3g}" + ("" if r is reference or ref is None else
-                                               f"<br>{vs_full(r['metrics'][key], ref, step_spread(r, reference))}")
+                                               f"  {vs_full(r['metrics'][key], ref, step_spread(r, reference))}")
                   for r in bars]
         colors = [FULL_COLOR if r is reference else COLORS[(i - bool(reference)) % len(COLORS)] for i, r in enumerate(bars)]
         values = [r["metrics"][key] for r in bars]
-        names = [series_name(r).replace(" (", "<br>(") for r in bars]  # wrapped: long names must not overlap
-        fig.add_bar(x=names, y=values, text=labels, textposition="outside", textangle=0,
-                    cliponaxis=False, marker_color=colors, textfont=dict(size=13), row=1, col=col)
-        fig.update_yaxes(range=[0, 1.35 * max(values, default=0) or 1], row=1, col=col)  # room for the labels
-    fig.update_xaxes(tickfont=dict(size=12), tickangle=0, automargin=True)
-    fig.update_layout(uniformtext=dict(minsize=12, mode="show"))  # never shrink a label to fit a narrow bar
+        fig.add_bar(y=[series_name(r) for r in bars], x=values, orientation="h", text=labels, textposition="outside",
+                    cliponaxis=False, marker_color=colors, textfont=dict(size=12), row=row, col=1)
+        fig.update_xaxes(range=[0, 1.6 * max(values, default=0) or 1], row=row, col=1)  # room for the labels
+        fig.update_yaxes(autorange="reversed", automargin=True, tickfont=dict(size=12), row=row, col=1)
+    fig.update_layout(uniformtext=dict(minsize=12, mode="show"))  # never shrink a label to fit a short bar
     return fig
 
 

@@ -92,7 +92,7 @@ def test_chat_turn_streams_text_panels_and_overlay(media):
     assert "StreamingLLM holds 0." in realised
     assert isinstance(memory, go.Figure) and {t.name for t in memory.data} == {"Full cache", "StreamingLLM"}
     assert any("saved" in a.text for a in memory.layout.annotations)
-    assert [t.x for t in speed.data][0] == ("Full cache", "StreamingLLM")
+    assert [t.y for t in speed.data][0] == ("Full cache", "StreamingLLM")
     assert len(layers.data[0].y) == 4  # four layers in the tiny model
     assert picker.choices[0][0] == overlay.MEAN
     assert len(gallery) == 1 and re.fullmatch(r"image 1: \d+% of 16 kept", gallery[0][1])
@@ -119,7 +119,7 @@ def test_full_cache_reference_is_cached_per_input(media):
     chat.clear(session)
     outputs, _ = turn(session, ask("What is this?", media["image"]))
     assert "cached" in outputs[-1][2]
-    assert outputs[-1][4].data[0].x[0] == "Full cache<br>(cached)"  # wrapped: long names must not overlap
+    assert outputs[-1][4].data[0].y[0] == "Full cache (cached)"
 
 
 def test_stop_ends_the_answer_and_keeps_the_chat_usable(media):
