@@ -31,6 +31,26 @@ CSS = """
 """
 
 
+PUBLIC_API = {"chat", "compare"}  # the named endpoints; every other event stays off the API page
+
+
+class UploadLedger(set):
+    """Gradio's set of uploaded paths; each upload is also told to the service, which lets a
+    session use only files it uploaded (Gradio does not say which session uploaded a file)."""
+
+    def update(self, *batches) -> None:
+        for paths in batches:
+            paths = list(paths)
+            service.note_uploads(paths)
+            super().update(paths)
+
+
+def _count_uploads(demo: gr.Blocks) -> None:
+    ledger = UploadLedger(demo.upload_file_set)
+    demo.temp_file_sets = [ledger if s is demo.upload_file_set else s for s in demo.temp_file_sets]
+    demo.upload_file_set = ledger
+
+
 def _release(request: gr.Request) -> None:
     service.release(getattr(request, "session_hash", None))  # the tab closed: free its caches now
 
@@ -53,8 +73,35 @@ def build_demo() -> gr.Blocks:
                     with gr.Tab("About", id="about"):
                         build_about()
         demo.unload(_release)
+    for fn in demo.fns.values():  # the State's own load event (it makes each tab's Session) is internal too
+        if fn.api_name not in PUBLIC_API:
+            fn.api_visibility = "private"
+    _count_uploads(demo)
     demo.queue(max_size=int(os.environ.get("KV_ARENA_QUEUE", 32)))
     return demo
+
+
+# A number typed into a slider's box outside its range is clamped by Gradio's frontend before any
+# event sees it; this says so under the settings (capture phase: it runs before the clamp).
+RANGE_JS = """
+() => document.addEventListener("change", (event) => {
+  const box = event.target;
+  if (!box.matches || !box.matches(".range-said input[type=number]")) return;
+  const value = parseFloat(box.value), low = parseFloat(box.min), high = parseFloat(box.max);
+  const note = document.querySelector("#range-note");
+  const label = box.closest(".range-said").querySelector("[data-testid=block-info]");
+  if (!note) return;
+  note.textContent = (value < low || value > high || isNaN(value))
+    ? `${label ? label.textContent : "This value"} must lie between ${low} and ${high}: ` +
+      `${box.value} was set to ${isNaN(value) ? low : Math.min(high, Math.max(low, value))}.`
+    : "";
+}, true)
+"""
+
+
+def launch_options() -> dict:
+    """What ``launch()`` takes besides the address (the tests launch with the same look and limits)."""
+    return {"max_file_size": media.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS}
 
 
 def main() -> None:
@@ -65,7 +112,7 @@ def main() -> None:
             print(f"warning: {exc}")
     port = os.environ.get("GRADIO_SERVER_PORT")
     build_demo().launch(server_name=os.environ.get("GRADIO_SERVER_NAME"), server_port=int(port) if port else None,
-                        max_file_size=media.MAX_VIDEO_BYTES, theme=gr.themes.Soft(), css=CSS)
+                        **launch_options())
 
 
 if __name__ == "__main__":

@@ -33,7 +33,11 @@ PANELS = """
 - **KV memory**: bytes the cache really holds (codes, scales and factors included) after the prompt
   (x = 0) and after each new token, for the method and the full cache (dashed); the label is the saving.
 - **Speed**: time to first token (reading the media, the prompt pass and the method's own work) and
-  decode speed in tokens per second, method next to the full cache, with the difference in %.
+  decode speed in tokens per second, method next to the full cache, labelled with the ratio to it
+  (0.80x); **~ same** when the difference is smaller than the spread of the decode steps' times, i.e. noise.
+- Under the memory panel, a line **computed, not measured**: the fraction of the full cache's KV
+  measured here, projected onto real architectures (bytes per token from their configs, times this
+  prompt's tokens; how many tokens or video frames fit in 16 GiB of KV).
 - **Per-layer budget**: the share of the full cache each layer keeps; methods that give layers
   different budgets show their plan as markers.
 - **Kept visual tokens**: each cell of the picture is one visual token; dark red cells were dropped.

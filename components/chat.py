@@ -7,6 +7,7 @@ panels (KV memory, speed, per-layer budget) and the kept-visual-token overlay.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,15 +15,24 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine import service
+from engine import arena_model, service
 from engine.errors import UserError
 
-from . import media_library, overlay, plots
-from .settings import SettingsPanel, settings_from
+from . import at_scale, media_library, overlay, plots
+from .plots import fmt_bytes
+from .settings import SettingsPanel, realised_note, settings_from_named
 
+log = logging.getLogger(__name__)
 PLOT_EVERY_S = 0.4  # redraw the panels at most this often while streaming (the text every token)
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 EMPTY_INPUT = {"text": "", "files": []}
+NOT_ANSWERED = "**Not answered:**"
+
+
+def refusal(exc: UserError) -> str:
+    """A user error as the status line says it, logged as one line (never a traceback)."""
+    log.info("user error: %s", exc)
+    return f"{NOT_ANSWERED} {exc}"
 
 
 def parse_message(message: dict | str | None) -> tuple[str, list[str]]:
@@ -38,11 +48,6 @@ def user_messages(text: str, files: list[str]) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
-def fmt_bytes(n: float) -> str:
-    scale, unit = plots.byte_unit(n)
-    return f"{n / scale:.1f} {unit}" if scale > 1 else f"{n:.0f} bytes"
-
-
 def reference_run(view: dict) -> dict | None:
     return {"method": "Full cache", **view["reference"]} if view.get("reference") else None
 
@@ -55,6 +60,7 @@ def status_line(view: dict, settings: service.Settings) -> str:
         full = ref["metrics"]["kv_trace"]
         same_point = full[min(len(m["kv_trace"]) - 1, len(full) - 1)]
         parts[-1] += f" vs {fmt_bytes(same_point)} full ({1 - m['kv_bytes'] / same_point:.0%} saved)"
+        parts.append(f"after the prompt it held {plots.kept_fraction(view, reference_run(view)):.2f}x of the full KV")
     parts += [f"first token after {m['ttft_s']:.2f} s", f"{m['decode_tok_s']:.1f} tokens/s"]
     if view.get("agreement") is not None:
         parts.append(f"{view['agreement']:.0%} of tokens match the full cache's answer")
@@ -85,6 +91,14 @@ def panels(view: dict) -> tuple:
     return plots.memory_figure([run], ref), plots.speed_figure([run], ref), plots.layer_figure([run], ref)
 
 
+def measured(view: dict) -> tuple:
+    """The line under the memory panel (computed at real scale) and the settings column's note on
+    what the method really held (both from the fraction measured after the prompt)."""
+    fraction = 1.0 if view["reference"] is None else plots.kept_fraction(view, reference_run(view))
+    return (at_scale.scale_line(view["method"], fraction, view["metrics"]["prompt_tokens"]),
+            realised_note(view["method"], fraction))
+
+
 def progress_reporter(progress):
     return (lambda fraction, text: progress(fraction, desc=text)) if progress is not None else (lambda f, t: None)
 
@@ -92,21 +106,26 @@ def progress_reporter(progress):
 def respond(message, history: list, session: service.Session, settings: service.Settings,
             progress=None) -> Iterator[tuple]:
     """Answer one message. Yields (chatbot, input box, status, memory, speed, layers, layer picker,
-    overlay gallery). Bad input raises gr.Error and leaves the chat as it was."""
+    overlay gallery, line at real scale, realised-fraction note). Bad input is said once, in the
+    status line under the input: the chat and the panels keep what they showed, the rejected files
+    leave the input box (the text stays)."""
     text, files = parse_message(message)
     history = list(history or [])
+    skip = (gr.skip(),) * (len(ChatTab.OUTPUTS) - 3)
     try:
+        service.check_uploads(session, files)
         prepared = service.prepare(text, files, settings.num_frames, progress_reporter(progress))
     except UserError as exc:
-        raise gr.Error(str(exc)) from None
+        yield history, {"text": text, "files": []}, refusal(exc), *skip
+        return
     shown = history
     if history and not session.continues(settings):
         shown = shown + [{"role": "assistant", "content": "The settings changed, so this is a new conversation: "
                           "the messages above are not in its memory.", "metadata": {"title": "New conversation"}}]
     shown = shown + user_messages(text, files)
     answer = {"role": "assistant", "content": "…"}
-    skip = (gr.skip(),) * 5
     yield shown + [answer], EMPTY_INPUT, "Working…", *skip
+    hint = service.media_hint(settings.model, (session.history if session.continues(settings) else []) + [prepared])
     drawn = 0.0
     try:
         for view in service.chat_turn(session, settings, prepared, progress_reporter(progress)):
@@ -114,24 +133,27 @@ def respond(message, history: list, session: service.Session, settings: service.
             redraw = view["done"] or time.monotonic() - drawn > PLOT_EVERY_S
             figures = panels(view) if redraw else (gr.skip(),) * 3
             drawn = time.monotonic() if redraw else drawn
-            picker, gallery = gr.skip(), gr.skip()
+            picker, gallery, notes = gr.skip(), gr.skip(), (gr.skip(),) * 2
             if view["done"]:
                 picker = gr.Dropdown(choices=overlay.layer_choices(len(view["layers"]["tokens"])), value=overlay.MEAN)
                 gallery = overlay.gallery(view["visuals"])
-            yield shown + [answer], gr.skip(), status_line(view, settings), *figures, picker, gallery
+                notes = measured(view)
+            status = status_line(view, settings) + (f"\n\n{hint}" if hint else "")
+            yield shown + [answer], gr.skip(), status, *figures, picker, gallery, *notes
     except UserError as exc:
-        yield history, message, f"**Not answered:** {exc}", *skip  # the chat as it was, the message back
-        raise gr.Error(str(exc)) from None
+        yield history, message, refusal(exc), *skip  # the chat as it was, the message back
 
 
 @service.gpu
-def submit(message, history, session, request: gr.Request, progress=gr.Progress(), *controls):
-    """The Chat event: settings from the column's controls, then :func:`respond`."""
+def submit(message, history, session, request: gr.Request, progress=gr.Progress(), **controls):
+    """The Chat event (the API's ``/chat``): settings from the column's controls, by name
+    (``settings.control_names()``), then :func:`respond`."""
     service.track(session, getattr(request, "session_hash", None))
     try:
-        settings = settings_from(controls)
+        settings = settings_from_named(controls)
     except UserError as exc:
-        raise gr.Error(str(exc)) from None
+        yield gr.skip(), gr.skip(), refusal(exc), *(gr.skip(),) * (len(ChatTab.OUTPUTS) - 3)
+        return
     yield from respond(message, history, session, settings, progress)
 
 
@@ -141,23 +163,34 @@ def stop(session: service.Session) -> None:
 
 def clear(session: service.Session) -> tuple:
     session.new_chat()
-    return [], EMPTY_INPUT, "", None, None, None, gr.Dropdown(choices=[overlay.MEAN], value=overlay.MEAN), None
+    return ([], EMPTY_INPUT, "", None, None, None, gr.Dropdown(choices=[overlay.MEAN], value=overlay.MEAN), None, "",
+            gr.skip())
 
 
 def show_layer(session: service.Session, choice: str):
     return overlay.gallery(session.visuals, choice)
 
 
-def examples() -> list[list]:
-    """Clickable examples made by ``assets/make_examples.py`` (present ones only)."""
-    rows = [("How many cells are green?", ["board_1.png"]),  # boards: what the offline tiny-arena-vl answers
-            ("Colour of cell C?", ["board_2.png"]),
-            ("What shapes do you see, and what colour is each?", ["shapes.png"]),
-            ("Which bar is the tallest?", ["chart.png"]),
-            ("What differs between these two pictures?", ["shapes.png", "street.png"]),
-            ("Where does the ball go?", ["bouncing_ball.mp4"])]
+GENERAL_EXAMPLES = [("What shapes do you see, and what colour is each?", ["shapes.png"]),
+                    ("Which bar is the tallest?", ["chart.png"]),
+                    ("What differs between these two pictures?", ["shapes.png", "street.png"]),
+                    ("Where does the ball go?", ["bouncing_ball.mp4"])]
+
+
+def examples(model: str | None = None) -> list[list]:
+    """The clickable examples for ``model`` (default: the model picked at start; present files only):
+    the trained board model's own (``arena_model.EXAMPLES``, each answered right), else general ones
+    for hub and random models."""
+    model = service.default_model() if model is None else model
+    rows = arena_model.EXAMPLES if service.is_trained_here(model) else GENERAL_EXAMPLES
     return [[{"text": text, "files": [str(ASSETS / f) for f in files]}] for text, files in rows
             if all((ASSETS / f).is_file() for f in files)]
+
+
+def show_examples(model: str) -> tuple:
+    """Model picked: show the examples that work with it."""
+    board = service.is_trained_here(model)
+    return gr.Column(visible=board), gr.Column(visible=not board)
 
 
 @dataclass
@@ -170,15 +203,20 @@ class ChatTab:
     layers: gr.Plot
     layer_picker: gr.Dropdown
     gallery: gr.Gallery
+    scale_line: gr.Markdown
+    realised: gr.Markdown
+
+    OUTPUTS = ("chatbot", "textbox", "status", "memory", "speed", "layers", "layer_picker", "gallery", "scale_line",
+               "realised")
 
     @property
     def outputs(self) -> list:
-        return [self.chatbot, self.textbox, self.status, self.memory, self.speed, self.layers,
-                self.layer_picker, self.gallery]
+        return [getattr(self, name) for name in self.OUTPUTS]
 
 
 def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
     chatbot = gr.Chatbot(label="Chat", height=420, elem_id="chatbot", buttons=["copy"],
+                         group_consecutive_messages=False,  # the new-conversation marker gets its own line
                          placeholder="Attach images or a video, ask a question, and watch the panels below.")
     textbox = gr.MultimodalTextbox(file_types=["image", "video"], file_count="multiple", elem_id="chat-input",
                                    placeholder="Ask about your images or video…", show_label=False)
@@ -186,10 +224,19 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
         stop_button = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")
         clear_button = gr.Button("New chat", size="sm", elem_id="new-chat")
     status = gr.Markdown(elem_id="chat-status")
-    if examples():
-        gr.Examples(examples(), inputs=[textbox], label="Examples (made by the project, work offline)")
+    board = service.is_trained_here(settings.model.value)
+    example_sets = []
+    for shown, model in ((board, service.ARENA), (not board, None)):  # one set per kind of model, one visible
+        with gr.Column(visible=shown) as column:
+            rows = examples(model or "")
+            if rows:
+                gr.Examples(rows, inputs=[textbox], label="Examples (made by the project, work offline)"
+                            if model else "Examples (for hub models; random weights answer nonsense)")
+        example_sets.append(column)
     with gr.Row():
-        memory = gr.Plot(label="KV memory", elem_id="memory-plot")
+        with gr.Column():
+            memory = gr.Plot(label="KV memory", elem_id="memory-plot")
+            scale = gr.Markdown(elem_id="scale-line")
         speed = gr.Plot(label="Speed", elem_id="speed-plot")
     layers = gr.Plot(label="Per-layer budget", elem_id="layer-plot")
     with gr.Row():
@@ -198,15 +245,18 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
         gr.Markdown("Clear cells: tokens the cache kept. Dark red: dropped (shaded by the share of heads "
                     "and layers that dropped them). With MPIC: clear = KV reused from the media store, "
                     "dark red = recomputed.")
-    gallery = gr.Gallery(label="Which visual tokens were kept", columns=3, height=320, object_fit="contain",
+    gallery = gr.Gallery(label="Which visual tokens were kept (mean over layers unless a layer is picked)", columns=3,
+                         height=320, object_fit="contain",
                          preview=False, fit_columns=False, elem_id="overlay")
     library, ttft = media_library.build_media_panels()
-    tab = ChatTab(chatbot, textbox, status, memory, speed, layers, picker, gallery)
+    tab = ChatTab(chatbot, textbox, status, memory, speed, layers, picker, gallery, scale, settings.realised)
+    settings.model.change(show_examples, settings.model, example_sets, queue=False, api_visibility="private")
 
-    textbox.submit(submit, [textbox, chatbot, session, *settings.inputs], tab.outputs,
+    textbox.submit(submit, [textbox, chatbot, session], tab.outputs, inputs_kwargs=settings.named, api_name="chat",
                    concurrency_id="gpu", concurrency_limit=1).success(
-        media_library.after_turn, [session, settings.method], [library, ttft], concurrency_id="gpu")
-    stop_button.click(stop, session, None, queue=False)
-    clear_button.click(clear, session, tab.outputs, queue=False)
-    picker.change(show_layer, [session, picker], gallery, queue=False)
+        media_library.after_turn, [session, settings.method], [library, ttft], concurrency_id="gpu",
+        api_visibility="private")
+    stop_button.click(stop, session, None, queue=False, api_visibility="private")
+    clear_button.click(clear, session, tab.outputs, queue=False, api_visibility="private")
+    picker.change(show_layer, [session, picker], gallery, queue=False, api_visibility="private")
     return tab

@@ -55,9 +55,9 @@ def render(visual: dict, layer: int | None = None) -> tuple[Image.Image, str]:
         for tile in tiles:
             image.paste(tile, (x, 0))
             x += tile.width + gap
-    where = "averaged over layers" if layer is None else f"layer {layer + 1}"
-    meaning = visual.get("meaning", "kept")  # MPIC: "reused from the store" (shaded: recomputed)
-    caption = f"{visual['label']}: {keep.mean():.0%} of {keep.size} visual tokens {meaning} ({where})"
+    where = "" if layer is None else f" at layer {layer + 1}"  # the gallery's label says: mean over layers
+    meaning = visual.get("meaning", "kept")  # MPIC: "reused" (shaded: recomputed)
+    caption = f"{visual['label']}: {keep.mean():.0%} of {keep.size} {meaning}{where}"  # short: a caption is one line
     return image, caption
 
 

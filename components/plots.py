@@ -23,8 +23,39 @@ def byte_unit(largest: float) -> tuple[float, str]:
     return 1, "bytes"
 
 
-def percent_change(value: float, reference: float) -> str:
-    return f"{(value - reference) / reference:+.0%}" if reference else "n/a"
+def fmt_bytes(n: float) -> str:
+    scale, unit = byte_unit(n)
+    return f"{n / scale:.1f} {unit}" if scale > 1 else f"{n:.0f} bytes"
+
+
+def step_spread(*runs: dict) -> float | None:
+    """The relative spread (std / mean) of the decode steps' times, the larger of the runs': a
+    difference smaller than this is within the noise of this machine. None: too few steps to tell."""
+    spreads = []
+    for run in runs:
+        steps = run["metrics"].get("step_s") or []
+        if len(steps) >= 2:
+            mean = sum(steps) / len(steps)
+            spreads.append((sum((s - mean) ** 2 for s in steps) / (len(steps) - 1)) ** 0.5 / mean if mean else 0.0)
+    return max(spreads, default=None)
+
+
+def vs_full(value: float, reference: float, spread: float | None = 0.0) -> str:
+    """Every "vs full" figure in one unit, a ratio to the full cache ("0.50x"); "~ same" when the
+    difference is smaller than ``spread`` (relative), i.e. within the noise of repeated steps;
+    "(noise ?)" when there were too few steps to measure that spread."""
+    if not reference:
+        return "n/a"
+    ratio = value / reference
+    if spread is None:
+        return f"{ratio:.2f}x (noise ?)"
+    return "~ same" if abs(ratio - 1) < spread else f"{ratio:.2f}x"
+
+
+def kept_fraction(run: dict, reference: dict | None) -> float | None:
+    """The fraction of the full cache's bytes the run holds after the prompt (measured, not the budget)."""
+    full = reference["metrics"]["kv_bytes_prefill"] if reference else 0
+    return run["metrics"]["kv_bytes_prefill"] / full if full else None
 
 
 def series_name(run: dict) -> str:
@@ -69,21 +100,27 @@ def memory_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
 
 
 def speed_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
-    """Time to first token and decode tokens/s, method vs full side by side, with % difference."""
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.15,
-                        subplot_titles=("Time to first token (s), lower is better", "Decode tokens/s, higher is better"))
-    fig.update_annotations(font_size=12)
-    fig.update_layout(uirevision="speed", showlegend=False, **LAYOUT)
+    """Time to first token and decode tokens/s, one horizontal bar per method (names never collide,
+    however many), the full cache first, labelled with the ratio to it ("~ same" within the spread
+    of the decode steps)."""
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.2,
+                        subplot_titles=("<b>Time to first token</b> (s), lower is better",
+                                        "<b>Decode speed</b> (tokens/s), higher is better"))
+    fig.update_annotations(font_size=13)
+    fig.update_layout(uirevision="speed", showlegend=False, **(LAYOUT | {"margin": dict(l=20, r=20, t=40, b=30)}))
     bars = ([reference] if reference else []) + [r for r in runs if r]
-    for col, key in ((1, "ttft_s"), (2, "decode_tok_s")):
+    for row, key in ((1, "ttft_s"), (2, "decode_tok_s")):
         ref = reference["metrics"][key] if reference else None
         labels = [f"{r['metrics'][key]:.3g}" + ("" if r is reference or ref is None else
-                                               f" ({percent_change(r['metrics'][key], ref)})") for r in bars]
+                                               f"  {vs_full(r['metrics'][key], ref, step_spread(r, reference))}")
+                  for r in bars]
         colors = [FULL_COLOR if r is reference else COLORS[(i - bool(reference)) % len(COLORS)] for i, r in enumerate(bars)]
         values = [r["metrics"][key] for r in bars]
-        fig.add_bar(x=[series_name(r) for r in bars], y=values, text=labels, textposition="outside", textangle=0,
-                    cliponaxis=False, marker_color=colors, row=1, col=col)
-        fig.update_yaxes(range=[0, 1.25 * max(values, default=0) or 1], row=1, col=col)  # room for the labels
+        fig.add_bar(y=[series_name(r) for r in bars], x=values, orientation="h", text=labels, textposition="outside",
+                    cliponaxis=False, marker_color=colors, textfont=dict(size=12), row=row, col=1)
+        fig.update_xaxes(range=[0, 1.6 * max(values, default=0) or 1], row=row, col=1)  # room for the labels
+        fig.update_yaxes(autorange="reversed", automargin=True, tickfont=dict(size=12), row=row, col=1)
+    fig.update_layout(uniformtext=dict(minsize=12, mode="show"))  # never shrink a label to fit a short bar
     return fig
 
 

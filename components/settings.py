@@ -19,6 +19,20 @@ from engine.errors import UserError
 
 BASE_CONTROLS = ("model", "method", "budget", "max_new_tokens", "num_frames")
 DEFAULTS = {"budget": 0.5, "max_new_tokens": 48, "num_frames": 8}
+RANGES = {"budget": (0.01, 1.0), "max_new_tokens": (1, 512), "num_frames": (1, 32)}  # the sliders' ranges
+LABELS = {"budget": "The budget", "max_new_tokens": "Max new tokens", "num_frames": "Video frames"}
+
+
+def checked(name: str, value) -> float:
+    """A base control's value, or a UserError that says the allowed range (never a silent clamp)."""
+    low, high = RANGES[name]
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{LABELS[name]} must be a number from {low:g} to {high:g}; got {value!r}.") from None
+    if not low <= number <= high:
+        raise UserError(f"{LABELS[name]} must lie between {low:g} and {high:g}; got {number:g}. Nothing was changed.")
+    return number
 
 
 def method_specs() -> list[dict]:
@@ -36,6 +50,23 @@ def param_order() -> list[tuple[str, dict]]:
     return [(spec["name"], p) for spec in method_specs() for p in own_params(spec)]
 
 
+def control_names() -> list[str]:
+    """The API's parameter name of every control, in ``SettingsPanel.inputs`` order
+    (a method's own parameter is ``<method>_<parameter>``)."""
+    return list(BASE_CONTROLS) + [f"{method}_{spec['name']}" for method, spec in param_order()]
+
+
+def settings_from_named(controls: dict) -> service.Settings:
+    """Controls' values by :func:`control_names` -> Settings (a missing one: its default)."""
+    defaults = dict(zip(control_names(), control_values(controls.get("model"), controls.get("method") or "full")))
+    return settings_from([controls.get(name, defaults[name]) for name in control_names()])
+
+
+def control_kwargs(*args, **kwargs) -> dict:
+    """:func:`control_values` by name, as the API takes them."""
+    return dict(zip(control_names(), control_values(*args, **kwargs)))
+
+
 def settings_from(values: Sequence) -> service.Settings:
     """Controls' values (in ``SettingsPanel.inputs`` order) -> Settings."""
     base = dict(zip(BASE_CONTROLS, values))
@@ -45,8 +76,9 @@ def settings_from(values: Sequence) -> service.Settings:
     if base["model"] is None or base["method"] is None:
         raise UserError("Pick a model and a method first.")
     return service.Settings.make(params=params, model=base["model"], method=base["method"],
-                                 budget=float(base["budget"]), max_new_tokens=int(base["max_new_tokens"]),
-                                 num_frames=int(base["num_frames"]))
+                                 budget=checked("budget", base["budget"]),
+                                 max_new_tokens=int(checked("max_new_tokens", base["max_new_tokens"])),
+                                 num_frames=int(checked("num_frames", base["num_frames"])))
 
 
 def control_values(model: str | None = None, method: str = "full", params: dict[str, dict] | None = None,
@@ -98,6 +130,7 @@ class SettingsPanel:
     budget: gr.Slider
     max_new_tokens: gr.Slider
     num_frames: gr.Slider
+    realised: gr.Markdown | None = None  # the fraction the method really held, after a message
     groups: dict[str, gr.Group] = field(default_factory=dict)
     params: list = field(default_factory=list)
 
@@ -105,26 +138,59 @@ class SettingsPanel:
     def inputs(self) -> list:
         return [self.model, self.method, self.budget, self.max_new_tokens, self.num_frames, *self.params]
 
+    @property
+    def named(self) -> dict:
+        """The controls by API parameter name (``inputs_kwargs`` of the public events)."""
+        return dict(zip(control_names(), self.inputs))
+
+
+def budget_note(spec: dict) -> str:
+    if spec["uses_budget"]:
+        return ""
+    if spec["name"] == "full":
+        return "The full cache keeps everything: no budget."
+    return (f"{spec['title']} takes no budget: its own parameters (Advanced) decide what it holds. The fraction of "
+            "the full cache it really holds is measured after your message and shown here.")
+
+
+def realised_note(method: str, fraction: float | None) -> str:
+    """What the method really held, measured after the prompt (a chat turn's output)."""
+    if fraction is None:
+        return gr.skip()
+    return f"**Measured after the prompt:** {method} holds {fraction:.2f}x of the full cache's KV bytes."
+
 
 def on_method(name: str):
-    """Method picked: its card, the budget slider (disabled for methods without a budget), its fold."""
+    """Method picked: its card, the budget slider (hidden for methods without a budget, a note
+    instead, later the fraction they really hold), its fold."""
     spec = backends.backend_class(name).describe_class()
-    budget = gr.Slider(interactive=spec["uses_budget"],
-                       info="Fraction of the KV cache kept (1.0 keeps everything)." if spec["uses_budget"]
-                       else f"{spec['title']} does not use a budget.")
+    budget = gr.Slider(visible=spec["uses_budget"], interactive=spec["uses_budget"])
     groups = [gr.Group(visible=s["name"] == name) for s in method_specs() if own_params(s)]
-    return [method_card(name), budget, *groups]
+    return [method_card(name), budget, budget_note(spec), *groups]
+
+
+def mpic_k_index() -> int | None:
+    """Position of MPIC's k among the parameter controls (None without MPIC)."""
+    return next((i for i, (m, p) in enumerate(param_order()) if (m, p["name"]) == ("mpic", "k")), None)
+
+
+def mpic_k(name: str) -> int:
+    try:
+        return service.mpic_default_k(name)
+    except UserError:
+        return 32  # the paper's; the model cannot load now, and says so when it is used
 
 
 @service.gpu
 def on_model(name: str, previous: str, progress=gr.Progress()):
-    """Model picked: load it now (with progress). On failure keep the previous one and say why."""
+    """Model picked: load it now (with progress), and set MPIC's k for its image size. On failure
+    keep the previous one and say why."""
     try:
         service.get_model(name, lambda f, text: progress(f, desc=text))
     except UserError as exc:
         gr.Warning(str(exc))
-        return previous, previous, model_card(previous) + f"\n\n*Could not switch to {name}: {exc}*"
-    return name, name, model_card(name)
+        return previous, previous, model_card(previous) + f"\n\n*Could not switch to {name}: {exc}*", gr.skip()
+    return name, name, model_card(name), mpic_k(name)
 
 
 def build_settings() -> SettingsPanel:
@@ -135,8 +201,10 @@ def build_settings() -> SettingsPanel:
     method = gr.Dropdown(choices=[(s["title"], s["name"]) for s in specs], value="full", label="Method",
                          elem_id="method")
     info = gr.Markdown(method_card("full"))
-    budget = gr.Slider(0.01, 1.0, value=DEFAULTS["budget"], step=0.01, label="Budget", interactive=False,
-                       info="The full cache does not use a budget.", elem_id="budget")
+    budget = gr.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=0.01, label="Budget", visible=False,
+                       info="Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).",
+                       elem_id="budget", elem_classes=["range-said"])
+    realised = gr.Markdown(budget_note(specs[0]), elem_id="realised")
     groups, params = {}, []
     with gr.Accordion("Advanced: the method's own parameters", open=False):
         gr.Markdown("The chosen method's parameters appear here (the full cache has none).")
@@ -149,14 +217,23 @@ def build_settings() -> SettingsPanel:
                 gr.Markdown(f"Parameters of **{spec['title']}**{paper}, with the paper's defaults.")
                 params += [_control(p, p["name"].replace("_", " ")) for p in own]
             groups[spec["name"]] = group
-    max_new = gr.Slider(1, 512, value=DEFAULTS["max_new_tokens"], step=1, label="Max new tokens")
-    frames = gr.Slider(1, 32, value=DEFAULTS["num_frames"], step=1, label="Video frames",
+    k = mpic_k_index()
+    if k is not None:  # MPIC-k's k suits the model's image size (service.mpic_default_k says how)
+        params[k].value = mpic_k(first)
+        params[k].info += " Set for the model's image size: at most a quarter of its tokens per 448 px image."
+    max_new = gr.Slider(*RANGES["max_new_tokens"], value=DEFAULTS["max_new_tokens"], step=1, label="Max new tokens",
+                        elem_classes=["range-said"])
+    frames = gr.Slider(*RANGES["num_frames"], value=DEFAULTS["num_frames"], step=1, label="Video frames",
+                       elem_classes=["range-said"],
                        info="Frames sampled uniformly from an attached video.")
+    gr.Markdown(elem_id="range-note")  # where a typed value out of a slider's range is said (app.RANGE_JS)
     gr.Markdown("Changing the model, method or its settings starts a new conversation: "
                 "a cache built by one method cannot be continued by another.")
-    panel = SettingsPanel(model, card, method, info, budget, max_new, frames, groups, params)
+    panel = SettingsPanel(model, card, method, info, budget, max_new, frames, realised, groups, params)
     loaded = gr.State(first)  # the last model that loaded, to fall back to
-    method.change(on_method, method, [info, budget, *groups.values()], queue=False)
+    method.change(on_method, method, [info, budget, realised, *groups.values()], queue=False, api_visibility="private")
     # .input, not .change: falling back to the previous model must not trigger another load
-    model.input(on_model, [model, loaded], [model, loaded, card], concurrency_id="gpu", concurrency_limit=1)
+    k_control = params[k] if k is not None else gr.State()  # without MPIC its value goes nowhere
+    model.input(on_model, [model, loaded], [model, loaded, card, k_control], concurrency_id="gpu",
+                concurrency_limit=1, api_visibility="private")
     return panel

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import struct
 import threading
 import time
@@ -307,3 +308,4 @@ class KVStore:
                 del self._memory[k]
         for _, _, p in self._files(self.root / ns):
             p.unlink(missing_ok=True)
+        shutil.rmtree(self.root / ns, ignore_errors=True)  # its folders too: none stays behind per closed tab

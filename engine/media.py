@@ -1,5 +1,13 @@
 """Reading images and videos from disk, with readable errors. Frames are decoded with decord
-(no torchvision here) and sampled uniformly."""
+(no torchvision here) and sampled uniformly.
+
+Images are bounded before they are decoded, so one upload cannot take the server's memory: more
+than ``KV_ARENA_MAX_IMAGE_MB`` (default 30) bytes or ``KV_ARENA_MAX_IMAGE_PIXELS`` (default 25 M,
+e.g. 5000 x 5000; read from the header) is refused with a message. An image within the limits but
+above ``KV_ARENA_IMAGE_PIXELS`` (default 3584 x 3584 = 12.8 M, Qwen2-VL's ``max_pixels``, the
+largest any supported processor keeps) is downscaled at load, keeping its aspect ratio (JPEGs
+are decoded at a reduced scale); each model's processor then applies its own ``max_pixels`` or
+resize, as it would have anyway."""
 
 from __future__ import annotations
 
@@ -13,6 +21,9 @@ from .errors import UserError
 
 MAX_VIDEO_SECONDS = float(os.environ.get("KV_ARENA_MAX_VIDEO_SECONDS", 600))
 MAX_VIDEO_BYTES = int(float(os.environ.get("KV_ARENA_MAX_VIDEO_MB", 200)) * 2**20)
+MAX_IMAGE_BYTES = int(float(os.environ.get("KV_ARENA_MAX_IMAGE_MB", 30)) * 2**20)
+MAX_IMAGE_PIXELS = int(float(os.environ.get("KV_ARENA_MAX_IMAGE_PIXELS", 25e6)))
+LOAD_PIXELS = int(float(os.environ.get("KV_ARENA_IMAGE_PIXELS", 3584 * 3584)))
 
 
 @dataclass
@@ -34,18 +45,43 @@ class Video:
 
 
 def load_image(source) -> Image.Image:
-    """A path or PIL image -> RGB PIL image; raises UserError when it is not an image."""
+    """A path or PIL image -> RGB PIL image of at most ``LOAD_PIXELS`` pixels; raises UserError when
+    it is not an image or is over the limits (checked before decoding)."""
     if isinstance(source, Image.Image):
-        return source.convert("RGB")
+        return bounded(source.convert("RGB"))
     path = str(source)
+    name = os.path.basename(path) or path
     if not os.path.isfile(path):
-        raise UserError(f"Image not found: {os.path.basename(path) or path}")
+        raise UserError(f"Image not found: {name}")
+    if os.path.getsize(path) > MAX_IMAGE_BYTES:
+        raise UserError(f"'{name}' is larger than the {MAX_IMAGE_BYTES / 2**20:g} MB this app accepts for an image.")
     try:
         with Image.open(path) as image:
+            width, height = image.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise UserError(f"'{name}' is {width} x {height} pixels; the limit is "
+                                f"{MAX_IMAGE_PIXELS / 1e6:g} million pixels. Downscale it and attach it again.")
+            image.draft("RGB", fitted(width, height))  # JPEG: decode at a reduced scale (no-op otherwise)
             image.load()
-            return image.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise UserError(f"'{os.path.basename(path)}' is not a readable image ({exc.__class__.__name__}).") from None
+            return bounded(image.convert("RGB"))
+    except UserError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise UserError(f"'{name}' is not a readable image ({exc.__class__.__name__}).") from None
+
+
+def fitted(width: int, height: int, pixels: int | None = None) -> tuple[int, int]:
+    """The size with at most ``pixels`` (default ``LOAD_PIXELS``) pixels and the same aspect ratio."""
+    pixels = LOAD_PIXELS if pixels is None else pixels
+    if width * height <= pixels:
+        return width, height
+    scale = (pixels / (width * height)) ** 0.5
+    return max(1, int(width * scale)), max(1, int(height * scale))
+
+
+def bounded(image: Image.Image) -> Image.Image:
+    size = fitted(*image.size)
+    return image if size == image.size else image.resize(size, Image.BICUBIC)
 
 
 def load_video(source, num_frames: int = 8) -> Video:

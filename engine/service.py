@@ -19,6 +19,7 @@ Models are shared between sessions (read-only weights); at most one hub model st
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import logging
@@ -141,6 +142,20 @@ def get_model(name: str, progress: Progress = _silent) -> LoadedModel:
         return loaded
 
 
+def image_tokens(name: str, side: int = 448) -> int:
+    """Visual tokens the model makes of one ``side`` x ``side`` image (its processor's own resize)."""
+    loaded = get_model(name)
+    chunk = loaded.adapter.encode_turn(Message("", images=[Image.new("RGB", (side, side))]), 0, 0, None)
+    return chunk.layout.visuals[0].length
+
+
+def mpic_default_k(name: str, paper_k: int = 32) -> int:
+    """MPIC-k's k for this model: the paper's 32 recomputed tokens per image (of 256 and more in
+    its models), capped at a quarter of the model's tokens for a 448 px image, so a model with
+    few tokens per image (tiny-arena-vl: 9) still reuses most of each stored image."""
+    return max(1, min(paper_k, image_tokens(name) // 4))
+
+
 def free_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -219,6 +234,100 @@ def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = _s
         digest.update(_file_hash(path).encode())
     message = Message(text, images=images, videos=videos, num_frames=num_frames)
     return Prepared(message, digest.hexdigest(), files)
+
+
+def media_hint(model: str, messages: list[Prepared]) -> str:
+    """A hint when a model that only answers about media gets a conversation without any."""
+    if not is_trained_here(model) or any(p.message.images or p.message.videos for p in messages):
+        return ""
+    return (f"Hint: {model} only answers questions about a board image (see the Examples); "
+            "without one its answer means nothing.")
+
+
+# --------------------------------------------------------------------------------------------
+# Uploads: a session may only use files it uploaded
+# --------------------------------------------------------------------------------------------
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+
+
+@dataclass
+class _Upload:
+    uploads: int = 0  # times the bytes were uploaded (Gradio names a file by a keyed hash of its bytes)
+    used: int = 0  # uploads some session has used
+    owners: set[str] = field(default_factory=set)  # ids of the live sessions using it
+
+
+_UPLOADS: dict[str, _Upload] = {}
+_UPLOADS_LOCK = threading.Lock()
+
+
+def upload_dir() -> Path:
+    """Where Gradio keeps uploads (its own rule: ``GRADIO_TEMP_DIR``, else <temp>/gradio)."""
+    return Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
+
+
+def note_uploads(paths) -> None:
+    """Gradio received these files (one upload each); the app's upload hook calls this."""
+    with _UPLOADS_LOCK:
+        for path in paths:
+            _UPLOADS.setdefault(str(Path(path).resolve()), _Upload()).uploads += 1
+
+
+@functools.lru_cache(maxsize=1)
+def _public_hashes() -> dict[int, set[str]]:
+    """size -> content hashes of the shipped example media (Gradio's copies of them are public)."""
+    out: dict[int, set[str]] = {}
+    for path in ASSETS.glob("*.*"):
+        if path.suffix.lower() in {".png", ".jpg", ".jpeg", ".mp4"}:
+            out.setdefault(path.stat().st_size, set()).add(_file_hash(str(path)))
+    return out
+
+
+def check_uploads(session: Session, files: list[str]) -> None:
+    """Every file in Gradio's upload folder that an event receives must be one this session
+    uploaded. Two uploads of the same bytes share one path, so a path uploaded n times serves at
+    most n sessions: a client that sends another session's path without uploading the bytes
+    itself is refused. (Not closed: an upload that no session has used yet, e.g. a chat history an
+    API client uploads again with each turn, can be used by the first session that names its path.)
+    Files outside the folder (tests calling the functions directly) are not
+    uploads; Gradio's copies of the shipped examples are public."""
+    root = upload_dir()
+    for name in files:
+        path = Path(name).resolve()
+        if root not in path.parents or not path.is_file():
+            continue
+        if _file_hash(str(path)) in _public_hashes().get(path.stat().st_size, ()):
+            continue
+        with _UPLOADS_LOCK:
+            record = _UPLOADS.get(str(path), _Upload())
+            if session.id not in record.owners:
+                if record.used >= record.uploads:
+                    raise UserError(f"'{path.name}' was not uploaded in this session: attach it from your computer.")
+                record.used += 1
+                record.owners.add(session.id)
+                _UPLOADS[str(path)] = record
+        session.uploads.add(str(path))
+
+
+def forget_uploads(session: Session) -> None:
+    """The session ended: an upload no other session uses or may still use leaves Gradio's folder,
+    so its URL stops working."""
+    with _UPLOADS_LOCK:
+        for path in session.uploads:
+            record = _UPLOADS.get(path)
+            if record is None:
+                continue
+            record.owners.discard(session.id)
+            if record.owners or record.used < record.uploads:
+                continue
+            del _UPLOADS[path]
+            try:
+                os.unlink(path)
+                os.rmdir(os.path.dirname(path))  # Gradio's per-file folder, now empty
+            except OSError:
+                pass
+    session.uploads = set()
 
 
 def _file_hash(path: str) -> str:
@@ -315,6 +424,7 @@ class Session:
         self.history: list[Prepared] = []
         self.references = ReferenceCache()
         self.visuals: list[dict] = []  # kept-token maps of the last answer, for the overlay
+        self.uploads: set[str] = set()  # paths of the uploads it used (see check_uploads)
         self.stop_requested = False
 
     def continues(self, settings: Settings) -> bool:
@@ -338,6 +448,7 @@ class Session:
         if self.media_model is not None:
             media_store().drop_session(self.id)
         self.media_model, self.last_mpic = None, None
+        forget_uploads(self)
         free_memory()
 
 
@@ -397,7 +508,8 @@ def kept_visuals(conv: Conversation, history: list[Prepared], highlight: list | 
                 continue  # tiled layouts (LLaVA-NeXT) have no single grid to draw on
             t, h, w = visual.grid
             keep = held[:, visual.span[0]:visual.span[1]].reshape(-1, t, h, w)
-            out.append({"label": f"turn {turn}, {kind} {n}", "kind": kind, "keep": keep, "meaning": meaning,
+            label = f"{kind} {n}" + (f", turn {turn}" if len(history) > 1 else "")  # short: a one-line caption
+            out.append({"label": label, "kind": kind, "keep": keep, "meaning": meaning,
                         "pictures": _pictures(source, t, conv.adapter.image_processor)})
     return out
 
@@ -494,7 +606,7 @@ def _turn(session: Session, settings: Settings, prepared: Prepared, progress: Pr
                 view["mpic"] = _reuse_summary(session, conv, update.metrics.prompt_tokens, note)
                 session.last_mpic = (settings, prepared)
                 highlight = [torch.tensor(sorted(p), dtype=torch.long)[None] for p in session.reused]
-                session.visuals = view["visuals"] = kept_visuals(conv, history, highlight, "reused from the store")
+                session.visuals = view["visuals"] = kept_visuals(conv, history, highlight, "reused")
             else:
                 session.visuals = view["visuals"] = kept_visuals(conv, history)
         yield view

@@ -1,5 +1,6 @@
-"""End to end in headless Chromium (Debian's package, driven by Playwright): send a message with an
-image, wait for the streamed answer and the plots, switch method, run a comparison, save screenshots.
+"""End to end in headless Chromium (Debian's package, driven by Playwright), as a newcomer meets the
+app with its default model: a corrupt image (a message, the file cleared), an example board
+answered, a second turn, another method, a comparison; screenshots of each step.
 
 Skipped when Playwright or Chromium is absent. Screenshots go to ``outputs/``; with
 ``KV_ARENA_UPDATE_SCREENSHOT=1`` the chat screenshot also replaces ``assets/screenshot.png``.
@@ -17,22 +18,25 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/lib/chromium/chromium")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
-EXAMPLE = ROOT / "assets" / "shapes.png"
+BOARD = ROOT / "assets" / "board_2.png"
 
 sync_api = pytest.importorskip("playwright.sync_api")
+expect = sync_api.expect
 if not Path(CHROMIUM).is_file():
     pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def url():
-    from app import build_demo
+    from app import build_demo, launch_options
 
+    os.environ.pop("KV_ARENA_MODEL", None)  # what a new user gets: the default model
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     demo = build_demo()
-    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                                    **launch_options())
     yield local_url
     demo.close()
 
@@ -70,34 +74,68 @@ def save(page, name: str) -> Path:
     return path
 
 
-def test_chat_switch_method_and_compare(page):
-    # 1. a message with an image, answered with the full cache: streamed answer and live plots
-    send(page, "chat-input", "What shapes do you see?", EXAMPLE)
-    page.locator("#chat-input [data-testid=submit-button]").click()
-    page.get_by_test_id("bot").first.wait_for()
+def submit(page, box: str = "chat-input") -> None:
+    page.locator(f"#{box} [data-testid=submit-button]").click()
+
+
+def answered(page, turns: int) -> None:
+    """Wait until the chat shows ``turns`` answers, complete (the overlay is drawn last)."""
+    expect(page.get_by_test_id("bot")).to_have_count(turns)
     page.locator("#chat-status").get_by_text("tokens/s").wait_for()
+    page.locator("#overlay img").first.wait_for()
+
+
+def test_a_newcomer_recovers_from_a_bad_file_then_chats_switches_method_and_compares(page, tmp_path):
+    # 1. a corrupt image: one message under the input, the file leaves the box, the text stays
+    corrupt = tmp_path / "broken.png"
+    corrupt.write_bytes(b"not a png at all")
+    send(page, "chat-input", "How many cells are green?", corrupt)
+    submit(page)
+    page.locator("#chat-status").get_by_text("is not a readable image").wait_for()
+    expect(page.locator("#chat-input img")).to_have_count(0)
+    expect(page.locator("#chat-input textarea")).to_have_value("How many cells are green?")
+    assert page.get_by_test_id("user").count() == 0  # nothing entered the chat
+    save(page, "app_error.png")
+
+    # 2. the next send works without clean-up: the default model's example board, answered
+    page.locator("#chat-input textarea").fill("")
+    page.get_by_text("How many cells are green?").first.click()  # an example of the selected model
+    page.locator("#chat-input img").first.wait_for()
+    submit(page)
+    answered(page, 1)
     page.locator("#memory-plot .js-plotly-plot").wait_for()
     page.locator("#speed-plot .js-plotly-plot").wait_for()
-    page.locator("#overlay img").first.wait_for()  # drawn once the answer is complete: the box takes a message again
-    assert page.get_by_test_id("user").count() >= 1
 
-    # 2. switch method: the next message starts a new conversation and the panels show the saving
+    # 3. a second turn about the same board continues the conversation
+    page.locator("#chat-input textarea").fill("Colour of cell C?")
+    submit(page)
+    answered(page, 2)
+    assert page.get_by_text("New conversation", exact=True).count() == 0
+
+    # 4. another method: a new conversation, marked on its own line, and the panels show the saving
     pick(page, "method", "StreamingLLM")
-    send(page, "chat-input", "And now?", EXAMPLE)
-    page.locator("#chat-input [data-testid=submit-button]").click()
-    page.locator("#chat-status").get_by_text("match the full cache").wait_for()  # the answer is complete
+    budget = page.locator("#budget input[type=number]")
+    for typed, note in (("5", "Budget must lie between 0.01 and 1: 5 was set to 1."), ("0.5", "")):
+        budget.fill(typed)
+        budget.press("Enter")  # a typed value out of range is clamped by Gradio, and said
+        expect(page.locator("#range-note")).to_have_text(note)
+    send(page, "chat-input", "How many cells are red?", BOARD)
+    submit(page)
+    page.locator("#chat-status").get_by_text("match the full cache").wait_for()
     page.locator("#memory-plot").get_by_text("saved").first.wait_for()
+    page.locator("#scale-line").get_by_text("Computed, not measured").wait_for()
     page.locator("#overlay img").first.wait_for()
-    assert page.get_by_text("New conversation").count() >= 1
+    assert page.get_by_text("New conversation", exact=True).count() >= 1
     chat_shot = save(page, "app_chat.png")
 
-    # 3. a comparison on the Compare tab: the full cache and StreamingLLM, one after another
+    # 5. a comparison on the Compare tab: the full cache and two methods, one after another
     page.get_by_role("tab", name="Compare").click()
     methods = page.locator("#compare-methods")
     for box in methods.get_by_role("checkbox").all():
         box.set_checked(False)
-    methods.get_by_label("StreamingLLM", exact=True).set_checked(True)
-    send(page, "compare-input", "Describe the picture.", EXAMPLE)
+    for name in ("StreamingLLM", "SnapKV"):
+        methods.get_by_label(name, exact=True).set_checked(True)
+    send(page, "compare-input", "How many cells are red?", BOARD)
     page.locator("#compare-run").click()
     page.locator("#compare-status").get_by_text("Done").wait_for()
     table = page.locator("#compare-table")

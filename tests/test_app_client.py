@@ -1,5 +1,6 @@
 """The launched app driven through gradio_client: a full chat turn with an image upload, streaming,
-errors as messages, per-client isolation, and ``python app.py`` honouring GRADIO_SERVER_*."""
+errors as messages, per-client isolation (sessions and uploads), the named endpoints ``/chat`` and
+``/compare`` called with named parameters, and ``python app.py`` honouring GRADIO_SERVER_*."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import make_image
+import gradio_client.client
 from gradio_client import Client, handle_file
-from gradio_client.exceptions import AppError
 
-from components.settings import control_values
+from components.chat import NOT_ANSWERED
+from components.settings import control_kwargs
+from engine import service
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny-qwen2-vl"
@@ -30,10 +34,11 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def url():
-    from app import build_demo
+    from app import build_demo, launch_options
 
     demo = build_demo()
-    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                                  quiet=True, **launch_options())
     yield local_url
     demo.close()
 
@@ -46,7 +51,7 @@ def image(tmp_path_factory):
 
 
 def controls(**kw):
-    return control_values(model=MODEL, method="streamingllm", max_new_tokens=kw.pop("max_new_tokens", 5), **kw)
+    return control_kwargs(model=MODEL, method="streamingllm", max_new_tokens=kw.pop("max_new_tokens", 5), **kw)
 
 
 def resend(history: list) -> list:
@@ -57,8 +62,8 @@ def resend(history: list) -> list:
 
 
 def send(client: Client, text: str, files=(), history=()):
-    job = client.submit({"text": text, "files": [handle_file(f) for f in files]}, resend(list(history)), *controls(),
-                        api_name="/submit")
+    job = client.submit(message={"text": text, "files": [handle_file(f) for f in files]}, history=resend(list(history)),
+                        **controls(), api_name="/chat")
     final = job.result(timeout=120)
     return final, job.outputs()
 
@@ -66,12 +71,13 @@ def send(client: Client, text: str, files=(), history=()):
 def test_chat_turn_with_an_image_upload(url, image):
     client = Client(url, verbose=False)
     final, outputs = send(client, "What is in the picture?", [image])
-    history, box, status, memory, speed, layers, picker, gallery = final
+    history, box, status, memory, speed, layers, picker, gallery, scale, realised = final
     assert len(outputs) >= 3  # streamed: the echo, then token by token
     assert history[0]["role"] == "user" and history[-1]["role"] == "assistant"
     assert any(block.get("type") == "file" for block in history[0]["content"])  # the upload is in the chat
     assert "saved" in status and "StreamingLLM" in status
     assert memory and speed and layers and len(gallery) == 1
+    assert scale.startswith("*Computed, not measured:*") and "Measured after the prompt" in realised
     # a second turn in the same session continues the same conversation
     final, _ = send(client, "And the colours?", history=history)
     assert len(final[0]) == len(history) + 2
@@ -81,17 +87,41 @@ def test_bad_input_is_a_message_and_the_app_keeps_serving(url, image, tmp_path):
     client = Client(url, verbose=False)
     corrupt = tmp_path / "broken.png"
     corrupt.write_bytes(b"not a png at all")
-    with pytest.raises(AppError, match="is not a readable image"):
-        send(client, "What is this?", [str(corrupt)])
-    with pytest.raises(AppError, match="The message is empty"):
-        send(client, "  ")
+    final, _ = send(client, "What is this?", [str(corrupt)])
+    assert final[2].startswith(NOT_ANSWERED) and "is not a readable image" in final[2]
+    assert final[1]["files"] == [] and final[1]["text"] == "What is this?"  # the bad file left the box
+    final, _ = send(client, "  ")
+    assert "The message is empty" in final[2]
     final, _ = send(client, "What is this?", [image])
     assert final[0][-1]["role"] == "assistant"
 
 
+def test_a_session_can_use_only_its_own_uploads(url, tmp_path, monkeypatch):
+    """Client b sends the server path of a's upload without uploading the bytes: refused. The file's
+    URL is served by Gradio to whoever holds it (it cannot tell sessions apart on a file request),
+    so the file is removed when a's session ends."""
+    a, b = Client(url, verbose=False), Client(url, verbose=False)
+    image = tmp_path / "private.png"  # bytes no other test uploads
+    make_image(7, (112, 112)).save(image)
+    send(a, "Mine.", [str(image)])
+    path, = service._OPEN[a.session_hash].uploads
+    file_url = f"{url}gradio_api/file={path}"
+    with urllib.request.urlopen(file_url, timeout=10) as response:
+        assert response.status == 200
+    # a client that skips the upload and names the server path directly
+    monkeypatch.setattr(gradio_client.client.Endpoint, "_upload_file",
+                        lambda self, f, data_index: {"path": f["path"], "meta": {"_type": "gradio.FileData"}})
+    final, _ = send(b, "Theirs?", [path])
+    assert final[2].startswith(NOT_ANSWERED) and "was not uploaded in this session" in final[2]
+    assert final[0] == []  # nothing answered
+    service.release(a.session_hash)  # a's tab closes
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(file_url, timeout=10)
+
+
 def test_two_clients_have_separate_sessions(url, image):
     a, b = Client(url, verbose=False), Client(url, verbose=False)
-    jobs = [c.submit({"text": f"Hello {n}", "files": [handle_file(image)]}, [], *controls(), api_name="/submit")
+    jobs = [c.submit({"text": f"Hello {n}", "files": [handle_file(image)]}, [], **controls(), api_name="/chat")
             for n, c in (("a", a), ("b", b))]  # queued on the one GPU slot, both served
     histories = [job.result(timeout=120)[0] for job in jobs]
     assert [h[0]["content"][-1]["text"] for h in histories] == ["Hello a", "Hello b"]
@@ -102,8 +132,8 @@ def test_two_clients_have_separate_sessions(url, image):
 
 def test_compare_through_the_api(url, image):
     client = Client(url, verbose=False)
-    result = client.predict({"text": "Describe.", "files": [handle_file(image)]}, ["streamingllm"], *controls(),
-                            api_name="/run")
+    result = client.predict(message={"text": "Describe.", "files": [handle_file(image)]}, methods=["streamingllm"],
+                            **controls(), api_name="/compare")
     table = result[5]
     assert [row[0] for row in table["data"]] == ["Full cache", "StreamingLLM"]
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import make_image
 
+import backends
 import engine.media
 from components import chat, compare, media_library, overlay, settings
 from engine import service
@@ -37,18 +38,15 @@ def media(tmp_path_factory):
 
 
 def config(method="streamingllm", **kw):
-    return settings.settings_from(settings.control_values(model=MODEL, method=method, max_new_tokens=kw.pop("max_new_tokens", 5), **kw))
+    return settings.settings_from(settings.control_values(model=kw.pop("model", MODEL), method=method,
+                                                          max_new_tokens=kw.pop("max_new_tokens", 5), **kw))
 
 
 def turn(session, message, history=(), method="streamingllm", **kw):
-    """All outputs of one chat event, and the gr.Error it raised (or None)."""
-    outputs = []
-    try:
-        for out in chat.respond(message, list(history), session, config(method, **kw)):
-            outputs.append(out)
-    except gr.Error as exc:
-        return outputs, exc
-    return outputs, None
+    """All outputs of one chat event, and the message it refused with (or None)."""
+    outputs = list(chat.respond(message, list(history), session, config(method, **kw)))
+    status = outputs[-1][2] if outputs else ""
+    return outputs, status if isinstance(status, str) and status.startswith(chat.NOT_ANSWERED) else None
 
 
 def ask(text, *files):
@@ -67,23 +65,37 @@ def test_settings_round_trip_every_registered_method():
     with gr.Blocks():  # one control per parameter of every method, and a fold per method that has any
         panel = settings.build_settings()
     assert len(panel.params) == len(settings.param_order())
-    assert len(settings.on_method("streamingllm")) == 2 + len(panel.groups)
+    assert len(settings.on_method("streamingllm")) == 3 + len(panel.groups)
+
+
+def test_a_method_without_budget_hides_the_slider_and_shows_what_it_holds(media):
+    for name in ("full", "mpic", "streamingllm"):
+        card, budget, note, *groups = settings.on_method(name)
+        uses = backends.backend_class(name).uses_budget
+        assert budget.visible is uses and (note == "") is uses
+    session = service.Session()
+    outputs, error = turn(session, ask("What is this?", media["image"]), method="mpic")
+    realised = outputs[-1][9]
+    assert error is None and re.search(r"MPIC.* holds \d\.\d\dx of the full cache's KV bytes", realised)
 
 
 def test_chat_turn_streams_text_panels_and_overlay(media):
     session = service.Session()
     outputs, error = turn(session, ask("What is this?", media["image"]), max_new_tokens=6)
     assert error is None and len(outputs) >= 3  # the echo, then one update per token
-    history, box, status, memory, speed, layers, picker, gallery = outputs[-1]
+    history, box, status, memory, speed, layers, picker, gallery, scale, realised = outputs[-1]
     assert history[0]["role"] == "user" and history[-1]["role"] == "assistant" and history[-1]["content"]
     assert outputs[0][1] == chat.EMPTY_INPUT  # the input box empties as soon as the message is taken
     assert "StreamingLLM" in status and "saved" in status and "random weights" in status
+    assert re.search(r"after the prompt it held 0\.\d\dx of the full KV", status)
+    assert "Qwen2.5-VL-7B-Instruct" in scale and "16 GiB fits" in scale
+    assert "StreamingLLM holds 0." in realised
     assert isinstance(memory, go.Figure) and {t.name for t in memory.data} == {"Full cache", "StreamingLLM"}
     assert any("saved" in a.text for a in memory.layout.annotations)
-    assert [t.x for t in speed.data][0] == ("Full cache", "StreamingLLM")
+    assert [t.y for t in speed.data][0] == ("Full cache", "StreamingLLM")
     assert len(layers.data[0].y) == 4  # four layers in the tiny model
     assert picker.choices[0][0] == overlay.MEAN
-    assert len(gallery) == 1 and "visual tokens kept" in gallery[0][1]
+    assert len(gallery) == 1 and re.fullmatch(r"image 1: \d+% of 16 kept", gallery[0][1])
     # the layer picker redraws from the session, without running the model
     assert "layer 2" in chat.show_layer(session, "layer 2")[0][1]
 
@@ -107,7 +119,7 @@ def test_full_cache_reference_is_cached_per_input(media):
     chat.clear(session)
     outputs, _ = turn(session, ask("What is this?", media["image"]))
     assert "cached" in outputs[-1][2]
-    assert outputs[-1][4].data[0].x[0] == "Full cache (cached)"
+    assert outputs[-1][4].data[0].y[0] == "Full cache (cached)"
 
 
 def test_stop_ends_the_answer_and_keeps_the_chat_usable(media):
@@ -164,8 +176,11 @@ def test_bad_input_gives_a_message_and_the_next_request_succeeds(media, monkeypa
     history, _ = turn(session, ask("First.", media["image"]))
     history = history[-1][0]
     outputs, error = turn(session, message, history)
-    assert error is not None and expected in error.message
-    assert outputs == []  # rejected before the chat changed
+    assert error is not None and expected in error
+    # said once, in the status line: the chat as it was, the panels untouched, the files out of the box
+    (shown, box, _, *panels), = outputs
+    assert shown == history and box == {"text": message["text"], "files": []}
+    assert all(isinstance(p, type(gr.skip())) for p in panels)
     outputs, error = turn(session, ask("Still there?"), history)
     assert error is None and outputs[-1][0][: len(history)] == history and len(session.history) == 2
 
@@ -180,14 +195,12 @@ def test_model_that_fails_to_load(media, monkeypatch):
 
     monkeypatch.setattr(service, "load_model", broken)
     name = "random:Qwen/Qwen2-VL-2B-Instruct"
-    chosen, kept, card = settings.on_model(name, MODEL)
+    chosen, kept, card, _ = settings.on_model(name, MODEL)
     assert (chosen, kept) == (MODEL, MODEL) and "weights file truncated" in card
     session = service.Session()
     values = settings.control_values(model=name, method="streamingllm", max_new_tokens=4)
-    outputs = []
-    with pytest.raises(gr.Error, match="failed to load: RuntimeError: weights file truncated"):
-        for out in chat.respond(ask("Hi", media["image"]), [], session, settings.settings_from(values)):
-            outputs.append(out)
+    outputs = list(chat.respond(ask("Hi", media["image"]), [], session, settings.settings_from(values)))
+    assert "failed to load: RuntimeError: weights file truncated" in outputs[-1][2]
     assert outputs[-1][0] == [] and outputs[-1][1] == ask("Hi", media["image"])  # history and message back
     assert turn(session, ask("Hi", media["image"]))[1] is None
 
@@ -204,7 +217,7 @@ def test_out_of_memory_frees_the_cache_and_keeps_serving(media, monkeypatch):
 
     monkeypatch.setattr(Conversation, "stream", oom)
     outputs, error = turn(session, ask("Second.", media["image2"]), history)
-    assert "Out of GPU memory" in error.message and outputs[-1][0] == history
+    assert "Out of GPU memory" in error and outputs[-1][0] == history
     assert session.conv is None
     monkeypatch.setattr(Conversation, "stream", real)
     outputs, error = turn(session, ask("Third."), history)
@@ -214,9 +227,11 @@ def test_out_of_memory_frees_the_cache_and_keeps_serving(media, monkeypatch):
 def test_compare_runs_full_then_each_method(media):
     session = service.Session()
     runs = list(compare.respond(ask("What is this?", media["image"]), ["streamingllm"], session, config(max_new_tokens=4)))
-    *boxes, table, status, memory, speed, layers, gallery = runs[-1]
-    assert [b.label for b in boxes[:2]] == ["Full cache", "StreamingLLM"] and boxes[2].visible is False
-    assert [row[0] for row in table] == ["Full cache", "StreamingLLM"] and table[1][2].endswith("%")
+    *boxes, table, status, memory, speed, layers, gallery, _ = runs[-1]
+    assert boxes[0].label == "Full cache" and boxes[2].visible is False
+    assert re.fullmatch(r"StreamingLLM · holds 0\.\d\dx the full KV", boxes[1].label)
+    assert [row[0] for row in table] == ["Full cache", "StreamingLLM"]
+    assert all(re.fullmatch(r"\d+\.\d\dx|~ same", cell) for cell in (table[1][2], table[1][4], table[1][6]))
     assert status.startswith("Done") and len(gallery) == 1 and gallery[0][1].startswith("StreamingLLM, ")
     assert {t.name for t in memory.data} == {"Full cache", "StreamingLLM"}
     again = list(compare.respond(ask("What is this?", media["image"]), ["streamingllm"], session, config(max_new_tokens=4)))
@@ -225,8 +240,62 @@ def test_compare_runs_full_then_each_method(media):
 
 @pytest.mark.parametrize("methods", [[], ["streamingllm", "a", "b", "c", "d"]])
 def test_compare_rejects_a_bad_selection(media, methods):
-    with pytest.raises(gr.Error):
-        list(compare.respond(ask("Hi", media["image"]), methods, service.Session(), config()))
+    outputs = list(compare.respond(ask("Hi", media["image"]), methods, service.Session(), config()))
+    (*kept, status, memory, speed, layers, gallery, box), = outputs
+    assert status.startswith(chat.NOT_ANSWERED) and "Pick 1 to 4 methods" in status
+
+
+def test_compare_keeps_at_most_four_ticked():
+    kept, status = compare.limit_methods(["h2o", "snapkv", "zipvl", "mpic", "vl_cache"])
+    assert kept == ["h2o", "snapkv", "zipvl", "mpic"] and "at most 4" in status and "VL-Cache" in status
+    assert compare.limit_methods(["h2o"]) == (["h2o"], "")
+
+
+@pytest.mark.parametrize("name, value", [("budget", 5), ("budget", -1), ("budget", 0), ("max_new_tokens", 0),
+                                         ("num_frames", 99)])
+def test_out_of_range_settings_are_said_not_clamped(media, name, value):
+    values = settings.control_values(model=MODEL, method="streamingllm", **{name: value})
+    with pytest.raises(service.UserError, match="must lie between"):
+        settings.settings_from(values)
+    named = dict(zip(settings.control_names(), values))
+    outputs = list(chat.submit(ask("Hi", media["image"]), [], service.Session(), None, None, **named))
+    assert outputs[-1][2].startswith(chat.NOT_ANSWERED) and "must lie between" in outputs[-1][2]
+
+
+def test_a_question_without_media_to_a_board_model_gets_a_hint():
+    hint = service.media_hint("tiny-arena-vl", [service.prepare("How many cells are red?", [])])
+    assert "board image" in hint
+    assert service.media_hint("tiny-qwen2-vl", [service.prepare("Hi", [])]) == ""
+    with_board = service.prepare("How many cells are red?", [str(chat.ASSETS / "board_1.png")])
+    assert service.media_hint("tiny-arena-vl", [with_board]) == ""
+    outputs, error = turn(service.Session(), ask("How many cells are red?"), method="full", model="tiny-arena-vl")
+    assert error is None and "Hint: tiny-arena-vl only answers questions about a board image" in outputs[-1][2]
+
+
+def test_an_image_over_the_limits_is_refused_before_decoding(tmp_path, monkeypatch):
+    """The issue's 8000 x 8000 PNG (solid: 200 KB on disk, 192 MB decoded): a message, and the
+    resident memory stays within 10% of what it was."""
+    psutil = pytest.importorskip("psutil")
+    big = tmp_path / "big.png"
+    from PIL import Image
+    Image.new("RGB", (8000, 8000), (200, 30, 30)).save(big)
+    process = psutil.Process()
+    before = process.memory_info().rss
+    session = service.Session()
+    outputs, error = turn(session, ask("What is it?", str(big)))
+    assert error is not None and "8000 x 8000 pixels" in error
+    assert process.memory_info().rss < 1.1 * before
+    monkeypatch.setattr(engine.media, "MAX_IMAGE_BYTES", 1000)
+    outputs, error = turn(session, ask("What is it?", str(big)))
+    assert "larger than the" in error
+
+
+def test_a_large_image_within_the_limits_is_downscaled_at_load(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine.media, "LOAD_PIXELS", 100 * 100)
+    path = tmp_path / "wide.png"
+    make_image(4, (400, 100)).save(path)
+    image = engine.media.load_image(str(path))
+    assert image.size == (200, 50)  # the aspect ratio kept, at most LOAD_PIXELS
 
 
 def test_overlay_shades_dropped_tokens():
@@ -237,7 +306,7 @@ def test_overlay_shades_dropped_tokens():
     visual = {"label": "turn 1, image 1", "kind": "image", "keep": keep,
               "pictures": [np.full((64, 64, 3), 200, np.uint8)]}
     image, caption = overlay.render(visual)
-    assert "50% of 16 visual tokens kept" in caption
+    assert caption == "turn 1, image 1: 50% of 16 kept"
     pixels = np.asarray(image)
     assert pixels[: pixels.shape[0] // 2].mean() < pixels[pixels.shape[0] // 2:].mean()
     assert overlay.layer_index("layer 2") == 1 and overlay.layer_index(overlay.MEAN) is None
@@ -273,7 +342,7 @@ def test_mpic_stores_uploads_and_reuses_them_in_the_next_turn(media, media_store
     assert reused > 0 and "recomputed (" not in status
     assert len(media_library.library_rows(session)) == 2  # stored once, found again
     gallery = second[-1][7]
-    assert len(gallery) == 4 and all("reused from the store" in caption for _, caption in gallery)
+    assert len(gallery) == 4 and all("reused" in caption for _, caption in gallery)
     table, figure = media_library.refresh(session)
     assert len(table) == 2 and list(figure.data[0].x) == ["Full recompute", "Prefix caching", "MPIC-4"]
     assert all(t > 0 for t in figure.data[0].y)
@@ -294,9 +363,12 @@ def test_a_second_session_cannot_see_or_link_the_first_sessions_media(media, med
     a.use_model("another-model")  # entries of the previous model go when the model changes
     assert service.media_library(a) == []
     turn(a, ask("Again.", media["image"]), method="mpic")
+    store.flush()
+    assert (store.root / store.namespace(a.id)).is_dir()
     service.track(a, "tab-mpic")
     service.release("tab-mpic")  # and when the tab closes
     assert store.library(a.id) == []
+    assert not (store.root / store.namespace(a.id)).exists()  # its folder too: none left per closed tab
 
 
 def test_a_damaged_store_file_does_not_break_a_turn(media, media_store):
@@ -314,3 +386,55 @@ def test_a_damaged_store_file_does_not_break_a_turn(media, media_store):
     assert error is None and outputs[-1][0][-1]["content"]
     # the damaged file is found (by the upload's lookup or by the linker), deleted and recomputed
     assert re.search(r"image/video 1 recomputed \((damaged file|stored entry unusable|not stored)\)", outputs[-1][2])
+
+
+def test_projection_at_real_scale_is_plain_arithmetic_on_the_configs():
+    from engine import at_scale
+
+    arch = next(a for a in at_scale.architectures() if a.name == "Qwen/Qwen2-VL-2B-Instruct")
+    assert arch.bytes_per_token == 2 * 28 * 2 * 128 * 2  # 28 KiB, as the About tab says
+    p = at_scale.project(arch, 0.25, 1000, memory_bytes=2**30)
+    assert p["prompt_full_bytes"] == 1000 * 28 * 1024 and p["prompt_method_bytes"] == 250 * 28 * 1024
+    assert p["fit_full_tokens"] == 2**30 // (28 * 1024) and p["fit_method_tokens"] == 4 * p["fit_full_tokens"]
+    assert p["fit_full_frames"] == p["fit_full_tokens"] // 128
+    llava = next(a for a in at_scale.architectures() if a.name == "llava-hf/llava-1.5-7b-hf")
+    assert llava.bytes_per_token == 2 * 32 * 32 * 128 * 2  # no grouped-query attention: 512 KiB a token
+    from components.at_scale import scale_line
+    assert scale_line("H2O", None, 100) == "" and scale_line("H2O", 0.5, 100).startswith("*Computed, not measured:*")
+
+
+def test_examples_are_those_of_the_selected_model():
+    from engine import arena_model
+
+    board = chat.examples("tiny-arena-vl")
+    assert [(e[0]["text"], [p.rsplit("/", 1)[-1] for p in e[0]["files"]]) for e in board] == \
+        [(q, files) for q, files in arena_model.EXAMPLES]
+    general = chat.examples(MODEL)
+    assert len(general) == 4 and not any("board" in f for e in general for f in e[0]["files"])
+    shown = chat.show_examples("tiny-arena-vl")
+    assert shown[0].visible is True and shown[1].visible is False
+
+
+def test_mpic_default_k_suits_the_model_image_size(media_store):
+    assert service.mpic_default_k("tiny-arena-vl") == 2  # 9 tokens per image: a quarter, rounded down
+    assert service.mpic_default_k(MODEL) == 32  # 256 tokens for 448 px: the paper's 32
+    # with that default the board model reuses most of a stored board (k = 32 reused none of its 9 tokens)
+    media_store()
+    session = service.Session()
+    board = str(chat.ASSETS / "board_1.png")
+    k = {"mpic": {"k": service.mpic_default_k("tiny-arena-vl")}}
+    first, _ = turn(session, ask("How many cells are green?", board), method="mpic", model="tiny-arena-vl", params=k)
+    second, error = turn(session, ask("Colour of cell C?", board), first[-1][0], method="mpic", model="tiny-arena-vl",
+                         params=k)
+    assert error is None
+    assert int(re.search(r"(\d+) prompt tokens reused", second[-1][2]).group(1)) >= 9 - 2
+
+
+def test_vs_full_is_one_unit_and_marks_noise():
+    from components import plots
+
+    steady = {"metrics": {"step_s": [0.010, 0.011, 0.009, 0.010]}}  # about 8% spread
+    assert plots.vs_full(50, 100) == "0.50x"
+    assert plots.vs_full(0.0105, 0.0100, plots.step_spread(steady, steady)) == "~ same"
+    assert plots.vs_full(0.0200, 0.0100, plots.step_spread(steady, steady)) == "2.00x"
+    assert plots.vs_full(0.0200, 0.0100, plots.step_spread({"metrics": {"step_s": [0.01]}})) == "2.00x (noise ?)"
