@@ -19,7 +19,6 @@ Models are shared between sessions (read-only weights); at most one hub model st
 
 from __future__ import annotations
 
-import functools
 import gc
 import hashlib
 import logging
@@ -50,6 +49,7 @@ from .kv_store import KVStore
 from .linking import Linker, ingest
 from .media import Video, load_image, load_video
 from .models import ARENA, DEFAULT_MODEL, MODELS, LoadedModel, load_model, model_spec
+from .uploads import check_uploads, file_hash, forget_uploads, note_uploads, upload_dir  # noqa: F401 - the app's API
 from .zerogpu import ZERO_GPU, gpu_function, relocate
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = _s
             videos.append(load_video(path, num_frames))
         else:  # anything else must be an image; load_image says so readably when it is not
             images.append(load_image(path))
-        digest.update(_file_hash(path).encode())
+        digest.update(file_hash(path).encode())
     message = Message(text, images=images, videos=videos, num_frames=num_frames)
     return Prepared(message, digest.hexdigest(), files)
 
@@ -235,100 +235,6 @@ def media_hint(model: str, messages: list[Prepared]) -> str:
         return ""
     return (f"Hint: {model} only answers questions about a board image (see the Examples); "
             "without one its answer means nothing.")
-
-
-# --------------------------------------------------------------------------------------------
-# Uploads: a session may only use files it uploaded
-# --------------------------------------------------------------------------------------------
-
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
-
-
-@dataclass
-class _Upload:
-    uploads: int = 0  # times the bytes were uploaded (Gradio names a file by a keyed hash of its bytes)
-    used: int = 0  # uploads some session has used
-    owners: set[str] = field(default_factory=set)  # ids of the live sessions using it
-
-
-_UPLOADS: dict[str, _Upload] = {}
-_UPLOADS_LOCK = threading.Lock()
-
-
-def upload_dir() -> Path:
-    """Where Gradio keeps uploads (its own rule: ``GRADIO_TEMP_DIR``, else <temp>/gradio)."""
-    return Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
-
-
-def note_uploads(paths) -> None:
-    """Gradio received these files (one upload each); the app's upload hook calls this."""
-    with _UPLOADS_LOCK:
-        for path in paths:
-            _UPLOADS.setdefault(str(Path(path).resolve()), _Upload()).uploads += 1
-
-
-@functools.lru_cache(maxsize=1)
-def _public_hashes() -> dict[int, set[str]]:
-    """size -> content hashes of the shipped example media (Gradio's copies of them are public)."""
-    out: dict[int, set[str]] = {}
-    for path in ASSETS.glob("*.*"):
-        if path.suffix.lower() in {".png", ".jpg", ".jpeg", ".mp4"}:
-            out.setdefault(path.stat().st_size, set()).add(_file_hash(str(path)))
-    return out
-
-
-def check_uploads(session: Session, files: list[str]) -> None:
-    """Every file in Gradio's upload folder that an event receives must be one this session
-    uploaded. Two uploads of the same bytes share one path, so a path uploaded n times serves at
-    most n sessions: a client that sends another session's path without uploading the bytes
-    itself is refused. (Not closed: an upload that no session has used yet, e.g. a chat history an
-    API client uploads again with each turn, can be used by the first session that names its path.)
-    Files outside the folder (tests calling the functions directly) are not
-    uploads; Gradio's copies of the shipped examples are public."""
-    root = upload_dir()
-    for name in files:
-        path = Path(name).resolve()
-        if root not in path.parents or not path.is_file():
-            continue
-        if _file_hash(str(path)) in _public_hashes().get(path.stat().st_size, ()):
-            continue
-        with _UPLOADS_LOCK:
-            record = _UPLOADS.get(str(path), _Upload())
-            if session.id not in record.owners:
-                if record.used >= record.uploads:
-                    raise UserError(f"'{path.name}' was not uploaded in this session: attach it from your computer.")
-                record.used += 1
-                record.owners.add(session.id)
-                _UPLOADS[str(path)] = record
-        session.uploads.add(str(path))
-
-
-def forget_uploads(session: Session) -> None:
-    """The session ended: an upload no other session uses or may still use leaves Gradio's folder,
-    so its URL stops working."""
-    with _UPLOADS_LOCK:
-        for path in session.uploads:
-            record = _UPLOADS.get(path)
-            if record is None:
-                continue
-            record.owners.discard(session.id)
-            if record.owners or record.used < record.uploads:
-                continue
-            del _UPLOADS[path]
-            try:
-                os.unlink(path)
-                os.rmdir(os.path.dirname(path))  # Gradio's per-file folder, now empty
-            except OSError:
-                pass
-    session.uploads = set()
-
-
-def _file_hash(path: str) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
