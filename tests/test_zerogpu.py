@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -162,3 +163,6 @@ def test_duration_grows_with_frames_images_and_tokens(picture):
     empty = service.ChatState()
     assert seconds(empty, short, base, "s") < seconds(empty, short, image, "s") < seconds(empty, long, image, "s")
     assert seconds(empty, long, image, "s") <= zerogpu.MAX_SECONDS
+    video = str(Path(__file__).resolve().parents[1] / "assets" / "bouncing_ball.mp4")
+    few, many = service.prepare("hi", [video], num_frames=2), service.prepare("hi", [video], num_frames=8)
+    assert seconds(empty, short, few, "s") < seconds(empty, short, many, "s")
