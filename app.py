@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import os
 
+try:  # on a Space, `spaces` comes first: it patches torch before anything touches CUDA (ZeroGPU)
+    import spaces  # noqa: F401
+except ImportError:
+    pass
+
 import gradio as gr
 
 from components.about import build_about

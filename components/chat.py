@@ -144,7 +144,6 @@ def respond(message, history: list, session: service.Session, settings: service.
         yield history, message, refusal(exc), *skip  # the chat as it was, the message back
 
 
-@service.gpu
 def submit(message, history, session, request: gr.Request, progress=gr.Progress(), **controls):
     """The Chat event (the API's ``/chat``): settings from the column's controls, by name
     (``settings.control_names()``), then :func:`respond`."""

@@ -90,7 +90,6 @@ def refused(exc: UserError, box) -> tuple:
     return (*(gr.skip(),) * (SLOTS + 1), refusal(exc), *(gr.skip(),) * 4, box)
 
 
-@service.gpu
 def run(message, methods, session, request: gr.Request, progress=gr.Progress(), **controls):
     """The Compare event (the API's ``/compare``): settings by name, then :func:`respond`."""
     service.track(session, getattr(request, "session_hash", None))

@@ -40,7 +40,6 @@ def refresh(session: service.Session, measure: bool = True) -> tuple:
     return library_rows(session), plots.ttft_figure(ttft)
 
 
-@service.gpu
 def after_turn(session: service.Session, method: str) -> tuple:
     """The chat event's follow-up: the library always, the TTFT panel only after an MPIC turn."""
     if method != "mpic":

@@ -181,7 +181,6 @@ def mpic_k(name: str) -> int:
         return 32  # the paper's; the model cannot load now, and says so when it is used
 
 
-@service.gpu
 def on_model(name: str, previous: str, progress=gr.Progress()):
     """Model picked: load it now (with progress), and set MPIC's k for its image size. On failure
     keep the previous one and say why."""

@@ -19,7 +19,6 @@ Models are shared between sessions (read-only weights); at most one hub model st
 
 from __future__ import annotations
 
-import functools
 import gc
 import hashlib
 import logging
@@ -50,21 +49,14 @@ from .kv_store import KVStore
 from .linking import Linker, ingest
 from .media import Video, load_image, load_video
 from .models import ARENA, DEFAULT_MODEL, MODELS, LoadedModel, load_model, model_spec
+from .uploads import check_uploads, file_hash, forget_uploads, note_uploads, upload_dir  # noqa: F401 - the app's API
+from .zerogpu import ZERO_GPU, gpu_function, relocate
 
 log = logging.getLogger(__name__)
 Progress = Callable[[float, str], None]
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg"}
 MAX_COMPARE = 4
 HUB_DEFAULT = "Qwen/Qwen2-VL-2B-Instruct"
-
-try:  # on a ZeroGPU Space the GPU is attached only inside functions wrapped by spaces.GPU
-    import spaces
-
-    gpu = spaces.GPU(duration=int(os.environ.get("KV_ARENA_GPU_SECONDS", 120)))
-except ImportError:
-    def gpu(fn):
-        return fn
-
 
 def _silent(fraction: float, text: str) -> None:
     pass
@@ -128,8 +120,9 @@ def get_model(name: str, progress: Progress = _silent) -> LoadedModel:
             free_memory()
         try:
             loaded = load_model(name, progress=progress)
-            progress(0.95, "Warming up (so the first timings are not start-up costs)...")
-            Conversation(loaded, backends.make_backend("full")).ask(Message("Hi"), max_new_tokens=2)
+            if not ZERO_GPU:  # on ZeroGPU the GPU exists only inside a GPU function: no forward here
+                progress(0.95, "Warming up (so the first timings are not start-up costs)...")
+                Conversation(loaded, backends.make_backend("full")).ask(Message("Hi"), max_new_tokens=2)
         except UserError:
             raise
         except torch.OutOfMemoryError:
@@ -231,7 +224,7 @@ def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = _s
             videos.append(load_video(path, num_frames))
         else:  # anything else must be an image; load_image says so readably when it is not
             images.append(load_image(path))
-        digest.update(_file_hash(path).encode())
+        digest.update(file_hash(path).encode())
     message = Message(text, images=images, videos=videos, num_frames=num_frames)
     return Prepared(message, digest.hexdigest(), files)
 
@@ -242,100 +235,6 @@ def media_hint(model: str, messages: list[Prepared]) -> str:
         return ""
     return (f"Hint: {model} only answers questions about a board image (see the Examples); "
             "without one its answer means nothing.")
-
-
-# --------------------------------------------------------------------------------------------
-# Uploads: a session may only use files it uploaded
-# --------------------------------------------------------------------------------------------
-
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
-
-
-@dataclass
-class _Upload:
-    uploads: int = 0  # times the bytes were uploaded (Gradio names a file by a keyed hash of its bytes)
-    used: int = 0  # uploads some session has used
-    owners: set[str] = field(default_factory=set)  # ids of the live sessions using it
-
-
-_UPLOADS: dict[str, _Upload] = {}
-_UPLOADS_LOCK = threading.Lock()
-
-
-def upload_dir() -> Path:
-    """Where Gradio keeps uploads (its own rule: ``GRADIO_TEMP_DIR``, else <temp>/gradio)."""
-    return Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
-
-
-def note_uploads(paths) -> None:
-    """Gradio received these files (one upload each); the app's upload hook calls this."""
-    with _UPLOADS_LOCK:
-        for path in paths:
-            _UPLOADS.setdefault(str(Path(path).resolve()), _Upload()).uploads += 1
-
-
-@functools.lru_cache(maxsize=1)
-def _public_hashes() -> dict[int, set[str]]:
-    """size -> content hashes of the shipped example media (Gradio's copies of them are public)."""
-    out: dict[int, set[str]] = {}
-    for path in ASSETS.glob("*.*"):
-        if path.suffix.lower() in {".png", ".jpg", ".jpeg", ".mp4"}:
-            out.setdefault(path.stat().st_size, set()).add(_file_hash(str(path)))
-    return out
-
-
-def check_uploads(session: Session, files: list[str]) -> None:
-    """Every file in Gradio's upload folder that an event receives must be one this session
-    uploaded. Two uploads of the same bytes share one path, so a path uploaded n times serves at
-    most n sessions: a client that sends another session's path without uploading the bytes
-    itself is refused. (Not closed: an upload that no session has used yet, e.g. a chat history an
-    API client uploads again with each turn, can be used by the first session that names its path.)
-    Files outside the folder (tests calling the functions directly) are not
-    uploads; Gradio's copies of the shipped examples are public."""
-    root = upload_dir()
-    for name in files:
-        path = Path(name).resolve()
-        if root not in path.parents or not path.is_file():
-            continue
-        if _file_hash(str(path)) in _public_hashes().get(path.stat().st_size, ()):
-            continue
-        with _UPLOADS_LOCK:
-            record = _UPLOADS.get(str(path), _Upload())
-            if session.id not in record.owners:
-                if record.used >= record.uploads:
-                    raise UserError(f"'{path.name}' was not uploaded in this session: attach it from your computer.")
-                record.used += 1
-                record.owners.add(session.id)
-                _UPLOADS[str(path)] = record
-        session.uploads.add(str(path))
-
-
-def forget_uploads(session: Session) -> None:
-    """The session ended: an upload no other session uses or may still use leaves Gradio's folder,
-    so its URL stops working."""
-    with _UPLOADS_LOCK:
-        for path in session.uploads:
-            record = _UPLOADS.get(path)
-            if record is None:
-                continue
-            record.owners.discard(session.id)
-            if record.owners or record.used < record.uploads:
-                continue
-            del _UPLOADS[path]
-            try:
-                os.unlink(path)
-                os.rmdir(os.path.dirname(path))  # Gradio's per-file folder, now empty
-            except OSError:
-                pass
-    session.uploads = set()
-
-
-def _file_hash(path: str) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
@@ -367,6 +266,13 @@ class ReferenceCache:
         self.conv: Conversation | None = None
         self.conv_key: tuple | None = None
 
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__, conv=_portable(self.conv))
+
+    def attach(self, loaded: LoadedModel) -> ReferenceCache:
+        _attach(self.conv, loaded, "")
+        return self
+
     def get(self, loaded: LoadedModel, settings: Settings, history: list[Prepared]) -> tuple[Reference, bool]:
         """(reference, cached) for the last message of ``history``."""
         key = settings.generation + tuple(p.key for p in history)
@@ -391,6 +297,59 @@ class ReferenceCache:
         return reference
 
 
+def _portable(conv: Conversation | None) -> Conversation | None:
+    """A copy of ``conv`` that pickles without the model (weights never cross processes) and with
+    its linker as a flag; :func:`_attach` puts them back in the process that continues it."""
+    if conv is None or conv.loaded is None:
+        return conv
+    copy = Conversation.__new__(Conversation)
+    copy.__dict__.update(conv.__dict__, loaded=None, adapter=None, _rotary_module=None, linker=conv.linker is not None)
+    return copy
+
+
+def _attach(conv: Conversation | None, loaded: LoadedModel, session_id: str) -> None:
+    if conv is None or conv.loaded is not None:
+        return
+    linker = Linker(media_store(), session_id) if conv.linker else None
+    conv.__dict__.update(loaded=loaded, adapter=loaded.adapter, _rotary_module=loaded.language_model().rotary_emb,
+                         linker=linker, _sync=loaded.device.type == "cuda")
+
+
+@dataclass
+class ChatState:
+    """What a chat carries from turn to turn: the GPU function takes it and hands back the new one
+    (it pickles without the model; see :mod:`engine.zerogpu`)."""
+
+    conv: Conversation | None = None
+    cache_key: tuple | None = None  # Settings.cache_key of the method that built ``conv``
+    history: list[Prepared] = field(default_factory=list)
+    reused: list[set[int]] = field(default_factory=list)  # per layer: token indices whose KV came from the store
+    references: ReferenceCache = field(default_factory=ReferenceCache)
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__, conv=_portable(self.conv))
+
+    def continues(self, settings: Settings) -> bool:
+        """Whether a message with these settings continues this chat's cache."""
+        return self.conv is not None and self.cache_key == settings.cache_key
+
+    def attach(self, loaded: LoadedModel, session_id: str) -> ChatState:
+        _attach(self.conv, loaded, session_id)
+        self.references.attach(loaded)
+        return self
+
+
+def _arrive(state, loaded: LoadedModel, session_id: str):
+    """A state handed to a GPU function, on the model's device with its model attached."""
+    state = relocate(state, loaded.device) if ZERO_GPU else state
+    return state.attach(loaded, session_id) if isinstance(state, ChatState) else state.attach(loaded)
+
+
+def _depart(state):
+    """A state a GPU function hands back: on the CPU on ZeroGPU (its GPU is gone after the call)."""
+    return relocate(state, "cpu") if ZERO_GPU else state
+
+
 # --------------------------------------------------------------------------------------------
 # MPIC's media KV store
 # --------------------------------------------------------------------------------------------
@@ -411,6 +370,17 @@ def media_store() -> KVStore:
         return _STORE
 
 
+def _after_fork() -> None:
+    """A forked worker (ZeroGPU) opens the store anew: the parent's writer threads do not exist in
+    it. What a worker stores reaches the app through the disk (GPU functions flush before they end)."""
+    global _STORE, _STORE_LOCK, _MODEL_LOCK
+    _STORE, _STORE_LOCK, _MODEL_LOCK = None, threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+_STOPPING: set[str] = set()  # ids of sessions whose answer should end (seen by in-process GPU work only)
+
+
 class Session:
     """One browser tab. Starts empty (Gradio deep-copies it per session) and is freed on close."""
 
@@ -427,9 +397,25 @@ class Session:
         self.uploads: set[str] = set()  # paths of the uploads it used (see check_uploads)
         self.stop_requested = False
 
+    @property
+    def stop_requested(self) -> bool:
+        return self.id in _STOPPING
+
+    @stop_requested.setter
+    def stop_requested(self, value: bool) -> None:
+        (_STOPPING.add if value else _STOPPING.discard)(self.id)
+
+    def chat_state(self) -> ChatState:
+        return ChatState(self.conv, self.cache_key, self.history, self.reused, self.references)
+
+    def adopt(self, state: ChatState) -> None:
+        """Keep what a GPU function handed back (the same objects when it ran in this process)."""
+        self.conv, self.cache_key, self.history, self.reused = state.conv, state.cache_key, state.history, state.reused
+        self.references = state.references
+
     def continues(self, settings: Settings) -> bool:
         """Whether a message with these settings continues this chat's cache."""
-        return self.conv is not None and self.cache_key == settings.cache_key
+        return self.chat_state().continues(settings)
 
     def new_chat(self) -> None:
         self.conv, self.cache_key, self.history, self.visuals = None, None, [], []
@@ -449,6 +435,7 @@ class Session:
             media_store().drop_session(self.id)
         self.media_model, self.last_mpic = None, None
         forget_uploads(self)
+        self.stop_requested = False
         free_memory()
 
 
@@ -541,74 +528,125 @@ def _reference_view(reference: Reference | None, cached: bool) -> dict | None:
     return {"text": reference.text, "metrics": reference.metrics, "layers": reference.layers, "cached": cached}
 
 
-def _guarded(session: Session, run: Iterator[dict], chat: bool) -> Iterator[dict]:
-    """Out-of-memory and unexpected failures become a UserError. A failure mid-forward leaves a
-    cache half-written, so a chat's cache is dropped (the history on screen stays)."""
+class CacheLost(UserError):
+    """The GPU work failed mid-forward: the chat's cache is half-written, so it goes."""
+
+
+def _guarded(run: Iterator[dict], chat: bool) -> Iterator[dict]:
+    """Out-of-memory and unexpected failures become a UserError (inside the GPU function, so what
+    crosses back from a ZeroGPU worker is a plain message). A failure mid-forward leaves a cache
+    half-written, so a chat's cache is dropped (:class:`CacheLost`; the history on screen stays)."""
     after = " This chat's cache was freed; your next message starts a new conversation." if chat else ""
+    lost = CacheLost if chat else UserError
     try:
         yield from run
     except UserError:
         raise
     except torch.OutOfMemoryError:
-        if chat:
-            session.new_chat()
         free_memory()
-        raise UserError("Out of GPU memory: use fewer images or frames, a lower budget or fewer new tokens." + after) from None
+        raise lost("Out of GPU memory: use fewer images or frames, a lower budget or fewer new tokens." + after) from None
     except Exception as exc:
         log.exception("unexpected failure")  # the traceback for the log, a sentence for the user
-        if chat:
-            session.new_chat()
-        raise UserError(f"The model failed on this input ({exc.__class__.__name__}: {str(exc)[:200]}).{after}") from exc
+        raise lost(f"The model failed on this input ({exc.__class__.__name__}: {str(exc)[:200]}).{after}") from None
+
+
+def _relay(session: Session, views: Iterator[dict], progress: Progress) -> Iterator[dict]:
+    """A GPU function's yields, in the caller: progress goes to ``progress``, views go on."""
+    try:
+        for view in views:
+            if "progress" in view:
+                progress(*view["progress"])
+            else:
+                yield view
+    except CacheLost:
+        session.new_chat()
+        raise
+
+
+def request_seconds(settings: Settings, prepared: Prepared, runs: int = 1) -> float:
+    """How long the GPU may take for ``runs`` answers to this message: a start, each image or
+    video frame encoded, each new token (generous for a 2B model on a ZeroGPU slice)."""
+    message = prepared.message
+    media = len(message.images) + sum(len(getattr(v, "frames", ())) or message.num_frames for v in message.videos)
+    return 15 + runs * (3 + 1.5 * media + 0.25 * settings.max_new_tokens)
+
+
+def _chat_seconds(state: ChatState, settings: Settings, prepared: Prepared, session_id: str) -> float:
+    answers = 1 if settings.method == "full" else 2  # the method's and the full cache's reference
+    replay = len(state.history) if not state.references.results else 0  # a reference may replay the chat
+    return request_seconds(settings, prepared, answers + (settings.method == "mpic")) + 5 * replay
 
 
 def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress = _silent) -> Iterator[dict]:
     """Answer one message, yielding a view after every token: ``text``, ``done``, ``new_chat``,
     ``method`` (its title), ``metrics`` (Metrics.to_dict()), ``layers`` (:func:`layer_figures`),
     ``reference`` (the full cache's text, metrics, layers and ``cached``; None for the full cache
-    itself), and once done ``agreement`` with the reference and ``visuals`` (:func:`kept_visuals`)."""
-    return _guarded(session, _turn(session, settings, prepared, progress), chat=True)
+    itself), and once done ``agreement`` with the reference and ``visuals`` (:func:`kept_visuals`).
 
-
-def _turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress) -> Iterator[dict]:
-    backend = settings.backend()
-    loaded = get_model(settings.model, progress)
+    The model loads here, in the app's process (on ZeroGPU: on the CPU, moved to the GPU inside
+    each GPU call); the turn itself runs in :func:`chat_on_gpu`, which hands back the new state."""
+    settings.backend()  # bad parameters fail before any model work
+    get_model(settings.model, progress)
     session.use_model(settings.model)
+    session.stop_requested = False
+    for view in _relay(session, chat_on_gpu(session.chat_state(), settings, prepared, session.id), progress):
+        if view["done"]:
+            session.adopt(view.pop("state"))
+            session.visuals = view["visuals"]
+            if settings.method == "mpic":
+                session.last_mpic = (settings, prepared)
+        yield view
+
+
+@gpu_function(duration=_chat_seconds)
+def chat_on_gpu(state: ChatState, settings: Settings, prepared: Prepared, session_id: str) -> Iterator[dict]:
+    """One chat turn as a pure function: yields ``{"progress": (fraction, text)}`` and views; the
+    last view holds ``state``, the chat after this turn (the same object when run in-process)."""
+    yield from _guarded(_turn(state, settings, prepared, session_id), chat=True)
+
+
+def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: str) -> Iterator[dict]:
+    backend = settings.backend()
+    loaded = get_model(settings.model)  # loaded by the caller; a worker forked before that loads it again
+    state = _arrive(state, loaded, session_id)
     mpic = settings.method == "mpic"
-    note = store_media(session, loaded, prepared, progress) if mpic else ""
-    new_chat = not session.continues(settings)
+    note = ""
+    if mpic:
+        yield {"progress": (0.3, "Storing the KV of the media...")}
+        note = store_media(session_id, loaded, prepared)
+    new_chat = not state.continues(settings)
     if new_chat:  # the cache was built by another method or model: it cannot be continued
-        session.new_chat()
-        linker = Linker(media_store(), session.id) if mpic else None  # without it MPIC is the full cache
-        session.conv, session.cache_key = Conversation(loaded, backend, linker=linker), settings.cache_key
-    history = session.history + [prepared]
+        linker = Linker(media_store(), session_id) if mpic else None  # without it MPIC is the full cache
+        state = ChatState(Conversation(loaded, backend, linker=linker), settings.cache_key, references=state.references)
+    history = state.history + [prepared]
     reference, cached = None, False
     if settings.method != "full":
-        progress(0.4, "Full-cache reference for this input...")
-        reference, cached = session.references.get(loaded, settings, history)
-    progress(0.7, f"Prefilling with {session.conv.backend.title}...")
-    session.stop_requested = False
-    conv = session.conv
+        yield {"progress": (0.4, "Full-cache reference for this input...")}
+        reference, cached = state.references.get(loaded, settings, history)
+    conv = state.conv
+    yield {"progress": (0.7, f"Prefilling with {conv.backend.title}...")}
     if mpic:
         conv.backend.report = {}  # a prompt without stored media must not show the last one's reuse
     for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
-                              temperature=settings.temperature, should_stop=lambda: session.stop_requested):
+                              temperature=settings.temperature, should_stop=lambda: session_id in _STOPPING):
         view = {"text": update.text, "done": update.done, "new_chat": new_chat, "metrics": update.metrics.to_dict(),
                 "method": conv.backend.title, "reference": _reference_view(reference, cached),
                 "layers": layer_figures(conv), "agreement": None, "visuals": None, "mpic": None}
         if update.done:
-            session.history = history
+            state.history = history
             if reference is not None:
                 view["agreement"] = agreement(update.token_ids, reference.token_ids)
-            elif not session.stop_requested:  # a full-cache answer is itself the reference
+            elif session_id not in _STOPPING:  # a full-cache answer is itself the reference
                 key = settings.generation + tuple(p.key for p in history)
-                session.references.store(key, Reference(update.text, update.token_ids, view["metrics"], view["layers"]))
+                state.references.store(key, Reference(update.text, update.token_ids, view["metrics"], view["layers"]))
             if mpic:
-                view["mpic"] = _reuse_summary(session, conv, update.metrics.prompt_tokens, note)
-                session.last_mpic = (settings, prepared)
-                highlight = [torch.tensor(sorted(p), dtype=torch.long)[None] for p in session.reused]
-                session.visuals = view["visuals"] = kept_visuals(conv, history, highlight, "reused")
+                view["mpic"] = _reuse_summary(state, conv, update.metrics.prompt_tokens, note)
+                highlight = [torch.tensor(sorted(p), dtype=torch.long)[None] for p in state.reused]
+                view["visuals"] = kept_visuals(conv, history, highlight, "reused")
+                media_store().flush()  # what this call stored reaches the app's process through the disk
             else:
-                session.visuals = view["visuals"] = kept_visuals(conv, history)
+                view["visuals"] = kept_visuals(conv, history)
+            view["state"] = _depart(state)
         yield view
 
 
@@ -624,28 +662,27 @@ def _media_names(prepared: Prepared) -> list[str]:
     return [n for n, v in zip(names, videos) if not v] + [n for n, v in zip(names, videos) if v]
 
 
-def store_media(session: Session, loaded: LoadedModel, prepared: Prepared, progress: Progress = _silent) -> str:
+def store_media(session_id: str, loaded: LoadedModel, prepared: Prepared) -> str:
     """Store the KV of each image and video of the message for this session (a lookup when it
     already is). A failure costs no answer: that media is recomputed; returns what to tell the user."""
     store, message, failed = media_store(), prepared.message, []
     media = [(m, False) for m in message.images] + [(v, True) for v in message.videos]
     for (item, is_video), name in zip(media, _media_names(prepared)):
-        progress(0.3, f"Storing the KV of {name}...")
         try:
-            ingest(loaded, store, session.id, item, video=is_video, num_frames=message.num_frames, label=name)
+            ingest(loaded, store, session_id, item, video=is_video, num_frames=message.num_frames, label=name)
         except Exception as exc:  # noqa: BLE001 - the turn goes on without this entry
             log.warning("could not store %s: %s", name, exc)
             failed.append(f"{name} ({exc.__class__.__name__})")
     return f"could not store {', '.join(failed)}: recomputed" if failed else ""
 
 
-def _reuse_summary(session: Session, conv: Conversation, prompt_tokens: int, note: str) -> dict:
+def _reuse_summary(state: ChatState, conv: Conversation, prompt_tokens: int, note: str) -> dict:
     """This prompt's reused and recomputed token counts (mean over layers), each visual's fate, and
     the chat's reused tokens so far (per layer) for the overlay."""
     reused = conv.backend.report.get("reused") or []
-    if len(session.reused) != len(conv.cache.layers):
-        session.reused = [set() for _ in conv.cache.layers]
-    for layer, positions in zip(session.reused, reused):
+    if len(state.reused) != len(conv.cache.layers):
+        state.reused = [set() for _ in conv.cache.layers]
+    for layer, positions in zip(state.reused, reused):
         layer.update(int(p) for p in positions.flatten())
     count = round(sum(len(p) for p in reused) / len(reused)) if reused else 0
     mode = conv.backend.mode
@@ -669,10 +706,17 @@ def mpic_ttft(session: Session) -> dict | None:
     settings, prepared = session.last_mpic
     if not prepared.message.images and not prepared.message.videos:
         return None
+    get_model(settings.model)
+    return ttft_on_gpu(settings, prepared, session.id)
+
+
+@gpu_function(duration=lambda settings, prepared, session_id: request_seconds(settings, prepared, runs=3))
+def ttft_on_gpu(settings: Settings, prepared: Prepared, session_id: str) -> dict:
     loaded = get_model(settings.model)
     params = {k: v for k, v in settings.method_params("mpic").items() if k != "mode"}
-    figures = measure_ttft(loaded, media_store(), session.id, prepared.message, ("recompute", "prefix", "mpic"),
+    figures = measure_ttft(loaded, media_store(), session_id, prepared.message, ("recompute", "prefix", "mpic"),
                            **params)
+    media_store().flush()
     return {"ttft_s": {mode: f["ttft_s"] for mode, f in figures.items()}, "k": params.get("k", 32),
             "tokens": figures["mpic"]["prompt_tokens"]}
 
@@ -683,35 +727,63 @@ def compare(session: Session, settings: Settings, methods: list[str], prepared: 
     methods = [m for m in dict.fromkeys(methods or []) if m != "full"]
     if not 1 <= len(methods) <= MAX_COMPARE:
         raise UserError(f"Pick 1 to {MAX_COMPARE} methods to compare with the full cache (got {len(methods)}).")
-    return _guarded(session, _compare(session, settings, methods, prepared, progress), chat=False)
+    for method in methods:  # bad parameters fail before any model work
+        settings.backend(method)
+    return _compare(session, settings, methods, prepared, progress)
 
 
 def _compare(session: Session, settings: Settings, methods: list[str], prepared: Prepared,
              progress: Progress) -> Iterator[dict]:
-    built = [settings.backend(m) for m in methods]  # bad parameters fail before any model work
-    loaded = get_model(settings.model, progress)
+    get_model(settings.model, progress)
     session.use_model(settings.model)
+    session.stop_requested = False
+    views = compare_on_gpu(session.references, settings, methods, prepared, session.id)
+    for view in _relay(session, views, progress):
+        if view["done"]:
+            session.references = view.pop("references")
+        yield view
+
+
+def _compare_seconds(references: ReferenceCache, settings: Settings, methods: list[str], prepared: Prepared,
+                     session_id: str) -> float:
+    return request_seconds(settings, prepared, runs=1 + len(methods) + ("mpic" in methods))
+
+
+@gpu_function(duration=_compare_seconds)
+def compare_on_gpu(references: ReferenceCache, settings: Settings, methods: list[str], prepared: Prepared,
+                   session_id: str) -> Iterator[dict]:
+    """A comparison as a pure function: yields progress and views; the last view holds
+    ``references``, the session's full-cache references with this input's added."""
+    yield from _guarded(_compare_runs(references, settings, methods, prepared, session_id), chat=False)
+
+
+def _compare_runs(references: ReferenceCache, settings: Settings, methods: list[str], prepared: Prepared,
+                  session_id: str) -> Iterator[dict]:
+    built = [settings.backend(m) for m in methods]
+    loaded = get_model(settings.model)
+    references = _arrive(references, loaded, session_id)
     if "mpic" in methods:
-        store_media(session, loaded, prepared, progress)
-    progress(0.3, "Full cache...")
-    reference, cached = session.references.get(loaded, settings, [prepared])
+        yield {"progress": (0.2, "Storing the KV of the media...")}
+        store_media(session_id, loaded, prepared)
+        media_store().flush()
+    yield {"progress": (0.3, "Full cache...")}
+    reference, cached = references.get(loaded, settings, [prepared])
     runs = [{"name": "full", "method": "Full cache", "text": reference.text, "metrics": reference.metrics,
              "layers": reference.layers, "agreement": 1.0, "cached": cached, "done": True, "visuals": None}]
     yield {"runs": runs, "done": False}
-    session.stop_requested = False
     for i, backend in enumerate(built):
-        progress(0.4 + 0.6 * i / len(built), f"{backend.title}...")
-        linker = Linker(media_store(), session.id) if backend.name == "mpic" else None
+        yield {"progress": (0.4 + 0.6 * i / len(built), f"{backend.title}...")}
+        linker = Linker(media_store(), session_id) if backend.name == "mpic" else None
         conv = Conversation(loaded, backend, linker=linker)
         run = {"name": backend.name, "method": backend.title, "cached": False, "visuals": None, "agreement": None}
         runs.append(run)
         for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
-                                  temperature=settings.temperature, should_stop=lambda: session.stop_requested):
+                                  temperature=settings.temperature, should_stop=lambda: session_id in _STOPPING):
             run.update(text=update.text, metrics=update.metrics.to_dict(), layers=layer_figures(conv), done=update.done)
             if update.done:
                 run["agreement"] = agreement(update.token_ids, reference.token_ids)
                 run["visuals"] = kept_visuals(conv, [prepared])
             yield {"runs": runs, "done": False}
-        if session.stop_requested:
+        if session_id in _STOPPING:
             break
-    yield {"runs": runs, "done": True}
+    yield {"runs": runs, "done": True, "references": _depart(references)}

@@ -1,0 +1,168 @@
+"""The app's GPU work under a stand-in for ZeroGPU's ``spaces.GPU``: every call forks a FRESH
+worker (multiprocessing, fork), its arguments go in pickled through a queue, its results (each
+yield of a generator) come out pickled through a queue, and nothing it changes in Python objects
+reaches the app's process (as in ``spaces/zero/wrappers.py`` of the ``spaces`` package 0.51.3).
+
+A chat must still continue its compressed cache from turn to turn, MPIC's stored media must reach
+the app's store, and a comparison must keep its full-cache reference."""
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_image
+
+from engine import service, zerogpu
+from engine.generate import Conversation
+from engine.inputs import Message
+
+MODEL = "tiny-qwen2-vl"
+FORK = multiprocessing.get_context("fork")
+
+
+def _worker(fn, args_queue, results_queue) -> None:
+    """The forked worker: arguments in, every result (or the error) out, all pickled."""
+    args, kwargs = pickle.loads(args_queue.get())
+    try:
+        result = fn(*args, **kwargs)
+        if inspect.isgenerator(result):
+            for item in result:
+                results_queue.put(("yield", pickle.dumps(item)))
+            result = None
+        results_queue.put(("return", pickle.dumps(result)))
+    except Exception as exc:  # noqa: BLE001 - it crosses back, as ZeroGPU's does
+        results_queue.put(("error", pickle.dumps(exc)))
+
+
+class StandIn:
+    """``spaces.GPU`` as ZeroGPU runs it; records each call's requested duration and the workers' pids."""
+
+    def __init__(self) -> None:
+        self.seconds: list[int] = []
+        self.pids: list[int] = []
+
+    def __call__(self, fn, duration):
+        def results(args, kwargs):
+            self.seconds.append(duration(*args, **kwargs))
+            args_queue, results_queue = FORK.SimpleQueue(), FORK.SimpleQueue()
+            worker = FORK.Process(target=_worker, args=(fn, args_queue, results_queue), daemon=True)
+            worker.start()
+            self.pids.append(worker.pid)
+            args_queue.put(pickle.dumps((args, kwargs)))
+            try:
+                while True:
+                    kind, payload = results_queue.get()
+                    yield kind, pickle.loads(payload)
+                    if kind != "yield":
+                        return
+            finally:
+                worker.join(timeout=60)
+
+        def stream(*args, **kwargs):
+            for kind, value in results(args, kwargs):
+                if kind == "error":
+                    raise value
+                if kind == "yield":
+                    yield value
+
+        def call(*args, **kwargs):
+            for kind, value in results(args, kwargs):
+                if kind == "error":
+                    raise value
+                return value
+        return stream if inspect.isgeneratorfunction(fn) else call
+
+
+@pytest.fixture
+def zero_gpu(monkeypatch):
+    stand_in = StandIn()
+    monkeypatch.setattr(zerogpu, "ZERO_GPU", True)  # states cross on the CPU, as on a Space
+    monkeypatch.setattr(service, "ZERO_GPU", True)
+    previous = zerogpu.use_decorator(stand_in)
+    yield stand_in
+    zerogpu.use_decorator(previous)
+
+
+@pytest.fixture
+def picture(tmp_path):
+    path = tmp_path / "board.png"
+    make_image(3, (112, 112)).save(path)
+    return str(path)
+
+
+def settings(method: str, **kw) -> service.Settings:
+    return service.Settings.make(model=MODEL, method=method, budget=0.5, max_new_tokens=6, **kw)
+
+
+def chat(session, settings_, text, *files):
+    views = list(service.chat_turn(session, settings_, service.prepare(text, list(files))))
+    return views[-1]
+
+
+def test_two_turns_continue_the_compressed_cache_across_fresh_workers(zero_gpu, picture):
+    config = settings("streamingllm")
+    session = service.Session()
+    first = chat(session, config, "What is in the picture?", picture)
+    after_first = session.conv.cache.tokens_per_layer()
+    kept = [layer.keys.clone() for layer in session.conv.cache.layers]
+    assert session.conv.loaded is None  # came back from the worker without the model
+    assert all(t.device.type == "cpu" for t in kept)
+
+    second = chat(session, config, "And what colour is it?")
+    assert not second["new_chat"] and len(session.history) == 2
+    after_second = session.conv.cache.tokens_per_layer()
+    assert all(b > a for a, b in zip(after_first, after_second))  # the cache grew: the first turn is in it
+    for before, layer in zip(kept, session.conv.cache.layers):  # StreamingLLM's sinks stay as they were
+        assert torch.equal(layer.keys[..., :2, :], before[..., :2, :])
+    assert len(set(zero_gpu.pids)) == len(zero_gpu.pids) >= 2  # a fresh worker on every call
+
+    # the same two turns in this process give the same tokens
+    loaded = service.get_model(MODEL)
+    conv = Conversation(loaded, config.backend())
+    plain = [conv.ask(p.message, max_new_tokens=6).text for p in session.history]
+    assert [first["text"], second["text"]] == plain
+    assert first["reference"] is not None and second["agreement"] is not None
+
+
+def test_mpic_turn_stores_its_media_for_the_app(zero_gpu, picture):
+    session, mpic = service.Session(), settings("mpic", params={"mpic": {"k": 2}})
+    view = chat(session, mpic, "Describe it.", picture)
+    assert view["mpic"] is not None and session.last_mpic is not None
+    library = service.media_library(session)  # read in this process: what the worker stored came back
+    assert [row["label"] for row in library] == ["board.png"] and library[0]["on_disk"]
+    reused_first = sum(map(len, session.reused))
+    again = chat(session, mpic, "Describe it once more.", picture)
+    assert not again["new_chat"] and again["mpic"]["reused"] > 0 and again["mpic"]["visuals"] == ["linked"]
+    assert sum(map(len, session.reused)) > reused_first > 0  # the chat's reused tokens carried over
+    assert service.mpic_ttft(session)["tokens"] > 0  # a regular (non-generator) GPU function too
+    session.close()
+
+
+def test_compare_keeps_its_reference_and_asks_for_more_time_per_method(zero_gpu, picture):
+    session = service.Session()
+    prepared = service.prepare("What is in the picture?", [picture])
+    views = list(service.compare(session, settings("full"), ["streamingllm", "h2o"], prepared))
+    assert views[-1]["done"] and [r["name"] for r in views[-1]["runs"]] == ["full", "streamingllm", "h2o"]
+    assert len(session.references.results) == 1
+    again = list(service.compare(session, settings("full"), ["snapkv"], prepared))
+    assert again[-1]["runs"][0]["cached"]  # the reference came back out of the first worker
+    one, three = zero_gpu.seconds[-1], zero_gpu.seconds[0]
+    assert three > one  # the duration grows with the methods compared
+
+
+def test_duration_grows_with_frames_images_and_tokens(picture):
+    base = service.prepare("hi", [])
+    image = service.prepare("hi", [picture])
+    short, long = settings("full"), service.Settings.make(model=MODEL, max_new_tokens=200)
+    seconds = service.chat_on_gpu.duration
+    empty = service.ChatState()
+    assert seconds(empty, short, base, "s") < seconds(empty, short, image, "s") < seconds(empty, long, image, "s")
+    assert seconds(empty, long, image, "s") <= zerogpu.MAX_SECONDS
+    video = str(Path(__file__).resolve().parents[1] / "assets" / "bouncing_ball.mp4")
+    few, many = service.prepare("hi", [video], num_frames=2), service.prepare("hi", [video], num_frames=8)
+    assert seconds(empty, short, few, "s") < seconds(empty, short, many, "s")
