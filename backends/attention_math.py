@@ -142,6 +142,31 @@ def mix_values(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return out.view(1, heads, q_len, -1)
 
 
+Segment = tuple  # (scores(q) -> (H_kv, G, n), mix(p) -> (H_kv, G, D)), both float32
+
+
+def attend_segments(query: torch.Tensor, scaling: float, kv_heads: int,
+                    segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode query (1, H, 1, D) over a cache held in parts (codes, factors, a dense tail),
+    never concatenated into dense keys and values: ``scores(q)`` gives a part's float32 scores for
+    the grouped, pre-scaled query q (H_kv, G, D); ``mix(p)`` its output for probabilities p
+    (H_kv, G, n). The softmax runs over every part at once. Returns the output (1, H, 1, D) and
+    the softmax row (H, 1, S) in the parts' order."""
+    heads, dim = query.shape[1], query.shape[-1]
+    q = query[0, :, -1].float().reshape(kv_heads, heads // kv_heads, dim) * scaling
+    scores = [score(q) for score, _ in segments]
+    probs = torch.cat(scores, dim=-1).softmax(dim=-1)
+    parts = probs.split([s.shape[-1] for s in scores], dim=-1)
+    out = sum(mix(p) for (_, mix), p in zip(segments, parts))
+    return out.reshape(1, heads, 1, dim).to(query.dtype), probs.view(heads, 1, -1)
+
+
+def dense_segment(keys: torch.Tensor, values: torch.Tensor) -> Segment:
+    """A part held as dense (1, H_kv, n, D) keys and values, for :func:`attend_segments`."""
+    return (lambda q: torch.matmul(q, keys[0].float().transpose(-1, -2)),
+            lambda p: torch.matmul(p, values[0].float()))
+
+
 def kv_group_mean(per_head: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """Average query-head statistics over each GQA group: (H, ...) -> (H_kv, ...)."""
     return per_head.view(num_kv_heads, per_head.shape[0] // num_kv_heads, *per_head.shape[1:]).mean(dim=1)

@@ -215,9 +215,14 @@ class KVLayer(DynamicLayer):
         """Optional read path for one decode query (1, H, 1, D): its output (1, H, 1, D) and float32
         softmax row (H, 1, S) over the entries in read order (``kept_positions``), computed from what
         the layer stores. ``None`` (dense layers): the runtime attends over what ``append`` returned.
-        A layer that answers here may return only its dense part from a one-token ``append``; its
-        result must equal attention over the densely rebuilt entries up to float rounding."""
+        A layer that answers here returns only its dense part from ``append_decode``; its result
+        must equal attention over the densely rebuilt entries up to float rounding."""
         return None
+
+    def append_decode(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
+        """``append`` of one decode token inside the runtime, which then asks ``attend`` first: a
+        layer that answers there only stores here and returns its dense part."""
+        return self.append(keys, values, positions)
 
     def replace(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
         if positions.dim() == 1:
