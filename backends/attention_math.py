@@ -121,7 +121,8 @@ def attention_column_sums(query: torch.Tensor, key: torch.Tensor, scaling: float
         keys = int(index.max()) + 1  # causal: later keys receive nothing from these rows
         probs = _grouped_scores(query[:, :, start : start + chunk], key, scaling, keys)
         probs = probs.sub_(lse[:, start : start + chunk, None]).exp_()
-        probs = probs.masked_fill_(~_visible(index, keys)[None], 0.0)
+        first = int(index.min()) + 1  # keys every row of the block sees: only the rest need the mask
+        probs[:, :, first:].masked_fill_(~_visible(index, keys)[None, :, first:], 0.0)
         total[:, :keys] += probs.sum(dim=1)
     return total
 
