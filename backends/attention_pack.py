@@ -109,6 +109,7 @@ class PackedLayer(KVLayer):
         self.buffered: torch.Tensor | None = None  # (S_dense,) bool: generated, waiting for the period
         self.buffer_rope: torch.Tensor | None = None  # (P, n) rotary ids of the buffered tokens
         self.rotary = None  # rope_ids -> (cos, sin), from the runtime
+        self.tables: dict | None = None  # RoPE tables of this forward pass, shared by the layers
 
     def append(self, keys, values, positions):
         dense_k, dense_v = self.append_decode(keys, values, positions)
@@ -138,8 +139,19 @@ class PackedLayer(KVLayer):
         """The block's keys rebuilt and re-rotated: (1, H_kv, T, D). Keys need this on every read:
         RoPE rotates each token by its own angle, so a query cannot be scored in factor space."""
         k = rebuild(b.k_coef, b.k_basis, self._partial(b, "keys"), max(1, b.k_coef.shape[1] // REDUCED))
-        cos, sin = self.rotary(b.rope_ids)
+        cos, sin = self.rope_tables(b)
         return rotate(_heads(k, heads, dim), cos, sin)
+
+    def rope_tables(self, b: LowRankBlock) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's (cos, sin) for the block's rotary ids. Every layer packs the same tokens with
+        the same ids, so within one forward pass they are computed once (``tables``, emptied by the
+        backend after each pass) instead of once per layer."""
+        if self.tables is None:
+            return self.rotary(b.rope_ids)
+        key = (int(b.positions[0]), b.positions.numel())  # a token sits in one block only
+        if key not in self.tables:
+            self.tables[key] = self.rotary(b.rope_ids)
+        return self.tables[key]
 
     def attend(self, query, scaling):
         """Decode attention without rebuilding a value: keys are rebuilt (see ``block_keys``), values
@@ -234,11 +246,17 @@ class AttentionPack(KVBackend):
     def __init__(self, budget: float = 1.0, **params) -> None:
         super().__init__(budget, **params)
         self.needs_decode_attention = self.budget < 1.0  # the full cache needs no statistic
+        self._tables: dict = {}  # (first position, tokens) -> RoPE tables of a block, this forward pass
 
     def new_layer(self, layer_idx: int) -> KVLayer:
         if self.budget >= 1.0:  # the full cache, exactly
             return KVLayer()
-        return PackedLayer(self.full_share, self.partial_on)
+        layer = PackedLayer(self.full_share, self.partial_on)
+        layer.tables = self._tables
+        return layer
+
+    def after_forward(self, cache, call) -> None:
+        self._tables.clear()  # RoPE tables live for one forward pass
 
     def ranks(self, tokens: int, width: int) -> tuple[int, int]:
         fitted = math.floor(self.budget * tokens * width / (tokens + width))

@@ -229,3 +229,24 @@ def test_decode_append_stores_without_rebuilding():
     dense_k, _ = layer.append_decode(new_k, torch.randn(1, HEADS, 1, DIM), torch.tensor([20]))
     assert dense_k.shape[2] == 5 and torch.equal(dense_k[:, :, -1:], new_k)  # the dense part only
     assert layer.get_seq_length() == 21 and layer.score.numel() == 5 and layer.buffered.numel() == 5
+
+
+def test_layers_share_one_forward_pass_of_rope_tables():
+    backend = AttentionPack(budget=0.2)
+    layers = [backend.new_layer(i) for i in range(2)]
+    calls = []
+
+    def counting_rotary(rope_ids):
+        calls.append(rope_ids.shape[1])
+        return synthetic_rotary(rope_ids)
+
+    torch.manual_seed(0)
+    for layer in layers:
+        layer.append(torch.randn(1, HEADS, 20, DIM), torch.randn(1, HEADS, 20, DIM), torch.arange(20))
+        layer.pack(torch.arange(16), torch.arange(16)[None], 4, 4, counting_rotary)
+    calls.clear()
+    keys = [layer.block_keys(layer.blocks[0], HEADS, DIM) for layer in layers]
+    assert calls == [16] and not torch.equal(keys[0], keys[1])  # one table for both layers' own factors
+    backend.after_forward(None, None)
+    layers[0].block_keys(layers[0].blocks[0], HEADS, DIM)
+    assert calls == [16, 16]  # a new forward pass computes them again
