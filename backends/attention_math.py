@@ -1,34 +1,81 @@
 """Attention arithmetic the methods share: exact causal attention over a (compressed) cache, and
 attention probabilities recomputed for chosen query rows only, in float32 and in chunks, so no
-method ever builds the T x T matrix or needs eager attention."""
+method ever builds the T x T matrix or needs eager attention.
+
+Speed rules (issue #20): GQA is handled by viewing the query heads of a group as extra rows of one
+matmul against their KV head, never by copying the keys per query head; a full causal prefill runs
+SDPA's fused causal kernel (``is_causal``), not an explicit mask; and the attention a key receives
+from every prompt query is read off the prefill's own log-sum-exp, one ``exp(q k - lse)`` pass over
+the causal half, without a second softmax.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+COLUMN_CHUNK = 256  # query rows per block of column sums: bounds the (H, rows, S) float32 block
+
 
 def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
     """Exact attention where the q new tokens are the last q keys: (1, H, q, D) -> (1, H, q, D).
 
     Every cached entry before the new tokens is visible to all of them, whatever was evicted or
-    merged, so one offset causal mask is right for every layer's own cache length.
+    merged, so one offset causal mask is right for every layer's own cache length. When the new
+    tokens are the whole cache the mask is SDPA's own ``is_causal`` (its fused kernel); a single
+    query needs none.
     """
     q_len, k_len = query.shape[-2], key.shape[-2]
-    mask = None
-    if q_len > 1:
-        rows = torch.arange(q_len, device=query.device)[:, None] + (k_len - q_len)
-        mask = torch.arange(k_len, device=query.device)[None, :] <= rows
     return F.scaled_dot_product_attention(
-        query, key.to(query.dtype), value.to(query.dtype), attn_mask=mask, scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
+        query, _as(key, query), _as(value, query), attn_mask=_offset_mask(q_len, k_len, query.device),
+        is_causal=1 < q_len == k_len, scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
     )
 
 
-def _expand_kv(key: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """(1, H_kv, S, D) -> (H, S, D), repeating each KV head for its query group."""
-    groups = num_heads // key.shape[1]
-    return key[0].repeat_interleave(groups, dim=0) if groups > 1 else key[0]
+def causal_attention_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`causal_attention` and the (H, q) float32 log-sum-exp of each query's scaled scores.
+
+    On CPU, SDPA's flash kernel returns the log-sum-exp it computes anyway; elsewhere it is one
+    extra chunked pass (:func:`row_logsumexp`).
+    """
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    if query.device.type == "cpu":
+        mask = _offset_mask(q_len, k_len, query.device)
+        if mask is not None:  # this kernel takes an additive mask in the query's dtype
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, _as(key, query), _as(value, query), 0.0, 1 < q_len == k_len, attn_mask=mask, scale=scaling)
+        return out, lse[0].float()
+    index = torch.arange(k_len - q_len, k_len, device=query.device)
+    return causal_attention(query, key, value, scaling), row_logsumexp(query, key, scaling, index)
+
+
+def _as(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dtype == like.dtype else tensor.to(like.dtype)
+
+
+def _offset_mask(q_len: int, k_len: int, device) -> torch.Tensor | None:
+    """Bool (q, k) mask of the new tokens sitting at the end of the keys; None where SDPA needs none."""
+    if q_len == 1 or q_len == k_len:
+        return None
+    rows = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+    return torch.arange(k_len, device=device)[None, :] <= rows
+
+
+def _grouped_scores(query: torch.Tensor, key: torch.Tensor, scaling: float, keys: int | None = None) -> torch.Tensor:
+    """Scaled float32 scores (H, q, S') of every query head against its KV head's first ``keys``
+    keys (all by default). The G query heads of a group are G x q rows of one matmul: no key copy."""
+    heads, q_len, dim = query.shape[1:]
+    kv_heads = key.shape[1]
+    q = query[0].float().reshape(kv_heads, heads // kv_heads * q_len, dim)
+    k = key[0, :, :keys].float()
+    return torch.matmul(q * scaling, k.transpose(-1, -2)).view(heads, q_len, -1)
+
+
+def _visible(query_index: torch.Tensor, keys: int) -> torch.Tensor:
+    """(q, keys) bool: query i sees keys 0..query_index[i]."""
+    return torch.arange(keys, device=query_index.device)[None, :] <= query_index[:, None]
 
 
 def attention_probs(query: torch.Tensor, key: torch.Tensor, scaling: float,
@@ -38,25 +85,87 @@ def attention_probs(query: torch.Tensor, key: torch.Tensor, scaling: float,
     ``query_index[i]`` is the index in ``key`` of query i's own token: it sees keys 0..index
     (causal). ``None`` lets every query see every key (the decode query).
     """
-    q = query[0].float()
-    k = _expand_kv(key, q.shape[0]).float()
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling
+    scores = _grouped_scores(query, key, scaling)
     if query_index is not None:
-        visible = torch.arange(k.shape[1], device=k.device)[None, :] <= query_index.to(k.device)[:, None]
-        scores = scores.masked_fill(~visible[None], float("-inf"))
+        scores = scores.masked_fill_(~_visible(query_index.to(scores.device), scores.shape[-1])[None], float("-inf"))
     return scores.softmax(dim=-1)
 
 
-def attention_column_sums(query: torch.Tensor, key: torch.Tensor, scaling: float,
-                          query_index: torch.Tensor | None = None, chunk: int = 256) -> torch.Tensor:
-    """Attention each key receives, summed over the given query rows: (H, S), float32, chunked."""
-    total = None
+def row_logsumexp(query: torch.Tensor, key: torch.Tensor, scaling: float, query_index: torch.Tensor,
+                  chunk: int = COLUMN_CHUNK) -> torch.Tensor:
+    """(H, q) float32 log-sum-exp of each query's causal scaled scores (when no kernel gave it)."""
+    parts = []
     for start in range(0, query.shape[2], chunk):
-        rows = query[:, :, start : start + chunk]
-        index = None if query_index is None else query_index[start : start + chunk]
-        part = attention_probs(rows, key, scaling, index).sum(dim=1)
-        total = part if total is None else total + part
+        index = query_index[start : start + chunk].to(key.device)
+        scores = _grouped_scores(query[:, :, start : start + chunk], key, scaling, int(index.max()) + 1)
+        parts.append(scores.masked_fill_(~_visible(index, scores.shape[-1])[None], float("-inf")).logsumexp(-1))
+    return torch.cat(parts, dim=1)
+
+
+def attention_column_sums(query: torch.Tensor, key: torch.Tensor, scaling: float,
+                          query_index: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                          chunk: int = COLUMN_CHUNK) -> torch.Tensor:
+    """Attention each key receives, summed over the given query rows: (H, S), float32, chunked.
+
+    ``lse`` (H, q): the rows' log-sum-exp if the attention already computed it (the runtime's
+    prefill does); then each block is one ``exp(q k - lse)`` over the keys its rows can see.
+    """
+    held = key.shape[2]
+    if query_index is None:
+        query_index = torch.full((query.shape[2],), held - 1, device=key.device)
+    if lse is None:
+        lse = row_logsumexp(query, key, scaling, query_index, chunk)
+    total = torch.zeros(query.shape[1], held, dtype=torch.float32, device=key.device)
+    for start in range(0, query.shape[2], chunk):
+        index = query_index[start : start + chunk].to(key.device)
+        keys = int(index.max()) + 1  # causal: later keys receive nothing from these rows
+        probs = _grouped_scores(query[:, :, start : start + chunk], key, scaling, keys)
+        probs = probs.sub_(lse[:, start : start + chunk, None]).exp_()
+        first = int(index.min()) + 1  # keys every row of the block sees: only the rest need the mask
+        probs[:, :, first:].masked_fill_(~_visible(index, keys)[None, :, first:], 0.0)
+        total[:, :keys] += probs.sum(dim=1)
     return total
+
+
+def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode query over every key: the output (1, H, 1, D) and its float32 softmax row
+    (H, 1, S), from one pass (for methods that score with the row they attend with)."""
+    probs = attention_probs(query, key, scaling)
+    return mix_values(probs, value).to(query.dtype), probs
+
+
+def mix_values(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """probs (H, q, S) @ value (1, H_kv, S, D) per GQA group, in float32: (1, H, q, D)."""
+    heads, q_len, held = probs.shape
+    kv_heads = value.shape[1]
+    out = torch.matmul(probs.reshape(kv_heads, heads // kv_heads * q_len, held), value[0].float())
+    return out.view(1, heads, q_len, -1)
+
+
+Segment = tuple  # (scores(q) -> (H_kv, G, n), mix(p) -> (H_kv, G, D)), both float32
+
+
+def attend_segments(query: torch.Tensor, scaling: float, kv_heads: int,
+                    segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode query (1, H, 1, D) over a cache held in parts (codes, factors, a dense tail),
+    never concatenated into dense keys and values: ``scores(q)`` gives a part's float32 scores for
+    the grouped, pre-scaled query q (H_kv, G, D); ``mix(p)`` its output for probabilities p
+    (H_kv, G, n). The softmax runs over every part at once. Returns the output (1, H, 1, D) and
+    the softmax row (H, 1, S) in the parts' order."""
+    heads, dim = query.shape[1], query.shape[-1]
+    q = query[0, :, -1].float().reshape(kv_heads, heads // kv_heads, dim) * scaling
+    scores = [score(q) for score, _ in segments]
+    probs = torch.cat(scores, dim=-1).softmax(dim=-1)
+    parts = probs.split([s.shape[-1] for s in scores], dim=-1)
+    out = sum(mix(p) for (_, mix), p in zip(segments, parts))
+    return out.reshape(1, heads, 1, dim).to(query.dtype), probs.view(heads, 1, -1)
+
+
+def dense_segment(keys: torch.Tensor, values: torch.Tensor) -> Segment:
+    """A part held as dense (1, H_kv, n, D) keys and values, for :func:`attend_segments`."""
+    return (lambda q: torch.matmul(q, keys[0].float().transpose(-1, -2)),
+            lambda p: torch.matmul(p, values[0].float()))
 
 
 def kv_group_mean(per_head: torch.Tensor, num_kv_heads: int) -> torch.Tensor:

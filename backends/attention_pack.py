@@ -7,8 +7,10 @@ Models with Memory-efficient Decoding", CVPR 2026; Sec. 3-4 and Algorithm 1 in S
   factorised by randomized SVD (``torch.svd_lowrank``) into a T x R factor and an R x W
   decompression matrix; only those are stored. Text tokens stay dense (Sec. 8.2: compressing them
   with the visual ones cost ~20% accuracy).
-* Every read (``append``) rebuilds the factors, re-rotates the keys with the model's own RoPE tables
-  for the stored rotary ids (1-D RoPE or M-RoPE), and puts the dense tokens after them.
+* Every read rebuilds the key factors and re-rotates the keys with the model's own RoPE tables for
+  the stored rotary ids (1-D RoPE or M-RoPE); the dense tokens come after them. A prefill read
+  (``append``) rebuilds the values too; a decode query (``attend``) uses them in factor space,
+  (p U) W instead of p (U W), so a step never builds a dense value.
 * Attention-aware decompression, F = 2 groups (Sec. 7.1.1): a per-token statistic, Eq. 1
   ``I <- a^Tq I + (1 - a^Tq) mean_rows(A)``, ranks the compressed tokens; the top r1 = 25% are rebuilt
   with all R components, the rest with the first R/4. The paper does this for the values only;
@@ -48,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention_math import attention_probs
+from .attention_math import attend_segments, attention_probs, dense_segment
 from .base import KVBackend, KVLayer, Param
 from .rope import rotate, unrotate
 
@@ -86,6 +88,21 @@ def rebuild(coef: torch.Tensor, basis: torch.Tensor, full: torch.Tensor | None, 
     return out
 
 
+def mix_factors(probs: torch.Tensor, coef: torch.Tensor, basis: torch.Tensor, full: torch.Tensor | None,
+                reduced: int) -> torch.Tensor:
+    """probs (H_kv, G, T) @ values rebuilt by :func:`rebuild`, computed in factor space, float32:
+    (H_kv, G, D). ``u = p @ coef`` (full-rank rows only beyond the first ``reduced`` components),
+    then each KV head's slice of ``basis``."""
+    kv_heads, groups, tokens = probs.shape
+    p, coef = probs.reshape(-1, tokens), coef.float()
+    if full is None or reduced >= coef.shape[1]:
+        u = p @ coef
+    else:
+        u = torch.cat([p @ coef[:, :reduced], p[:, full] @ coef[full, reduced:]], dim=1)
+    per_head = basis.float().view(basis.shape[0], kv_heads, -1).transpose(0, 1)  # (H_kv, R, D)
+    return torch.matmul(u.view(kv_heads, groups, -1), per_head)
+
+
 @dataclass
 class LowRankBlock:
     """Tokens held as factors: pre-RoPE keys ~ k_coef @ k_basis, values ~ v_coef @ v_basis."""
@@ -114,25 +131,62 @@ class PackedLayer(KVLayer):
         self.buffered: torch.Tensor | None = None  # (S_dense,) bool: generated, waiting for the period
         self.buffer_rope: torch.Tensor | None = None  # (P, n) rotary ids of the buffered tokens
         self.rotary = None  # rope_ids -> (cos, sin), from the runtime
+        self.tables: dict | None = None  # RoPE tables of this forward pass, shared by the layers
 
     def append(self, keys, values, positions):
-        dense_k, dense_v = super().append(keys, values, positions)
-        new = keys.shape[2]
-        self.score = _cat(self.score, torch.zeros(new, device=keys.device))
-        self.buffered = _cat(self.buffered, torch.zeros(new, dtype=torch.bool, device=keys.device))
+        dense_k, dense_v = self.append_decode(keys, values, positions)
         if not self.blocks:
             return dense_k, dense_v
         heads, dim = keys.shape[1], keys.shape[3]
         parts_k, parts_v = [], []
         for b in self.blocks:
-            k = rebuild(b.k_coef, b.k_basis, b.full if self.partial_on in ("keys", "both") else None,
-                        max(1, b.k_coef.shape[1] // REDUCED))
-            v = rebuild(b.v_coef, b.v_basis, b.full if self.partial_on in ("values", "both") else None,
-                        max(1, b.v_coef.shape[1] // REDUCED))
-            cos, sin = self.rotary(b.rope_ids)
-            parts_k.append(rotate(_heads(k, heads, dim), cos, sin))
+            v = rebuild(b.v_coef, b.v_basis, self._partial(b, "values"), max(1, b.v_coef.shape[1] // REDUCED))
+            parts_k.append(self.block_keys(b, heads, dim))
             parts_v.append(_heads(v, heads, dim))
         return torch.cat(parts_k + [dense_k], dim=2), torch.cat(parts_v + [dense_v], dim=2)
+
+    def append_decode(self, keys, values, positions):
+        """Store only; the decode query reads the blocks through ``attend``."""
+        dense_k, dense_v = KVLayer.append(self, keys, values, positions)
+        new = keys.shape[2]
+        self.score = _cat(self.score, torch.zeros(new, device=keys.device))
+        self.buffered = _cat(self.buffered, torch.zeros(new, dtype=torch.bool, device=keys.device))
+        return dense_k, dense_v
+
+    def _partial(self, b: LowRankBlock, which: str) -> torch.Tensor | None:
+        """The block's full-rank rows if the reduced group applies to ``which``, else None."""
+        return b.full if self.partial_on in (which, "both") else None
+
+    def block_keys(self, b: LowRankBlock, heads: int, dim: int) -> torch.Tensor:
+        """The block's keys rebuilt and re-rotated: (1, H_kv, T, D). Keys need this on every read:
+        RoPE rotates each token by its own angle, so a query cannot be scored in factor space."""
+        k = rebuild(b.k_coef, b.k_basis, self._partial(b, "keys"), max(1, b.k_coef.shape[1] // REDUCED))
+        cos, sin = self.rope_tables(b)
+        return rotate(_heads(k, heads, dim), cos, sin)
+
+    def rope_tables(self, b: LowRankBlock) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's (cos, sin) for the block's rotary ids. Every layer packs the same tokens with
+        the same ids, so within one forward pass they are computed once (``tables``, emptied by the
+        backend after each pass) instead of once per layer."""
+        if self.tables is None:
+            return self.rotary(b.rope_ids)
+        key = (int(b.positions[0]), b.positions.numel())  # a token sits in one block only
+        if key not in self.tables:
+            self.tables[key] = self.rotary(b.rope_ids)
+        return self.tables[key]
+
+    def attend(self, query, scaling):
+        """Decode attention without rebuilding a value: keys are rebuilt (see ``block_keys``), values
+        are used in factor space, (p U) W instead of p (U W) (Sec. 4), the reduced group's
+        probabilities meeting only the first R/4 components."""
+        if not self.blocks:
+            return None
+        heads, dim = self.keys.shape[1], self.keys.shape[3]
+        segments = [(lambda q, b=b: torch.matmul(q, self.block_keys(b, heads, dim)[0].float().transpose(-1, -2)),
+                     lambda p, b=b: mix_factors(p, b.v_coef, b.v_basis, self._partial(b, "values"),
+                                                max(1, b.v_coef.shape[1] // REDUCED)))
+                    for b in self.blocks]
+        return attend_segments(query, scaling, heads, segments + [dense_segment(self.keys, self.values)])
 
     def choose_groups(self) -> None:
         """F = 2: the top ``full_share`` of all compressed tokens by statistic get full rank."""
@@ -238,11 +292,17 @@ class AttentionPack(KVBackend):
     def __init__(self, budget: float = 1.0, **params) -> None:
         super().__init__(budget, **params)
         self.needs_decode_attention = self.budget < 1.0  # the full cache needs no statistic
+        self._tables: dict = {}  # (first position, tokens) -> RoPE tables of a block, this forward pass
 
     def new_layer(self, layer_idx: int) -> KVLayer:
         if self.budget >= 1.0:  # the full cache, exactly
             return KVLayer()
-        return PackedLayer(self.full_share, self.partial_on)
+        layer = PackedLayer(self.full_share, self.partial_on)
+        layer.tables = self._tables
+        return layer
+
+    def after_forward(self, cache, call) -> None:
+        self._tables.clear()  # RoPE tables live for one forward pass
 
     def ranks(self, spare: float, tokens: int, width: int, itemsize: int, rope_dims: int) -> tuple[int, int]:
         """(R_k, R_v) for a block of ``tokens``: the explicit ranks, else the largest fitting ``spare`` bytes."""

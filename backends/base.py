@@ -13,6 +13,11 @@ runtime (``engine/``) calls; it never imports the runtime or the UI:
 * ``after_forward(cache, call)`` -> once all layers ran: decisions that need every layer
   (per-layer budgets), and decode-time eviction.
 
+Two optional read-side extensions keep scoring and compressed reads off a second pass:
+``needs_prefill_lse`` asks the runtime's prefill attention for each query row's log-sum-exp
+(``call.row_lse``), and a layer's ``attend(query, scaling)`` answers a decode query from its stored
+form (codes, factors) instead of rebuilding dense keys and values.
+
 Keys arrive post-RoPE, shape ``(1, H_kv, S, D)``; queries ``(1, H, q, D)``. Batch is always 1.
 """
 
@@ -153,6 +158,9 @@ class AttentionCall:
     seen: int  # tokens in the conversation including the new ones
     step: int  # decode step (0 during prefill)
     rotary: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None  # rope_ids -> (cos, sin)
+    # (H, q) float32 log-sum-exp of each new query's scaled scores, set by the runtime's prefill
+    # attention for backends with ``needs_prefill_lse`` (None otherwise, e.g. when ``attend`` took over)
+    row_lse: torch.Tensor | None = None
 
     @property
     def is_prefill(self) -> bool:
@@ -203,6 +211,19 @@ class KVLayer(DynamicLayer):
         self.values = self.values.gather(2, gather)
         self.positions = self.positions.gather(1, index)
 
+    def attend(self, query: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Optional read path for one decode query (1, H, 1, D): its output (1, H, 1, D) and float32
+        softmax row (H, 1, S) over the entries in read order (``kept_positions``), computed from what
+        the layer stores. ``None`` (dense layers): the runtime attends over what ``append`` returned.
+        A layer that answers here returns only its dense part from ``append_decode``; its result
+        must equal attention over the densely rebuilt entries up to float rounding."""
+        return None
+
+    def append_decode(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
+        """``append`` of one decode token inside the runtime, which then asks ``attend`` first: a
+        layer that answers there only stores here and returns its dense part."""
+        return self.append(keys, values, positions)
+
     def replace(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
         if positions.dim() == 1:
             positions = positions.view(1, -1).expand(keys.shape[1], -1)
@@ -245,6 +266,9 @@ class KVBackend:
     holds_budget_while_decoding: ClassVar[bool] = False
     # True when ``after_attention`` needs the exact attention row of the decode query.
     needs_decode_attention: ClassVar[bool] = False
+    # True when ``after_attention`` scores with the attention every prompt query gives each key:
+    # the runtime's prefill attention then also yields each row's log-sum-exp (``call.row_lse``).
+    needs_prefill_lse: ClassVar[bool] = False
     # True: ``budget`` is the fraction of the full cache's bytes the method holds after the prompt,
     # everything its layers hold counted (factors, codes, scales, score buffers). False: the method
     # has its own knob as a named parameter (ZipVL's tau, MPIC's mode), is built with budget 1.0 and

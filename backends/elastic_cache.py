@@ -5,8 +5,8 @@ Instruction encoding (importance-driven cache merging, Sec. 3.2-3.3):
 
 * Importance of held entry n in layer i: I_n = (1/K) sum_heads sum_m A[m, n], the layer-wise *sum*
   of the attention it receives from every causal prompt query m (the ablation, Tab. 3d, finds the
-  sum far better than the mean or a moving average). Recomputed from the post-RoPE queries in
-  float32, chunked, never as a T x T matrix.
+  sum far better than the mean or a moving average). Read as exp(q k - lse) with the prefill
+  attention's own log-sum-exp, in float32, chunked, never as a T x T matrix.
 * Anchors: the true top gamma x T entries by I_n (gamma = budget), shared by all heads of the layer
   (Tab. 3c: layer-wise beats head-wise). The first ``protected_tokens`` tokens and the last prompt
   token are always anchors. The authors' code ranks with ``argsort(score) > forget`` (indices used
@@ -83,6 +83,7 @@ class ElasticCache(KVBackend):
               1, 64, 1),
     )
     holds_budget_while_decoding = True
+    needs_prefill_lse = True  # importance from the prefill attention's own log-sum-exp
 
     def __init__(self, budget: float = 1.0, **params) -> None:
         super().__init__(budget, **params)
@@ -108,7 +109,7 @@ class ElasticCache(KVBackend):
             held, q = key.shape[2], query.shape[2]
             if held > target:
                 rows = torch.arange(held - q, held, device=query.device)  # the new tokens' own indices
-                importance = attention_column_sums(query, key, scaling, rows).mean(dim=0)  # (1/K) sum_j
+                importance = attention_column_sums(query, key, scaling, rows, call.row_lse).mean(dim=0)  # (1/K) sum_j
                 self.merge(layer, importance, target)
             self.report["merged"][i] = max(0, held - target)
             self._cut[i] = self.truncation_index(layer.get_seq_length())

@@ -3,7 +3,8 @@ Inference of Large Language Models", NeurIPS 2023, Sec. 4 / Alg. 1): keep the to
 received the most attention so far (the heavy hitters) plus a window of the most recent ones.
 
 * Score: the attention each cached entry has received, accumulated. At prefill, the column sums
-  over every causal prompt query (recomputed from post-RoPE queries, chunked, float32); then, at
+  over every causal prompt query (exp(q k - lse) with the prefill attention's own log-sum-exp,
+  chunked, float32: no second softmax); then, at
   every decode step, the new query's softmax row is added, so the ranking keeps moving as the
   answer grows (the "dynamic" part of Alg. 1).
 * Granularity: per KV head, the query heads of a GQA group averaged. H2O selects heavy hitters
@@ -76,6 +77,7 @@ class H2O(KVBackend):
     )
     holds_budget_while_decoding = True
     needs_decode_attention = True
+    needs_prefill_lse = True  # column sums from the prefill attention's own log-sum-exp
 
     def __init__(self, budget: float = 1.0, **params) -> None:
         super().__init__(budget, **params)
@@ -98,7 +100,7 @@ class H2O(KVBackend):
         if call.is_prefill:
             held, q = key.shape[2], query.shape[2]
             rows = torch.arange(held - q, held, device=query.device)  # the new tokens' own indices
-            received = attention_column_sums(query, key, scaling, rows)
+            received = attention_column_sums(query, key, scaling, rows, call.row_lse)  # no second softmax
         else:
             received = attn_row[:, 0]  # (H, S): the decode query's softmax row
         layer.scores += kv_group_mean(received, key.shape[1])

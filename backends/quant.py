@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 PACKED_BITS = (2, 4, 8)
 FULL_BITS = 16  # "quantisation off": the tensor is kept as it is
@@ -56,6 +57,13 @@ def unpack(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return codes.flatten(-2)[..., :n]
 
 
+def unpack_float(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """:func:`unpack` straight to float32 through a 256-row lookup table (one gather, no shifts)."""
+    shifts = torch.arange(0, 8, bits, device=packed.device)
+    table = ((torch.arange(256, device=packed.device)[:, None] >> shifts) & ((1 << bits) - 1)).float()
+    return F.embedding(packed.long(), table).flatten(-2)[..., :n]
+
+
 def packed_nbytes(shape: tuple[int, ...], bits: int, groups: int, scale_size: int) -> int:
     """Bytes of a tensor of ``shape`` at ``bits`` (packed along the last dim) with ``groups``
     (scale, zero point) pairs of ``scale_size`` bytes each; 16 bits is the dense tensor itself."""
@@ -82,6 +90,27 @@ class QuantTensor:
             return self.dense
         codes = unpack(self.codes, self.bits, self.shape[-1]).float()
         return (codes * self.scale.float() + self.zero.float()).to(self.dtype)
+
+    def key_scores(self, query: torch.Tensor) -> torch.Tensor:
+        """Scores of a grouped query (H_kv, G, D) against these keys (1, H_kv, n, D), float32
+        (H_kv, G, n), read from the codes: with one scale and zero per channel,
+        q . k_hat = (q * scale) . codes + q . zero, so no dequantised key is built."""
+        if self.dense is not None:
+            return torch.matmul(query, self.dense[0].float().transpose(-1, -2))
+        assert self.scale.shape[2] == 1, "per-channel scales (keys) expected"
+        codes = unpack_float(self.codes, self.bits, self.shape[-1])[0]
+        scale, zero = self.scale[0].float(), self.zero[0].float()  # (H_kv, 1, D)
+        return torch.matmul(query * scale, codes.transpose(-1, -2)) + (query * zero).sum(-1, keepdim=True)
+
+    def value_mix(self, probs: torch.Tensor) -> torch.Tensor:
+        """probs (H_kv, G, n) @ these values (1, H_kv, n, D), float32 (H_kv, G, D), from the codes:
+        with one scale and zero per token, p @ v_hat = (p * scale) @ codes + p . zero."""
+        if self.dense is not None:
+            return torch.matmul(probs, self.dense[0].float())
+        assert self.scale.shape[3] == 1, "per-token scales (values) expected"
+        codes = unpack_float(self.codes, self.bits, self.shape[-1])[0]
+        scale, zero = self.scale[0, :, None, :, 0].float(), self.zero[0, :, None, :, 0].float()  # (H_kv, 1, n)
+        return torch.matmul(probs * scale, codes) + (probs * zero).sum(-1, keepdim=True)
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.codes, self.scale, self.zero, self.dense) if t is not None]

@@ -21,8 +21,9 @@ mixed-precision KV cache.
 * Mixed-precision cache (Sec. 4.2, Sec. 5.1, Alg. 1): right after each layer's prefill attention,
   important tokens' K/V are quantised to ``bits_important`` (4) and the others to ``bits_other``
   (2), keys per channel and values per token, codes bit-packed into uint8 (``backends/quant.py``,
-  our own packing; it says why not optimum-quanto / HQQ). 16 bits keeps a set dense. Every read
-  returns dense dequantised K/V, then the full-precision buffer.
+  our own packing; it says why not optimum-quanto / HQQ). 16 bits keeps a set dense. A prefill
+  reads dense dequantised K/V, then the full-precision buffer; a decode query is scored against the
+  key codes with scaled queries and mixes the value codes, nothing dequantised (``attend``).
 * Decoding (Sec. 4.2, "Computation in the decoding phase"): attention is dense; generated tokens
   stay full precision in the buffer until ``period`` (100) have accumulated, then the last query's
   attention over them (summed over heads, Eq. 6 against its own total) splits and quantises them.
@@ -47,7 +48,7 @@ from typing import ClassVar
 
 import torch
 
-from .attention_math import attention_probs, causal_attention
+from .attention_math import attend_segments, attention_probs, causal_attention, dense_segment
 from .base import AttentionCall, KVBackend, KVLayer, Param
 from .quant import FULL_BITS, PACKED_BITS, QuantTensor, check_bits, quantize
 
@@ -134,6 +135,10 @@ class QuantBlock:
     def positions(self) -> torch.Tensor:
         return torch.cat([self.important, self.other])  # the read order
 
+    def segments(self) -> list:
+        """The parts for :func:`attend_segments`, in the read order: scored and mixed from the codes."""
+        return [(k.key_scores, v.value_mix) for k, v in self.parts]
+
     def quant_tensors(self) -> list[QuantTensor]:
         return [t for pair in self.parts for t in pair]
 
@@ -157,6 +162,16 @@ class ZipVLLayer(KVLayer):
         parts = [b.dense() for b in self.blocks]
         return (torch.cat([k for k, _ in parts] + [dense_k], dim=2),
                 torch.cat([v for _, v in parts] + [dense_v], dim=2))
+
+    def append_decode(self, keys, values, positions):
+        """Store only; the decode query reads the blocks through ``attend``."""
+        return KVLayer.append(self, keys, values, positions)
+
+    def attend(self, query, scaling):
+        """Decode attention read from the codes (scaled queries against key codes, probabilities
+        against value codes) and the full-precision buffer, without dequantising a block."""
+        segments = [seg for b in self.blocks for seg in b.segments()] + [dense_segment(self.keys, self.values)]
+        return attend_segments(query, scaling, self.keys.shape[1], segments) if self.blocks else None
 
     def compress(self, important: torch.Tensor) -> None:
         """Quantise the whole buffer; ``important`` is its (n,) bool split. The buffer empties."""
@@ -221,6 +236,7 @@ class ZipVL(KVBackend):
     )
     lossless_params: ClassVar[dict] = {"tau": 1.0, "bits_important": FULL_BITS, "bits_other": FULL_BITS}
     uses_budget = False
+    needs_decode_attention = True  # the buffer's split reads the decode query's row (free from ``attend``)
 
     def __init__(self, budget: float = 1.0, **params) -> None:
         super().__init__(budget, **params)
@@ -294,7 +310,7 @@ class ZipVL(KVBackend):
                 return
             # Alg. 1 (decoding): the last query's attention over the buffered tokens, summed over heads
             buffered = layer.buffered
-            scores = attention_probs(query, key, scaling)[:, 0, -buffered:].sum(dim=0)
+            scores = attn_row[:, 0, -buffered:].sum(dim=0)
             p = adaptive_count(scores, self.tau)
             mask = important_mask(scores, p)
             self.report.setdefault("p", [None] * call.num_layers)[i] = p

@@ -13,7 +13,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from backends.attention_math import attention_probs, causal_attention
+from backends.attention_math import attention_probs, causal_attention, causal_attention_lse, decode_attention
 from backends.base import AttentionCall
 
 from .cache import KVCache
@@ -27,22 +27,35 @@ class ForwardRun:
     cache: KVCache
     call: AttentionCall
     overhead_s: float = 0.0
-    sync: bool = False
+    sync: bool = False  # CUDA: hooks are timed with events, read once per forward pass (``settle``)
     calls: dict = field(default_factory=dict)
+    events: list = field(default_factory=list)
 
     def call_for(self, layer_idx: int) -> AttentionCall:
         return replace(self.call, layer_idx=layer_idx)
 
     def timed(self, fn, *args, **kwargs):
-        """Run a backend hook and add its time to the method's overhead."""
+        """Run a backend hook and add its time to the method's overhead. On CUDA the hook is
+        bracketed by two events, so nothing waits for the device here."""
         if self.sync:
-            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = fn(*args, **kwargs)
+            end.record()
+            self.events.append((start, end))
+            return result
         start = time.perf_counter()
         result = fn(*args, **kwargs)
-        if self.sync:
-            torch.cuda.synchronize()
         self.overhead_s += time.perf_counter() - start
         return result
+
+    def settle(self) -> float:
+        """The overhead so far, in seconds: on CUDA one synchronisation reads every pending event."""
+        if self.events:
+            self.events[-1][1].synchronize()
+            self.overhead_s += sum(start.elapsed_time(end) for start, end in self.events) / 1000
+            self.events.clear()
+        return self.overhead_s
 
 
 _ACTIVE: ContextVar[ForwardRun | None] = ContextVar("kv_arena_forward", default=None)
@@ -70,14 +83,29 @@ def kv_arena_attention(module, query, key, value, attention_mask=None, dropout=0
     backend = run.cache.backend
     call = run.call_for(module.layer_idx)
     layer = run.cache.layers[module.layer_idx]
-    out = backend.attend(call, query, key, value, scaling)
+    out, row = backend.attend(call, query, key, value, scaling), None
     if out is None:
-        out = causal_attention(query, key, value, scaling)
-    row = None
-    if not call.is_prefill and backend.needs_decode_attention:
+        out, row = exact_attention(backend, call, layer, query, key, value, scaling)
+    if row is None and not call.is_prefill and backend.needs_decode_attention:
         row = run.timed(attention_probs, query, key, scaling)
     run.timed(backend.after_attention, call, layer, query, key, scaling, row)
     return out.transpose(1, 2).contiguous(), None
+
+
+def exact_attention(backend, call: AttentionCall, layer, query, key, value, scaling: float):
+    """The runtime's exact attention, computed so that it also yields what the backend scores
+    with: (output, decode softmax row or None); a prefill may set ``call.row_lse``."""
+    if call.is_prefill:
+        if backend.needs_prefill_lse:
+            out, call.row_lse = causal_attention_lse(query, key, value, scaling)
+            return out, None
+        return causal_attention(query, key, value, scaling), None
+    read = layer.attend(query, scaling)  # a compressed layer attends over its stored form
+    if read is not None:
+        return read
+    if backend.needs_decode_attention:
+        return decode_attention(query, key, value, scaling)
+    return causal_attention(query, key, value, scaling), None
 
 
 def _no_mask(*args, **kwargs):

@@ -177,7 +177,8 @@ def table(rows: list[dict]) -> str:
 
 
 # modes with their own CLI
-MODES = {"mpic": "engine.bench_mpic", "prefill": "engine.bench_prefill", "accuracy": "engine.bench_accuracy"}
+MODES = {"mpic": "engine.bench_mpic", "prefill": "engine.bench_prefill", "accuracy": "engine.bench_accuracy",
+         "decode": "engine.bench_decode"}
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,10 @@ class KVCache(Cache):
         self.pending_positions: torch.Tensor | None = None  # token indices of the keys about to arrive
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        return self.layers[layer_idx].append(key_states, value_states, self.pending_positions)
+        layer = self.layers[layer_idx]
+        if key_states.shape[2] == 1:  # a decode step: the seam reads compressed layers via ``attend``
+            return layer.append_decode(key_states, value_states, self.pending_positions)
+        return layer.append(key_states, value_states, self.pending_positions)
 
     def nbytes(self) -> int:
         """Bytes of every tensor the layers hold for attention (codes, scales, factors included)."""

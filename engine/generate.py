@@ -118,7 +118,7 @@ class Conversation:
                                     past_key_values=self.cache, use_cache=True, logits_to_keep=1, **kwargs)
             run.timed(self.backend.after_forward, self.cache, call)
         self.seen = seen
-        return out.logits[0, -1].float(), run.overhead_s
+        return out.logits[0, -1].float(), run.settle()
 
     # --- turns ---------------------------------------------------------------------------------
     def _encode(self, message: Message, close_turn: bool) -> Chunk:

@@ -11,6 +11,7 @@ from conftest import answer, make_image
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import backends
+from backends.attention_math import attention_probs, causal_attention
 from backends.attention_pack import AttentionPack, PackedLayer, factorise, fitted_rank
 from backends.rope import rotate, unrotate
 from engine.generate import Conversation
@@ -263,3 +264,48 @@ def test_question_after_and_a_second_image(models, image):
     assert first.token_ids and second.token_ids
     assert [len(layer.blocks) for layer in conv.cache.layers] == [2] * loaded.num_layers
     assert conv.cache.tokens_per_layer() == [conv.seen] * loaded.num_layers
+
+
+@pytest.mark.parametrize("partial_on", ["values", "keys", "both", "none"])
+def test_decode_attend_in_factor_space_equals_attention_over_the_rebuilt_cache(partial_on):
+    layer, _, _ = layer_with(50, partial_on=partial_on)
+    layer.observe(torch.rand(50), rows=1, alpha=0.25)
+    layer.pack(torch.arange(5, 45), torch.arange(5, 45)[None], 6, 6, synthetic_rotary)
+    layer.choose_groups()
+    assert 0 < int(layer.blocks[0].full.sum()) < 40  # both groups are read
+    layer.append(torch.randn(1, HEADS, 3, DIM), torch.randn(1, HEADS, 3, DIM), torch.arange(50, 53))
+    keys, values = layer.append(torch.randn(1, HEADS, 1, DIM), torch.randn(1, HEADS, 1, DIM), torch.tensor([53]))
+    query, scaling = torch.randn(1, 2 * HEADS, 1, DIM), DIM ** -0.5  # GQA: two query heads per KV head
+    out, row = layer.attend(query, scaling)
+    assert torch.allclose(out, causal_attention(query, keys, values, scaling), atol=1e-5)
+    assert torch.allclose(row, attention_probs(query, keys, scaling), atol=1e-6)
+
+
+def test_decode_append_stores_without_rebuilding():
+    layer, _, _ = layer_with(20)
+    layer.pack(torch.arange(16), torch.arange(16)[None], 4, 4, synthetic_rotary)
+    new_k = torch.randn(1, HEADS, 1, DIM)
+    dense_k, _ = layer.append_decode(new_k, torch.randn(1, HEADS, 1, DIM), torch.tensor([20]))
+    assert dense_k.shape[2] == 5 and torch.equal(dense_k[:, :, -1:], new_k)  # the dense part only
+    assert layer.get_seq_length() == 21 and layer.score.numel() == 5 and layer.buffered.numel() == 5
+
+
+def test_layers_share_one_forward_pass_of_rope_tables():
+    backend = AttentionPack(budget=0.2)
+    layers = [backend.new_layer(i) for i in range(2)]
+    calls = []
+
+    def counting_rotary(rope_ids):
+        calls.append(rope_ids.shape[1])
+        return synthetic_rotary(rope_ids)
+
+    torch.manual_seed(0)
+    for layer in layers:
+        layer.append(torch.randn(1, HEADS, 20, DIM), torch.randn(1, HEADS, 20, DIM), torch.arange(20))
+        layer.pack(torch.arange(16), torch.arange(16)[None], 4, 4, counting_rotary)
+    calls.clear()
+    keys = [layer.block_keys(layer.blocks[0], HEADS, DIM) for layer in layers]
+    assert calls == [16] and not torch.equal(keys[0], keys[1])  # one table for both layers' own factors
+    backend.after_forward(None, None)
+    layers[0].block_keys(layers[0].blocks[0], HEADS, DIM)
+    assert calls == [16, 16]  # a new forward pass computes them again

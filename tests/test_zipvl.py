@@ -10,8 +10,8 @@ import torch
 from conftest import make_image
 
 import backends
-from backends.attention_math import causal_attention
-from backends.quant import pack, packed_nbytes, quantize, unpack
+from backends.attention_math import attention_probs, causal_attention
+from backends.quant import pack, packed_nbytes, quantize, unpack, unpack_float
 from backends.zipvl import ZipVL, ZipVLLayer, adaptive_count, important_mask, probe_rows
 from engine.generate import Conversation
 from engine.inputs import Message
@@ -262,3 +262,25 @@ def test_prefill_bench_runs_at_a_tiny_size(capsys):
     assert all(r["zipvl_s"] > 0 for r in rows)
     assert 0 < rows[1]["important_ratio"] < rows[0]["important_ratio"] <= 1  # a lower tau keeps fewer tokens
     assert bench.main(["--mode", "prefill", "--budget", "0.9,high"]) == 2
+
+
+def test_decode_attend_from_codes_equals_attention_over_the_dequantised_cache():
+    torch.manual_seed(0)
+    layer = ZipVLLayer(4, 2)
+    layer.append(torch.randn(1, HEADS, 30, DIM), torch.randn(1, HEADS, 30, DIM), torch.arange(30))
+    layer.compress(torch.arange(30) % 3 == 0)
+    layer.append(torch.randn(1, HEADS, 3, DIM), torch.randn(1, HEADS, 3, DIM), torch.arange(30, 33))
+    keys, values = layer.append(torch.randn(1, HEADS, 1, DIM), torch.randn(1, HEADS, 1, DIM), torch.tensor([33]))
+    query, scaling = torch.randn(1, 2 * HEADS, 1, DIM), DIM ** -0.5
+    out, row = layer.attend(query, scaling)
+    assert torch.allclose(out, causal_attention(query, keys, values, scaling), atol=1e-5)
+    assert torch.allclose(row, attention_probs(query, keys, scaling), atol=1e-6)
+    dense_k, _ = layer.append_decode(torch.randn(1, HEADS, 1, DIM), torch.randn(1, HEADS, 1, DIM), torch.tensor([34]))
+    assert dense_k.shape[2] == 5 and layer.get_seq_length() == 35  # stored; only the buffer returned
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_unpack_float_equals_unpack(bits):
+    codes = torch.randint(0, 1 << bits, (2, 3, 37))
+    packed = pack(codes, bits)
+    assert torch.equal(unpack_float(packed, bits, 37), unpack(packed, bits, 37).float())
