@@ -126,10 +126,8 @@ class Session:
 
 
 def make_backend(name: str, budget: float, params: dict):
-    """The method at ``budget``; one whose budget slider means something else (ZipVL's tau) runs
-    at that parameter's own default."""
-    slider = backends.backend_class(name).describe_class()["params"][0]
-    if slider["name"] == "budget" and slider["default"] != 1.0:
+    """The method at ``budget``; one with its own knob instead (ZipVL's tau) runs at that knob."""
+    if not backends.backend_class(name).uses_budget:
         return backends.make_backend(name, **params)
     return backends.make_backend(name, budget=budget, **params)
 
