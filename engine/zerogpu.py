@@ -10,6 +10,9 @@ session's state and hand the new one back in their results (see ``engine/service
   callable of the same arguments (ZeroGPU schedules by it; a fixed 120 s would refuse a long video
   and over-book a short question).
 * :func:`use_decorator` swaps what wraps them (a test's stand-in that forks like ZeroGPU).
+* A forked worker computes on one CPU thread: OpenMP's thread pool does not survive ``fork``,
+  so a worker whose parent had already used it hangs at its first parallel CPU op (a pixel
+  tensor's normalisation, say); PyTorch's DataLoader workers do the same for the same reason.
 * :func:`relocate` moves a state's tensors (a chat's cache) between the GPU and the CPU: on
   ZeroGPU the GPU is gone between calls, so a state crosses on the CPU; on dedicated hardware it
   stays where it is (no copy).
@@ -18,6 +21,7 @@ session's state and hand the new one back in their results (see ``engine/service
 from __future__ import annotations
 
 import functools
+import inspect
 import io
 import os
 from collections.abc import Callable
@@ -40,6 +44,31 @@ def spaces_decorator(fn: Callable, duration: Duration) -> Callable:
     return spaces.GPU(duration=duration)(fn)
 
 
+_PARENT_PID = os.getpid()
+
+
+def _single_threaded_if_forked() -> None:
+    if os.getpid() != _PARENT_PID and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+def fork_safe(fn: Callable) -> Callable:
+    """``fn`` that first drops to one CPU thread when it runs in a forked worker (a generator
+    function stays one: ``spaces.GPU`` picks its streaming wrapper by that)."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def stream(*args, **kwargs):
+            _single_threaded_if_forked()
+            yield from fn(*args, **kwargs)
+        return stream
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        _single_threaded_if_forked()
+        return fn(*args, **kwargs)
+    return call
+
+
 _decorator: Callable[[Callable, Duration], Callable] = spaces_decorator
 _functions: list[tuple[Callable, Duration, dict]] = []  # (function, duration, {"run": its wrapped form})
 
@@ -51,8 +80,9 @@ def gpu_function(duration: Duration) -> Callable[[Callable], Callable]:
         return int(min(MAX_SECONDS, max(5.0, duration(*args, **kwargs))))
 
     def wrap(fn: Callable) -> Callable:
-        slot = {"run": _decorator(fn, capped)}
-        _functions.append((fn, capped, slot))
+        safe = fork_safe(fn)
+        slot = {"run": _decorator(safe, capped)}
+        _functions.append((safe, capped, slot))
 
         @functools.wraps(fn)
         def call(*args, **kwargs):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import pickle
+import queue
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ from engine.inputs import Message
 
 MODEL = "tiny-qwen2-vl"
 FORK = multiprocessing.get_context("fork")
+CALL_SECONDS = 300  # a worker that hangs fails its test instead of holding the suite forever
 
 
 def _worker(fn, args_queue, results_queue) -> None:
@@ -49,19 +52,29 @@ class StandIn:
     def __call__(self, fn, duration):
         def results(args, kwargs):
             self.seconds.append(duration(*args, **kwargs))
-            args_queue, results_queue = FORK.SimpleQueue(), FORK.SimpleQueue()
+            args_queue, results_queue = FORK.SimpleQueue(), FORK.Queue()
             worker = FORK.Process(target=_worker, args=(fn, args_queue, results_queue), daemon=True)
             worker.start()
             self.pids.append(worker.pid)
             args_queue.put(pickle.dumps((args, kwargs)))
+            deadline = time.monotonic() + CALL_SECONDS
             try:
                 while True:
-                    kind, payload = results_queue.get()
+                    try:
+                        kind, payload = results_queue.get(timeout=1.0)
+                    except queue.Empty:
+                        if not worker.is_alive():
+                            raise RuntimeError(f"the worker died (exit code {worker.exitcode})") from None
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"the worker gave nothing for {CALL_SECONDS} s") from None
+                        continue
                     yield kind, pickle.loads(payload)
                     if kind != "yield":
                         return
             finally:
                 worker.join(timeout=60)
+                if worker.is_alive():
+                    worker.kill()
 
         def stream(*args, **kwargs):
             for kind, value in results(args, kwargs):
