@@ -1,4 +1,4 @@
-"""Train tiny-arena-vl, the app's offline model, on the seeded boards of engine/scenes.py.
+"""Train tiny-arena-vl v1 on the seeded boards of engine/scenes.py (v2: training/train_arena_v2.py).
 
     python training/train_tiny_vlm.py --out assets/tiny-arena-vl
 
@@ -331,9 +331,9 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
-    model = build_arena_model(args.seed)
+    model = build_arena_model(args.seed, version=1)
     model.set_attn_implementation("sdpa")
-    adapter = QwenVLAdapter(model, tokenizer(), arena_image_processor())
+    adapter = QwenVLAdapter(model, tokenizer(1), arena_image_processor(1))
     visual = model.model.visual
     for param in visual.parameters():
         param.requires_grad_(False)
