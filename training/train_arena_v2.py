@@ -32,9 +32,7 @@ What v1 (training/train_tiny_vlm.py) learnt, reused here:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,10 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "training"))
 
-from engine.arena_model import arena_image_processor, build_arena_model, load_arena_weights, tokenizer  # noqa: E402
 from engine.arena_scenes import CELL, MAX_TURNS, QUESTION_TYPES, SMALL, Item, held_out, item  # noqa: E402
 from engine.inputs import DEFAULT_SYSTEM, QwenVLAdapter  # noqa: E402
-from train_tiny_vlm import lr_at, save  # noqa: E402
+from train_tiny_vlm import lr_at, record, resume, setup, update  # noqa: E402
 
 
 @dataclass
@@ -322,35 +319,14 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     out = Path(args.out)
-    model = build_arena_model(args.seed, version=2)
-    model.set_attn_implementation("sdpa")
-    adapter = QwenVLAdapter(model, tokenizer(2), arena_image_processor(2))
-    visual = model.model.visual
-    for param in visual.parameters():
-        param.requires_grad_(False)
-    merger = list(visual.merger.parameters())
-    for param in merger:
-        param.requires_grad_(True)
-    params = [p for p in model.parameters() if p.requires_grad]
-    merger_ids = {id(p) for p in merger}
-    optimizer = torch.optim.AdamW([{"params": [p for p in params if id(p) not in merger_ids], "scale": 1.0},
-                                   {"params": merger, "scale": args.merger_lr_scale}], lr=args.lr, weight_decay=0.0)
-    start, curve = 0, []
-    if not args.fresh and (out / "optimizer.pt").exists():
-        load_arena_weights(model, out)
-        state = torch.load(out / "optimizer.pt")
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["step"]
-        curve = json.loads((out / "training_curve.json").read_text())
-        print(f"resumed at step {start}", flush=True)
+    model, adapter, params, optimizer = setup(args, version=2)
+    start, curve, t0 = resume(model, optimizer, out, args.fresh)
     batcher = Batcher(model, adapter)
     for kind in QUESTION_TYPES:
         batcher.check(item(args.seed, kind, 2))
     model.train()
-    t0, seen_loss = time.time() - 60 * (curve[-1]["minutes"] if curve else 0.0), []
+    seen_loss = []
     for step in range(start, args.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr) * group["scale"]
@@ -363,21 +339,10 @@ def main(argv=None) -> int:
         rng = np.random.default_rng([args.seed, step, 1])
         for s in seqs:
             hide_for_training(s, rng, evict, objects, background)
-        loss = forward(model, batcher, seqs)[0]
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        seen_loss.append(loss.detach().item())
+        seen_loss.append(update(optimizer, params, forward(model, batcher, seqs)[0]))
         done = step + 1
         if done % args.eval_every == 0 or done == args.steps:
-            acc = evaluate(model, batcher, args.eval_items)
-            point = {"step": done, "loss": float(np.mean(seen_loss)), "minutes": round((time.time() - t0) / 60, 2),
-                     **{k: round(v, 3) for k, v in acc.items()}}
-            curve.append(point)
-            seen_loss = []
-            print(json.dumps(point), flush=True)
-            save(model, out, curve, optimizer, done)
+            record(model, out, curve, optimizer, done, seen_loss, t0, evaluate(model, batcher, args.eval_items))
     return 0
 
 
