@@ -3,7 +3,7 @@ they carry no licence and work offline.
 
     python assets/make_examples.py          # needs Pillow; the video also needs PyAV (pip install av)
 
-Writes shapes.png, chart.png, street.png, board_1.png, board_2.png, bouncing_ball.mp4 (H.264, so
+Writes shapes.png, chart.png, street.png, bouncing_ball.mp4 (H.264, so
 browsers play it) and tiny-arena-vl v2's examples arena_*.png, arena_moving.mp4 next to this file;
 the README's screenshot is taken by tests/test_app_browser.py.
 """
@@ -89,20 +89,6 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: int = 8, crf: int = 30)
         container.mux(stream.encode())
 
 
-# Boards the bundled tiny-arena-vl model was trained on (engine/scenes.py), drawn 4x larger so the
-# UI shows them clearly; the model's image processor scales them back to 84 px (9 visual tokens).
-BOARD_SEEDS = (11, 12)
-
-
-def board(seed: int) -> Image.Image:
-    import sys
-
-    sys.path.insert(0, str(HERE.parent))
-    from engine.scenes import sample
-
-    return sample(seed)[0].image(scale=4)
-
-
 def arena_examples() -> list[Path]:
     """tiny-arena-vl v2's example of each question type (engine/arena_scenes.examples), drawn at the
     size it was trained on; the video at 2 frames per second, as in training."""
@@ -125,8 +111,6 @@ def arena_examples() -> list[Path]:
 def main() -> None:
     for name, make in (("shapes", shapes), ("chart", chart), ("street", street)):
         make().save(HERE / f"{name}.png", optimize=True)
-    for i, seed in enumerate(BOARD_SEEDS, 1):
-        board(seed).save(HERE / f"board_{i}.png", optimize=True)
     write_mp4(HERE / "bouncing_ball.mp4", bouncing_ball())
     arena = arena_examples()
     for path in sorted(HERE.glob("*.png")) + [HERE / "bouncing_ball.mp4"] + [p for p in arena if p.suffix == ".mp4"]:

@@ -22,9 +22,8 @@ ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-arena-vl"
 WEIGHTS = "model.safetensors"
 VERSION_KEY = "arena_version"
 SYSTEM_WORDS = ("system", "user", "assistant", "you", "are", "a", "helpful", ".")  # chat markers, DEFAULT_SYSTEM
-# The app's clickable examples for each generation: (question, media files in assets/), each answered right.
-EXAMPLES_V1: list[tuple[str, list[str]]] = [("How many cells are green?", ["board_1.png"]),
-                                            ("Colour of cell C?", ["board_2.png"])]
+# The app's clickable examples of v2, one per question type: (question, media files in assets/), each
+# answered right (v1's board examples went with v1).
 EXAMPLES_V2: list[tuple[str, list[str]]] = [(it.question.text, files) for it, files in arena_scenes.examples().values()]
 
 
@@ -38,7 +37,7 @@ def _version(version: int | None) -> int:
     return shipped_version() if version is None else version
 
 
-EXAMPLES = EXAMPLES_V2 if shipped_version() == 2 else EXAMPLES_V1
+EXAMPLES = EXAMPLES_V2 if shipped_version() == 2 else []
 
 
 def tokenizer(version: int | None = None):
