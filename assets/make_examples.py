@@ -3,8 +3,9 @@ they carry no licence and work offline.
 
     python assets/make_examples.py          # needs Pillow; the video also needs PyAV (pip install av)
 
-Writes shapes.png, chart.png, street.png, board_1.png, board_2.png and bouncing_ball.mp4 (H.264,
-so browsers play it) next to this file; the README's screenshot is taken by tests/test_app_browser.py.
+Writes shapes.png, chart.png, street.png, bouncing_ball.mp4 (H.264, so
+browsers play it) and tiny-arena-vl v2's examples arena_*.png, arena_moving.mp4 next to this file;
+the README's screenshot is taken by tests/test_app_browser.py.
 """
 
 from __future__ import annotations
@@ -74,40 +75,45 @@ def bouncing_ball(frames: int = 16, fps: int = 8, size: int = 224) -> list[np.nd
     return out
 
 
-def write_mp4(path: Path, frames: list[np.ndarray], fps: int = 8) -> None:
+def write_mp4(path: Path, frames: list[np.ndarray], fps: int = 8, crf: int = 30) -> None:
+    """H.264 (yuv420p, so browsers play it); ``crf`` 0 is lossless apart from the chroma subsampling."""
     import av  # only this script needs it
 
     with av.open(str(path), "w") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height = frames[0].shape[1], frames[0].shape[0]
         stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "30", "preset": "veryslow", "movflags": "+faststart"}
+        stream.options = {"crf": str(crf), "preset": "veryslow", "movflags": "+faststart"}
         for frame in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())
 
 
-# Boards the bundled tiny-arena-vl model was trained on (engine/scenes.py), drawn 4x larger so the
-# UI shows them clearly; the model's image processor scales them back to 84 px (9 visual tokens).
-BOARD_SEEDS = (11, 12)
-
-
-def board(seed: int) -> Image.Image:
+def arena_examples() -> list[Path]:
+    """tiny-arena-vl v2's example of each question type (engine/arena_scenes.examples), drawn at the
+    size it was trained on; the video at 2 frames per second, as in training."""
     import sys
 
     sys.path.insert(0, str(HERE.parent))
-    from engine.scenes import sample
+    from engine.arena_scenes import examples
 
-    return sample(seed)[0].image(scale=4)
+    written = []
+    for it, files in examples().values():
+        if it.video:
+            write_mp4(HERE / files[0], list(it.frames()), fps=2, crf=0)
+        else:
+            for picture, name in zip(it.pictures, files):
+                picture.image().save(HERE / name, optimize=True)
+        written += [HERE / name for name in files]
+    return written
 
 
 def main() -> None:
     for name, make in (("shapes", shapes), ("chart", chart), ("street", street)):
         make().save(HERE / f"{name}.png", optimize=True)
-    for i, seed in enumerate(BOARD_SEEDS, 1):
-        board(seed).save(HERE / f"board_{i}.png", optimize=True)
     write_mp4(HERE / "bouncing_ball.mp4", bouncing_ball())
-    for path in sorted(HERE.glob("*.png")) + [HERE / "bouncing_ball.mp4"]:
+    arena = arena_examples()
+    for path in sorted(HERE.glob("*.png")) + [HERE / "bouncing_ball.mp4"] + [p for p in arena if p.suffix == ".mp4"]:
         print(f"{path.name}: {path.stat().st_size / 1024:.1f} KiB")
 
 

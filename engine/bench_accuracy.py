@@ -1,18 +1,26 @@
-"""Accuracy benchmark: does a method keep the answer right? Held-out questions, every method x budget.
+"""Accuracy benchmark: does a method keep the answers right, on first and follow-up questions?
 
-    python -m engine.bench --mode accuracy --per-type 50 --budgets 0.05,0.1,0.2,0.5,1.0
+    python -m engine.bench --mode accuracy --per-type 100 --budgets 0.05,0.1,0.2,0.5,1.0
 
-Each item is a question from engine/scenes.py with its media: one board (count, colour; what the
-bundled tiny-arena-vl answers), several boards or a short video (which_image, direction: for hub
-models, ``--model Qwen/Qwen2-VL-2B-Instruct --types which_image,direction``). The media are
-prefilled and compressed first, then the question is fed on top of the compressed cache (as
-``--question-after`` in the main benchmark): otherwise a method could keep exactly the tokens the
-question points at, and compression could not change a one-word answer. An answer counts when its
-first word (lower case, punctuation stripped) is the expected one. Methods without a budget run
-once. A probe then drops visual KV by hand (one unrelated cell, a random 75%, exactly the cells the
-answer needs) to show the benchmark is sensitive to the right tokens. Prints a table; writes the
-numbers (JSON) and a Plotly figure (HTML, and PNG when kaleido and a Chrome are installed) of
-accuracy vs budget.
+Held-out chats from engine/arena_scenes.py (what tiny-arena-vl v2 answers; hub models take the same
+questions): one image, several images, a video. Each chat is two turns, as a user asks them: the
+media and the first question in one message (the method compresses that prompt, seeing the
+question), then a follow-up about a *different* object on the same compressed cache. That second
+turn is where methods that keep what the first question needs (SnapKV-like) and methods that do not
+look at it differ. An answer counts when its first word (lower case, punctuation stripped) is the
+expected one.
+
+Every method runs at every value of its knob: ``--budgets`` for methods with a budget, ``--taus`` for
+a method whose knob is ZipVL's threshold ``tau``; methods without a knob run once. Each point
+records the knob and the REALISED KV fraction: the bytes the method's cache holds after the first
+prompt, over the full cache's bytes after the same prompt, averaged over the items. The figure puts
+that fraction on the x axis.
+
+Three probes check that the benchmark is in the regime the methods were made for (full cache, the
+media prefilled first, then visual KV removed by hand before the first question): keep only the
+object tokens (should cost nothing), drop exactly the tokens the answer needs (should fall to
+chance), drop a random 75% of the visual tokens (should cost a lot). Prints a table; writes JSON
+and a Plotly figure (HTML, and PNG when kaleido and a Chrome are installed).
 """
 
 from __future__ import annotations
@@ -28,23 +36,26 @@ import torch
 
 import backends
 
+from .arena_scenes import QUESTION_TYPES, Item, held_out
 from .errors import UserError
 from .generate import Conversation
 from .inputs import Message
-from .models import load_model
-from .scenes import EXTRA_TYPES, GRID, QUESTION_TYPES, Item, held_out
+from .models import ARENA, load_model
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
+PROBES = ("keep only the object tokens", "drop exactly the needed tokens", "drop a random 75% of visual tokens")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m engine.bench --mode accuracy", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="tiny-arena-vl")
+    p.add_argument("--model", default=ARENA)
     p.add_argument("--methods", default="all", help="comma-separated method names, or 'all'")
-    p.add_argument("--budgets", default="0.05,0.1,0.2,0.5,1.0")
-    p.add_argument("--per-type", type=int, default=50, help="held-out questions per question type")
-    p.add_argument("--types", default=",".join(QUESTION_TYPES),
-                   help=f"question types: {', '.join(QUESTION_TYPES + EXTRA_TYPES)} (the last ones need a hub model)")
+    p.add_argument("--budgets", default="0.05,0.1,0.2,0.5,1.0", help="values of a method's budget")
+    p.add_argument("--taus", default="0.9,0.95,0.975,0.99", help="values of a method's tau (ZipVL), when it has no budget")
+    p.add_argument("--per-type", type=int, default=50, help="held-out chats per question type")
+    p.add_argument("--probe-items", type=int, default=None, help="chats per type for the full cache and the probes "
+                                                                 "(default: --per-type)")
+    p.add_argument("--types", default=",".join(QUESTION_TYPES), help=f"question types: {', '.join(QUESTION_TYPES)}")
     p.add_argument("--out", default=str(ASSETS / "accuracy"), help="writes OUT.json, OUT.html (and OUT.png)")
     p.add_argument("--no-figure", action="store_true")
     p.add_argument("--no-probe", action="store_true")
@@ -52,80 +63,173 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def answer(loaded, backend, item: Item, drop=None) -> str:
-    """Compress the media, then ask; ``drop(cache, layout)`` edits the cache by hand before asking."""
-    conv = Conversation(loaded, backend)
-    conv.feed(Message("", **item.media()))
-    if drop is not None:
-        drop(conv.cache, conv.layouts[-1])
-    return conv.ask(Message(item.question.text), max_new_tokens=8).text
-
-
 def is_right(text: str, expected: str) -> bool:
     words = re.sub(r"[^\w\s]", " ", text.lower()).split()
     return bool(words) and words[0] == expected.lower()
 
 
-def accuracy(loaded, backend_factory, items: list[Item], drop_for=None) -> float:
-    right = 0
-    for it in items:
-        drop = drop_for(it.question) if drop_for else None
-        right += is_right(answer(loaded, backend_factory(), it, drop), it.question.answer)
-    return right / len(items)
+def chat(loaded, backend, it: Item) -> tuple[list[bool], int]:
+    """The item's questions asked one after another in one chat (media with the first); per turn
+    whether the answer is right, and the cache's bytes after the first prompt."""
+    conv = Conversation(loaded, backend)
+    right, first_bytes = [], 0
+    for k, q in enumerate(it.turns):
+        update = conv.ask(Message(q.text, **(it.media() if k == 0 else {})), max_new_tokens=4)
+        first_bytes = first_bytes or update.metrics.kv_bytes_prefill
+        right.append(is_right(update.text, q.answer))
+    return right, first_bytes
 
 
-def _dropper(cells_to_drop):
-    """Remove the visual tokens of the given (row, column) cells of the board from every layer."""
-    def drop(cache, layout):
-        start = layout.visuals[0].span[0]
-        gone = torch.tensor([start + r * GRID + c for r, c in cells_to_drop], dtype=torch.long)
-        for layer in cache.layers:
-            layer.keep(torch.nonzero(~torch.isin(layer.positions[0], gone.to(layer.positions.device)))[:, 0])
-    return drop
+def visual_positions(layout) -> list[int]:
+    """Token index of each visual token of the prompt, in the order arena_scenes numbers them."""
+    return [p for v in layout.visuals for p in range(*v.span)]
 
 
-def probe(loaded, items, rng) -> dict[str, float]:
-    """Accuracy after dropping one unrelated cell, a random 75% of cells, or exactly the needed ones."""
-    every = [(r, c) for r in range(GRID) for c in range(GRID)]
-    full = lambda: backends.make_backend("full")  # noqa: E731
-
-    def unrelated(q):
-        others = q.unrelated_cells()
-        return _dropper([others[rng.integers(len(others))]] if others else [])
-
-    def random75(q):
-        return _dropper([every[i] for i in rng.choice(len(every), size=round(0.75 * len(every)), replace=False)])
-
-    return {"drop one unrelated cell": accuracy(loaded, full, items, unrelated),
-            "drop a random 75% of cells": accuracy(loaded, full, items, random75),
-            "drop exactly the needed cells": accuracy(loaded, full, items, lambda q: _dropper(q.cells))}
+def drop_visual(conv: Conversation, dropped: list[int]) -> None:
+    """Remove the given visual tokens (arena_scenes numbering) of the last prompt from every layer."""
+    at = visual_positions(conv.layouts[-1])
+    gone = torch.tensor([at[k] for k in dropped], dtype=torch.long)
+    for layer in conv.cache.layers:
+        layer.keep(torch.nonzero(~torch.isin(layer.positions[0], gone.to(layer.positions.device)))[:, 0])
 
 
-def figure(results: dict, budgets: list[float], out: Path, model: str) -> list[str]:
-    """One panel per question type, one line per method; methods without a budget are flat dots."""
+def probed(loaded, it: Item, dropped: list[int]) -> bool:
+    """Full cache; the media prefilled, the given visual tokens removed, then the first question."""
+    conv = Conversation(loaded, backends.make_backend("full"))
+    conv.feed(Message("", **it.media()))
+    drop_visual(conv, dropped)
+    return is_right(conv.ask(Message(it.question.text), max_new_tokens=4).text, it.question.answer)
+
+
+def probe(loaded, items: list[Item], rng: np.random.Generator) -> dict[str, float]:
+    edits = {
+        PROBES[0]: lambda it: [k for k in range(it.visual_tokens()) if k not in set(it.informative)],
+        PROBES[1]: lambda it: list(it.question.tokens),
+        PROBES[2]: lambda it: [int(k) for k in rng.choice(it.visual_tokens(), round(0.75 * it.visual_tokens()), replace=False)],
+    }
+    return {name: float(np.mean([probed(loaded, it, edit(it)) for it in items])) for name, edit in edits.items()}
+
+
+def knob_of(method: str) -> str | None:
+    """The knob a method's points sweep: its budget, else a ``tau`` parameter, else none."""
+    cls = backends.backend_class(method)
+    if cls.uses_budget:
+        return "budget"
+    return "tau" if any(p.name == "tau" for p in cls.params) else None
+
+
+def sweep(loaded, method: str, values: dict[str, list[float]], items: list[Item], full_bytes: list[int]) -> list[dict]:
+    """One point per knob value: accuracy of first and follow-up questions, realised KV fraction."""
+    knob = knob_of(method)
+    points = []
+    for value in values.get(knob, [None]):
+        kwargs = {} if knob is None else {knob: value}
+        runs = [chat(loaded, backends.make_backend(method, **kwargs), it) for it in items]
+        points.append({"knob": knob, "value": value,
+                       "realised": float(np.mean([b / f for (_, b), f in zip(runs, full_bytes)])),
+                       "first": float(np.mean([r[0] for r, _ in runs])),
+                       "follow": float(np.mean([r[1] for r, _ in runs]))})
+    return points
+
+
+def _values(text: str, name: str) -> list[float]:
+    try:
+        values = sorted(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"--{name} must be comma-separated numbers; got {text!r}") from None
+    if not values or any(not 0 < v <= 1 for v in values):
+        raise UserError(f"--{name} must lie in (0, 1]; got {text}")
+    return values
+
+
+def run(args) -> dict:
+    values = {"budget": _values(args.budgets, "budgets"), "tau": _values(args.taus, "taus")}
+    methods = backends.available() if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        backends.backend_class(m)
+    kinds = [k.strip() for k in args.types.split(",") if k.strip()]
+    for k in kinds:
+        if k not in QUESTION_TYPES:
+            raise UserError(f"unknown question type '{k}'; choose from: {', '.join(QUESTION_TYPES)}")
+    if args.model == ARENA:
+        from .arena_model import shipped_version
+
+        if shipped_version() != 2:
+            raise UserError("the bundled tiny-arena-vl is v1 (3x3 boards) and cannot answer these questions; "
+                            "train v2 with training/train_arena_v2.py and copy it into assets/tiny-arena-vl")
+    loaded = load_model(args.model)
+    probe_items = args.probe_items or args.per_type
+    points: dict[str, dict[str, list[dict]]] = {}
+    probes: dict[str, dict[str, float]] = {}
+    rng = np.random.default_rng(args.seed)
+    for kind in kinds:
+        items = held_out(kind, max(args.per_type, probe_items), turns=2)
+        full = [chat(loaded, backends.make_backend("full"), it) for it in items[:probe_items]]
+        full_bytes = [b for _, b in full]
+        points[kind] = {"full": [{"knob": None, "value": None, "realised": 1.0,
+                                  "first": float(np.mean([r[0] for r, _ in full])),
+                                  "follow": float(np.mean([r[1] for r, _ in full]))}]}
+        print(f"{kind:7s} full             first {points[kind]['full'][0]['first']:.2f}  "
+              f"follow-up {points[kind]['full'][0]['follow']:.2f}  ({probe_items} chats)", flush=True)
+        for method in [m for m in methods if m != "full"]:
+            points[kind][method] = sweep(loaded, method, values, items[:args.per_type], full_bytes[:args.per_type])
+            print(f"{kind:7s} {method:16s} " + "  ".join(
+                f"{p['knob'] or '-'}={p['value']}: kv {p['realised']:.2f} first {p['first']:.2f} follow {p['follow']:.2f}"
+                for p in points[kind][method]), flush=True)
+        if not args.no_probe:
+            probes[kind] = probe(loaded, items[:probe_items], rng)
+    return {"model": args.model, "per_type": args.per_type, "probe_items": probe_items,
+            "protocol": "two-turn chats: media + first question in one prompt, then a follow-up about another object",
+            "x": "realised KV fraction (bytes after the first prompt / full cache's bytes)",
+            "points": points, "probe": probes}
+
+
+def table(report: dict) -> str:
+    lines = [f"model {report['model']}: {report['per_type']} held-out two-turn chats per type "
+             f"({report['probe_items']} for the full cache and the probes); accuracy of the first question "
+             "and of the follow-up; kv = realised KV fraction"]
+    for kind, per_method in report["points"].items():
+        full = per_method["full"][0]
+        lines.append(f"\n[{kind}]  full cache: first {full['first']:.2f}, follow-up {full['follow']:.2f}")
+        for method, points in per_method.items():
+            if method == "full":
+                continue
+            for p in points:
+                knob = f"{p['knob']} {p['value']}" if p["knob"] else "-"
+                lines.append(f"    {method:16s} {knob:13s} kv {p['realised']:5.2f}   first {p['first']:5.2f}"
+                             f"   follow-up {p['follow']:5.2f}")
+        for name, acc in report["probe"].get(kind, {}).items():
+            lines.append(f"    probe: {name}: {acc:.2f} ({100 * (acc - full['first']):+.0f} points)")
+    return "\n".join(lines)
+
+
+def figure(report: dict, out: Path) -> list[str]:
+    """Two rows (first question, follow-up), one column per type; x = realised KV fraction."""
     import plotly.colors
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    kinds = list(results)
-    fig = make_subplots(rows=1, cols=len(kinds), subplot_titles=[f"{k} questions" for k in kinds], shared_yaxes=True)
-    palette = plotly.colors.qualitative.D3
-    methods = list(dict.fromkeys(m for per_method in results.values() for m in per_method))
-    for col, kind in enumerate(kinds, 1):
-        for i, method in enumerate(methods):
-            points = results[kind].get(method)
-            if not points:
-                continue
-            flat = len(points) == 1
-            ys = [points["1.0"]] * len(budgets) if flat else [points[str(b)] for b in budgets]
-            fig.add_trace(go.Scatter(x=budgets, y=ys, name=method, legendgroup=method, showlegend=col == 1,
-                                     mode="lines" if flat else "lines+markers",
-                                     line={"color": palette[i % len(palette)], "dash": "dot" if flat else "solid"}),
-                          row=1, col=col)
-        fig.update_xaxes(type="log", tickvals=budgets, title_text="budget (fraction of KV kept)", row=1, col=col)
-    fig.update_yaxes(title_text="accuracy", range=[0, 1.02], row=1, col=1)
-    fig.update_layout(title=f"{model}: held-out accuracy vs KV budget (media compressed before the question)",
-                      template="plotly_white", width=1100, height=480)
+    kinds = list(report["points"])
+    titles = [f"{k}: {turn}" for turn in ("first question", "follow-up") for k in kinds]
+    fig = make_subplots(rows=2, cols=len(kinds), subplot_titles=titles, shared_yaxes=True, vertical_spacing=0.14)
+    palette = plotly.colors.qualitative.D3 + plotly.colors.qualitative.Set2
+    methods = list(dict.fromkeys(m for per in report["points"].values() for m in per))
+    for row, turn in enumerate(("first", "follow"), 1):
+        for col, kind in enumerate(kinds, 1):
+            for i, method in enumerate(methods):
+                points = sorted(report["points"][kind].get(method, []), key=lambda p: p["realised"])
+                if not points:
+                    continue
+                fig.add_trace(go.Scatter(x=[p["realised"] for p in points], y=[p[turn] for p in points], name=method,
+                                         legendgroup=method, showlegend=row == 1 and col == 1, mode="lines+markers",
+                                         marker={"symbol": "star" if method == "full" else "circle", "size": 9},
+                                         line={"color": palette[i % len(palette)]},
+                                         text=[f"{p['knob']}={p['value']}" if p["knob"] else method for p in points]),
+                              row=row, col=col)
+            fig.update_xaxes(type="log", title_text="realised KV fraction" if row == 2 else None, row=row, col=col)
+        fig.update_yaxes(title_text=f"accuracy ({'first' if row == 1 else 'follow-up'})", range=[0, 1.02], row=row, col=1)
+    fig.update_layout(title=f"{report['model']}: held-out accuracy vs realised KV fraction (two-turn chats)",
+                      template="plotly_white", width=300 * len(kinds) + 200, height=720)
     written = [str(out) + ".html"]
     fig.write_html(written[0], include_plotlyjs="cdn")
     try:
@@ -134,54 +238,6 @@ def figure(results: dict, budgets: list[float], out: Path, model: str) -> list[s
     except Exception as exc:  # noqa: BLE001 - kaleido or its Chrome missing: the HTML and JSON carry the numbers
         print(f"no PNG ({exc.__class__.__name__}): pip install kaleido, with Chrome or Chromium installed")
     return written
-
-
-def run(args) -> dict:
-    budgets = sorted(float(b) for b in args.budgets.split(","))
-    if not budgets or any(not 0 < b <= 1 for b in budgets):
-        raise UserError(f"--budgets must lie in (0, 1]; got {args.budgets}")
-    methods = backends.available() if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        backends.backend_class(m)
-    kinds = [k.strip() for k in args.types.split(",") if k.strip()]
-    for k in kinds:
-        if k not in QUESTION_TYPES + EXTRA_TYPES:
-            raise UserError(f"unknown question type '{k}'; choose from: {', '.join(QUESTION_TYPES + EXTRA_TYPES)}")
-    loaded = load_model(args.model)
-    items_of = {kind: held_out(kind, args.per_type) for kind in kinds}
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    for kind, items in items_of.items():
-        results[kind] = {}
-        for method in ["full"] + [m for m in methods if m != "full"]:
-            cls = backends.backend_class(method)
-            points = budgets if cls.uses_budget else [1.0]
-            results[kind][method] = {
-                str(b): accuracy(loaded, lambda b=b: backends.make_backend(method, budget=b), items) for b in points}
-            print(f"{kind:7s} {method:16s} " + "  ".join(f"{b}: {a:.2f}" for b, a in results[kind][method].items()),
-                  flush=True)
-    probes = {}
-    if not args.no_probe:
-        rng = np.random.default_rng(args.seed)
-        probes = {kind: probe(loaded, items_of[kind], rng) for kind in kinds if kind in QUESTION_TYPES}
-    return {"model": args.model, "per_type": args.per_type, "budgets": budgets, "question_after": True,
-            "accuracy": results, "probe": probes}
-
-
-def table(report: dict) -> str:
-    budgets = report["budgets"]
-    lines = [f"model {report['model']}, {report['per_type']} held-out questions per type, media compressed "
-             "before the question; accuracy (full cache in the first row)"]
-    for kind, per_method in report["accuracy"].items():
-        lines.append(f"\n[{kind}]  " + "method".ljust(16) + "".join(f"{b:>7}" for b in budgets))
-        for method, points in per_method.items():
-            cells = [f"{points[str(b)]:7.2f}" if str(b) in points else f"{points['1.0']:7.2f}" if len(points) == 1 else "      -"
-                     for b in budgets]
-            lines.append(" " * (len(kind) + 4) + method.ljust(16) + "".join(cells))
-        if kind in report["probe"]:
-            full = per_method["full"]["1.0"]
-            for name, acc in report["probe"][kind].items():
-                lines.append(" " * (len(kind) + 4) + f"probe: {name}: {acc:.2f} ({100 * (acc - full):+.0f} points)")
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -197,7 +253,7 @@ def main(argv=None) -> int:
     Path(str(out) + ".json").write_text(json.dumps(report, indent=1))
     written = [str(out) + ".json"]
     if not args.no_figure:
-        written += figure(report["accuracy"], report["budgets"], out, report["model"])
+        written += figure(report, out)
     print("wrote " + ", ".join(written))
     return 0
 

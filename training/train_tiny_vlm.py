@@ -1,4 +1,4 @@
-"""Train tiny-arena-vl, the app's offline model, on the seeded boards of engine/scenes.py.
+"""Train tiny-arena-vl v1 on the seeded boards of engine/scenes.py (v2: training/train_arena_v2.py).
 
     python training/train_tiny_vlm.py --out assets/tiny-arena-vl
 
@@ -326,14 +326,34 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def update(optimizer, params, loss) -> float:
+    """One optimiser step on ``loss`` (gradients clipped to norm 1); returns the loss."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    return loss.detach().item()
+
+
+def record(model, out: Path, curve: list, optimizer, step: int, seen_loss: list, t0: float, acc: dict) -> None:
+    """A point of the learning curve (mean training loss since the last one, minutes, ``acc``):
+    printed, appended to ``curve`` and saved with the checkpoint. Empties ``seen_loss``."""
+    point = {"step": step, "loss": float(np.mean(seen_loss)), "minutes": round((time.time() - t0) / 60, 2),
+             **{k: round(v, 3) for k, v in acc.items()}}
+    curve.append(point)
+    seen_loss.clear()
+    print(json.dumps(point), flush=True)
+    save(model, out, curve, optimizer, step)
+
+
+def setup(args, version: int):
+    """The model to train (seeded), its chat adapter, the trained parameters and their optimizer: the
+    vision blocks frozen at their random init, the merger at ``--merger-lr-scale`` of the rate."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    model = build_arena_model(args.seed)
+    model = build_arena_model(args.seed, version=version)
     model.set_attn_implementation("sdpa")
-    adapter = QwenVLAdapter(model, tokenizer(), arena_image_processor())
+    adapter = QwenVLAdapter(model, tokenizer(version), arena_image_processor(version))
     visual = model.model.visual
     for param in visual.parameters():
         param.requires_grad_(False)
@@ -344,21 +364,33 @@ def main(argv=None) -> int:
     merger_ids = {id(p) for p in merger}
     optimizer = torch.optim.AdamW([{"params": [p for p in params if id(p) not in merger_ids], "scale": 1.0},
                                    {"params": merger, "scale": args.merger_lr_scale}], lr=args.lr, weight_decay=0.0)
-    start, curve = 0, []
-    if not args.fresh and (out / "optimizer.pt").exists():
-        from engine.arena_model import load_arena_weights
+    return model, adapter, params, optimizer
 
-        load_arena_weights(model, out)
-        state = torch.load(out / "optimizer.pt")
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["step"]
-        curve = json.loads((out / "training_curve.json").read_text())
-        print(f"resumed at step {start}", flush=True)
+
+def resume(model, optimizer, out: Path, fresh: bool) -> tuple[int, list, float]:
+    """(step, learning curve, start time) of the checkpoint in ``out``, loaded into model and optimizer;
+    the start time is moved back by the minutes trained so far, so the curve counts the whole training."""
+    if fresh or not (out / "optimizer.pt").exists():
+        return 0, [], time.time()
+    from engine.arena_model import load_arena_weights
+
+    load_arena_weights(model, out)
+    state = torch.load(out / "optimizer.pt")
+    optimizer.load_state_dict(state["optimizer"])
+    print(f"resumed at step {state['step']}", flush=True)
+    curve = json.loads((out / "training_curve.json").read_text())
+    return state["step"], curve, time.time() - 60 * (curve[-1]["minutes"] if curve else 0.0)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    model, adapter, params, optimizer = setup(args, version=1)
+    start, curve, t0 = resume(model, optimizer, out, args.fresh)
     batcher = Batcher(model, adapter)
     batcher.check(sample(args.seed)[0])
     model.train()
-    # minutes on the curve count the whole training, across resumes
-    t0, seen_loss = time.time() - 60 * (curve[-1]["minutes"] if curve else 0.0), []
+    seen_loss = []
     last = args.stages[-1][0]
     for step in range(start, last):
         end, _, drop_share = stage_of(step, args.stages)
@@ -369,19 +401,10 @@ def main(argv=None) -> int:
                  for i, kind in enumerate(kinds_for(step, args))]
         hidden = hidden_keys(batcher, items, np.random.default_rng([args.seed, step, 1]), drop_share) if drop_share else None
         loss, _ = forward_loss(model, batcher, items, completions=round(args.completion_share * args.batch), hidden=hidden)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        seen_loss.append(loss.detach().item())
+        seen_loss.append(update(optimizer, params, loss))
         done = step + 1
         if done % args.eval_every == 0 or done == end:
-            acc = evaluate(model, batcher, args.eval_items)
-            point = {"step": done, "loss": float(np.mean(seen_loss)), "minutes": (time.time() - t0) / 60, **acc}
-            curve.append(point)
-            seen_loss = []
-            print(json.dumps(point), flush=True)
-            save(model, out, curve, optimizer, done)
+            record(model, out, curve, optimizer, done, seen_loss, t0, evaluate(model, batcher, args.eval_items))
     return 0
 
 
