@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import gradio as gr
 
-from engine.arena_model import shipped_version
-
 from .settings import method_specs
 
 INTRO = """
@@ -47,21 +45,14 @@ PANELS = """
 - A figure marked **cached** comes from an earlier full-cache run on exactly the same input, so the
   full cache is not paid for twice.
 
-{arena}
-The other offline models (`tiny-…`, `random:…`) have random weights:
-their answers are nonsense text. Every memory and speed figure is measured, not estimated.
-"""
-
-
-ARENA_V1 = """`tiny-arena-vl`, the offline default, was trained by this project on 3x3 boards of coloured cells
-named A to I (the `board` examples): it answers "How many cells are red?" and "Colour of cell F?" about
-such a board, and nothing else."""
-ARENA_V2 = """`tiny-arena-vl`, the offline default, was trained by this project on drawn scenes like the `arena`
+`tiny-arena-vl`, the offline default, was trained by this project on drawn scenes like the `arena`
 examples: a few coloured shapes on a plain or lightly textured background, most of each picture empty,
 as in the photos the compression methods were made for. It answers "What colour is the triangle?" and
 "Which shape is blue?" about one picture or several, "Which shape moves?" about a short video, and a
-second question about another shape in the same chat; nothing else."""
-PANELS = PANELS.replace("{arena}", ARENA_V2 if shipped_version() == 2 else ARENA_V1)
+second question about another shape in the same chat; nothing else.
+The other offline models (`tiny-…`, `random:…`) have random weights:
+their answers are nonsense text. Every memory and speed figure is measured, not estimated.
+"""
 
 
 def methods_table() -> str:

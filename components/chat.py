@@ -178,7 +178,7 @@ GENERAL_EXAMPLES = [("What shapes do you see, and what colour is each?", ["shape
 
 def examples(model: str | None = None) -> list[list]:
     """The clickable examples for ``model`` (default: the model picked at start; present files only):
-    the trained board model's own (``arena_model.EXAMPLES``, each answered right), else general ones
+    the trained model's own (``arena_model.EXAMPLES``, each answered right), else general ones
     for hub and random models."""
     model = service.default_model() if model is None else model
     rows = arena_model.EXAMPLES if service.is_trained_here(model) else GENERAL_EXAMPLES
@@ -188,8 +188,8 @@ def examples(model: str | None = None) -> list[list]:
 
 def show_examples(model: str) -> tuple:
     """Model picked: show the examples that work with it."""
-    board = service.is_trained_here(model)
-    return gr.Column(visible=board), gr.Column(visible=not board)
+    trained = service.is_trained_here(model)
+    return gr.Column(visible=trained), gr.Column(visible=not trained)
 
 
 @dataclass
@@ -223,9 +223,9 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
         stop_button = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")
         clear_button = gr.Button("New chat", size="sm", elem_id="new-chat")
     status = gr.Markdown(elem_id="chat-status")
-    board = service.is_trained_here(settings.model.value)
+    trained = service.is_trained_here(settings.model.value)
     example_sets = []
-    for shown, model in ((board, service.ARENA), (not board, None)):  # one set per kind of model, one visible
+    for shown, model in ((trained, service.ARENA), (not trained, None)):  # one set per kind of model, one visible
         with gr.Column(visible=shown) as column:
             rows = examples(model or "")
             if rows:

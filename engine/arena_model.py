@@ -1,94 +1,68 @@
-"""tiny-arena-vl: a Qwen2.5-VL-architecture model small enough to ship, trained by the repo.
-
-Two generations share the name; the bundle in assets/tiny-arena-vl says which one it is (its
-config.json's ``arena_version``, absent = 1), and every function here follows the bundle unless
-told otherwise:
-  v1  3x3 boards of coloured cells (engine/scenes.py), byte-level tokenizer, training/train_tiny_vlm.py
-  v2  mostly-background scenes, several images, videos (engine/arena_scenes.py), word-level tokenizer,
-      training/train_arena_v2.py
+"""tiny-arena-vl: a Qwen2.5-VL-architecture model small enough to ship, trained by the repo
+(training/train_arena.py) on the mostly-background scenes, image sets and videos of
+engine/arena_scenes.py, with a word-level tokenizer made in code. Its bundle is assets/tiny-arena-vl.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from . import arena_scenes, scenes
-from .tiny import byte_tokenizer, tiny_config
+from . import arena_scenes
+from .tiny import tiny_config
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-arena-vl"
 WEIGHTS = "model.safetensors"
-VERSION_KEY = "arena_version"
+VERSION_KEY = "arena_version"  # written into config.json: 2 (the first generation, 3x3 boards, is gone)
 SYSTEM_WORDS = ("system", "user", "assistant", "you", "are", "a", "helpful", ".")  # chat markers, DEFAULT_SYSTEM
-# The app's clickable examples of v2, one per question type: (question, media files in assets/), each
-# answered right (v1's board examples went with v1).
-EXAMPLES_V2: list[tuple[str, list[str]]] = [(it.question.text, files) for it, files in arena_scenes.examples().values()]
+# The app's clickable examples, one per question type: (question, media files in assets/), each answered right.
+EXAMPLES: list[tuple[str, list[str]]] = [(it.question.text, files) for it, files in arena_scenes.examples().values()]
 
 
-def shipped_version(directory: Path = ASSET_DIR) -> int:
-    """1 or 2: which generation the bundle in ``directory`` holds (1 when there is none)."""
-    path = directory / "config.json"
-    return int(json.loads(path.read_text()).get(VERSION_KEY, 1)) if path.is_file() else 1
+def tokenizer():
+    from .word_tokenizer import word_tokenizer
+
+    return word_tokenizer(SYSTEM_WORDS + arena_scenes.WORDS)
 
 
-def _version(version: int | None) -> int:
-    return shipped_version() if version is None else version
-
-
-EXAMPLES = EXAMPLES_V2 if shipped_version() == 2 else []
-
-
-def tokenizer(version: int | None = None):
-    if _version(version) == 2:
-        from .word_tokenizer import word_tokenizer
-
-        return word_tokenizer(SYSTEM_WORDS + arena_scenes.WORDS)
-    return byte_tokenizer("qwen")
-
-
-def arena_config(version: int | None = None):
+def arena_config():
     """The tiny Qwen2.5-VL config with a vision tower that sees one grid cell at a time: its window is
-    one cell (28 px = 2x2 patches = one merged token) and no block attends across windows. v2 has the
-    word-level vocabulary (special tokens first, at the same ids as the byte tokenizer's order)."""
+    one cell (28 px = 2x2 patches = one merged token) and no block attends across windows; the
+    word-level vocabulary, special tokens first."""
     config = tiny_config("qwen2_5_vl")
     vision = config.vision_config
     vision.hidden_size, vision.intermediate_size = 64, 128
     vision.window_size = 28
     vision.fullatt_block_indexes = []
-    if _version(version) == 2:
-        tok = tokenizer(2)
-        text = config.text_config
-        text.vocab_size = len(tok)
-        text.bos_token_id, text.eos_token_id = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
-        for name, token in (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-                            ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")):
-            setattr(config, name, tok.convert_tokens_to_ids(token))
-        setattr(config, VERSION_KEY, 2)
+    tok = tokenizer()
+    text = config.text_config
+    text.vocab_size = len(tok)
+    text.bos_token_id, text.eos_token_id = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    for name, token in (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+                        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")):
+        setattr(config, name, tok.convert_tokens_to_ids(token))
+    setattr(config, VERSION_KEY, 2)
     return config
 
 
-def arena_image_processor(version: int | None = None):
-    """v1: every image is resized to the board's size (84 px -> 9 tokens), as in training. v2: images
-    keep their size between 224 px (8x8 tokens) and 448 px (16x16), so one 280 px scene is 10x10
-    tokens, and an 8-frame 224 px video keeps its size (a video shares the image budget).
+def arena_image_processor():
+    """Images keep their size between 224 px (8x8 tokens) and 448 px (16x16), so one 280 px scene is
+    10x10 tokens, and an 8-frame 224 px video keeps its size (a video shares the image budget).
     Nearest-neighbour, so that scenes drawn larger come back pixel for pixel, exactly as trained."""
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    if _version(version) == 2:
-        small = arena_scenes.SMALL * arena_scenes.CELL
-        return Qwen2VLImageProcessorPil(min_pixels=small * small, max_pixels=4 * small * small, resample=Image.NEAREST)
-    return Qwen2VLImageProcessorPil(min_pixels=scenes.SIZE**2, max_pixels=scenes.SIZE**2, resample=Image.NEAREST)
+    small = arena_scenes.SMALL * arena_scenes.CELL
+    return Qwen2VLImageProcessorPil(min_pixels=small * small, max_pixels=4 * small * small, resample=Image.NEAREST)
 
 
-def build_arena_model(seed: int = 0, version: int | None = None):
+def build_arena_model(seed: int = 0):
     """Random-initialised model (training starts here)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     torch.manual_seed(seed)
-    return Qwen2_5_VLForConditionalGeneration(arena_config(version))
+    return Qwen2_5_VLForConditionalGeneration(arena_config())
 
 
 def arena_weights_present(directory: Path = ASSET_DIR) -> bool:
@@ -102,7 +76,7 @@ def load_arena_weights(model, directory: Path = ASSET_DIR) -> None:
     if not path.exists():
         from .errors import UserError
 
-        raise UserError(f"{path} is missing; train it with: python training/train_arena_v2.py")
+        raise UserError(f"{path} is missing; train it with: python training/train_arena.py")
     state = load_file(str(path))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if "lm_head" not in k]:

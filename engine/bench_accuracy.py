@@ -2,7 +2,7 @@
 
     python -m engine.bench --mode accuracy --per-type 100 --budgets 0.05,0.1,0.2,0.5,1.0
 
-Held-out chats from engine/arena_scenes.py (what tiny-arena-vl v2 answers; hub models take the same
+Held-out chats from engine/arena_scenes.py (what tiny-arena-vl answers; hub models take the same
 questions): one image, several images, a video. Each chat is two turns, as a user asks them: the
 media and the first question in one message (the method compresses that prompt, seeing the
 question), then a follow-up about a *different* object on the same compressed cache. That second
@@ -151,12 +151,6 @@ def run(args) -> dict:
     for k in kinds:
         if k not in QUESTION_TYPES:
             raise UserError(f"unknown question type '{k}'; choose from: {', '.join(QUESTION_TYPES)}")
-    if args.model == ARENA:
-        from .arena_model import shipped_version
-
-        if shipped_version() != 2:
-            raise UserError("the bundled tiny-arena-vl is v1 (3x3 boards) and cannot answer these questions; "
-                            "train v2 with training/train_arena_v2.py and copy it into assets/tiny-arena-vl")
     loaded = load_model(args.model)
     probe_items = args.probe_items or args.per_type
     points: dict[str, dict[str, list[dict]]] = {}

@@ -10,24 +10,18 @@ from pathlib import Path
 
 import torch
 
-from .arena_model import shipped_version
 from .errors import UserError
 from .inputs import ADAPTERS, ChatAdapter
 from .tiny import byte_tokenizer, tiny_config, tiny_image_processor
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-ARENA = "tiny-arena-vl"  # trained by training/train_tiny_vlm.py, weights in assets/tiny-arena-vl
-ARENA_DESCRIPTION_V1 = ("Tiny Qwen2.5-VL trained here (offline, 0.9M parameters). It only understands 3x3 boards of "
-                        "red/green/blue/yellow cells named A to I, like the example 'board' images, one board per "
-                        "question: ask 'How many cells are red?' or 'Colour of cell F?'. Anything else (photos, "
-                        "charts, videos, several boards, free-form questions) gets nonsense.")
-ARENA_DESCRIPTION_V2 = ("Tiny Qwen2.5-VL trained here (offline, 0.8M parameters) on simple drawn scenes like the "
+ARENA = "tiny-arena-vl"  # trained by training/train_arena.py, weights in assets/tiny-arena-vl
+ARENA_DESCRIPTION = ("Tiny Qwen2.5-VL trained here (offline, 0.8M parameters) on simple drawn scenes like the "
                         "'arena' examples: a few coloured shapes (square, circle, triangle, cross, ring in red, green, "
                         "blue, yellow, purple or orange) on a plain or lightly textured background. Ask 'What colour is "
                         "the triangle?' or 'Which shape is blue?' about one picture or several, or 'Which shape "
                         "moves?' about a short video; ask again about another shape in the same chat. It answers "
                         "with one word; photos, charts and other questions get nonsense.")
-ARENA_DESCRIPTION = ARENA_DESCRIPTION_V2 if shipped_version() == 2 else ARENA_DESCRIPTION_V1
 ATTENTION_NAME = "kv_arena"  # registered by engine.attention
 
 

@@ -82,7 +82,7 @@ def hub_reachable(timeout: float = 1.5) -> bool:
 
 def default_model() -> str:
     """``KV_ARENA_MODEL`` if set; a real hub model with a GPU and network; else the model trained here
-    (it answers questions about its boards), or a tiny random one if its weights are missing."""
+    (it answers questions about its scenes), or a tiny random one if its weights are missing."""
     chosen = os.environ.get("KV_ARENA_MODEL")
     if chosen:
         return chosen
@@ -145,7 +145,7 @@ def image_tokens(name: str, side: int = 448) -> int:
 def mpic_default_k(name: str, paper_k: int = 32) -> int:
     """MPIC-k's k for this model: the paper's 32 recomputed tokens per image (of 256 and more in
     its models), capped at a quarter of the model's tokens for a 448 px image, so a model with
-    few tokens per image (tiny-arena-vl: 9) still reuses most of each stored image."""
+    few tokens per image still reuses most of each stored image."""
     return max(1, min(paper_k, image_tokens(name) // 4))
 
 
@@ -233,8 +233,8 @@ def media_hint(model: str, messages: list[Prepared]) -> str:
     """A hint when a model that only answers about media gets a conversation without any."""
     if not is_trained_here(model) or any(p.message.images or p.message.videos for p in messages):
         return ""
-    return (f"Hint: {model} only answers questions about a board image (see the Examples); "
-            "without one its answer means nothing.")
+    return (f"Hint: {model} only answers questions about its kind of scenes, a picture, several or a "
+            "short video (see the Examples); without one its answer means nothing.")
 
 
 # --------------------------------------------------------------------------------------------

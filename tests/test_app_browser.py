@@ -1,5 +1,5 @@
 """End to end in headless Chromium (Debian's package, driven by Playwright), as a newcomer meets the
-app with its default model: a corrupt image (a message, the file cleared), an example board
+app with its default model: a corrupt image (a message, the file cleared), an example scene
 answered, a second turn, another method, a comparison; screenshots of each step.
 
 Skipped when Playwright or Chromium is absent. Screenshots go to ``outputs/``; with
@@ -18,7 +18,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/lib/chromium/chromium")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
-BOARD = ROOT / "assets" / "board_2.png"
+SCENE = ROOT / "assets" / "arena_shape.png"
 
 sync_api = pytest.importorskip("playwright.sync_api")
 expect = sync_api.expect
@@ -89,25 +89,25 @@ def test_a_newcomer_recovers_from_a_bad_file_then_chats_switches_method_and_comp
     # 1. a corrupt image: one message under the input, the file leaves the box, the text stays
     corrupt = tmp_path / "broken.png"
     corrupt.write_bytes(b"not a png at all")
-    send(page, "chat-input", "How many cells are green?", corrupt)
+    send(page, "chat-input", "What colour is the circle?", corrupt)
     submit(page)
     page.locator("#chat-status").get_by_text("is not a readable image").wait_for()
     expect(page.locator("#chat-input img")).to_have_count(0)
-    expect(page.locator("#chat-input textarea")).to_have_value("How many cells are green?")
+    expect(page.locator("#chat-input textarea")).to_have_value("What colour is the circle?")
     assert page.get_by_test_id("user").count() == 0  # nothing entered the chat
     save(page, "app_error.png")
 
-    # 2. the next send works without clean-up: the default model's example board, answered
+    # 2. the next send works without clean-up: the default model's example scene, answered
     page.locator("#chat-input textarea").fill("")
-    page.get_by_text("How many cells are green?").first.click()  # an example of the selected model
+    page.get_by_text("What colour is the circle?").first.click()  # an example of the selected model
     page.locator("#chat-input img").first.wait_for()
     submit(page)
     answered(page, 1)
     page.locator("#memory-plot .js-plotly-plot").wait_for()
     page.locator("#speed-plot .js-plotly-plot").wait_for()
 
-    # 3. a second turn about the same board continues the conversation
-    page.locator("#chat-input textarea").fill("Colour of cell C?")
+    # 3. a follow-up about another shape of the same scene continues the conversation
+    page.locator("#chat-input textarea").fill("What colour is the triangle?")
     submit(page)
     answered(page, 2)
     assert page.get_by_text("New conversation", exact=True).count() == 0
@@ -119,7 +119,7 @@ def test_a_newcomer_recovers_from_a_bad_file_then_chats_switches_method_and_comp
         budget.fill(typed)
         budget.press("Enter")  # a typed value out of range is clamped by Gradio, and said
         expect(page.locator("#range-note")).to_have_text(note)
-    send(page, "chat-input", "How many cells are red?", BOARD)
+    send(page, "chat-input", "Which shape is yellow?", SCENE)
     submit(page)
     page.locator("#chat-status").get_by_text("match the full cache").wait_for()
     page.locator("#memory-plot").get_by_text("saved").first.wait_for()
@@ -135,7 +135,7 @@ def test_a_newcomer_recovers_from_a_bad_file_then_chats_switches_method_and_comp
         box.set_checked(False)
     for name in ("StreamingLLM", "SnapKV"):
         methods.get_by_label(name, exact=True).set_checked(True)
-    send(page, "compare-input", "How many cells are red?", BOARD)
+    send(page, "compare-input", "Which shape is yellow?", SCENE)
     page.locator("#compare-run").click()
     page.locator("#compare-status").get_by_text("Done").wait_for()
     table = page.locator("#compare-table")

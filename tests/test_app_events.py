@@ -262,14 +262,14 @@ def test_out_of_range_settings_are_said_not_clamped(media, name, value):
     assert outputs[-1][2].startswith(chat.NOT_ANSWERED) and "must lie between" in outputs[-1][2]
 
 
-def test_a_question_without_media_to_a_board_model_gets_a_hint():
-    hint = service.media_hint("tiny-arena-vl", [service.prepare("How many cells are red?", [])])
-    assert "board image" in hint
+def test_a_question_without_media_to_the_trained_model_gets_a_hint():
+    hint = service.media_hint("tiny-arena-vl", [service.prepare("What colour is the circle?", [])])
+    assert "only answers questions about its kind of scenes" in hint
     assert service.media_hint("tiny-qwen2-vl", [service.prepare("Hi", [])]) == ""
-    with_board = service.prepare("How many cells are red?", [str(chat.ASSETS / "board_1.png")])
-    assert service.media_hint("tiny-arena-vl", [with_board]) == ""
-    outputs, error = turn(service.Session(), ask("How many cells are red?"), method="full", model="tiny-arena-vl")
-    assert error is None and "Hint: tiny-arena-vl only answers questions about a board image" in outputs[-1][2]
+    with_scene = service.prepare("What colour is the circle?", [str(chat.ASSETS / "arena_colour.png")])
+    assert service.media_hint("tiny-arena-vl", [with_scene]) == ""
+    outputs, error = turn(service.Session(), ask("What colour is the circle?"), method="full", model="tiny-arena-vl")
+    assert error is None and "Hint: tiny-arena-vl only answers questions about its kind of scenes" in outputs[-1][2]
 
 
 def test_an_image_over_the_limits_is_refused_before_decoding(tmp_path, monkeypatch):
@@ -406,28 +406,28 @@ def test_projection_at_real_scale_is_plain_arithmetic_on_the_configs():
 def test_examples_are_those_of_the_selected_model():
     from engine import arena_model
 
-    board = chat.examples("tiny-arena-vl")
-    assert [(e[0]["text"], [p.rsplit("/", 1)[-1] for p in e[0]["files"]]) for e in board] == \
+    trained = chat.examples("tiny-arena-vl")
+    assert [(e[0]["text"], [p.rsplit("/", 1)[-1] for p in e[0]["files"]]) for e in trained] == \
         [(q, files) for q, files in arena_model.EXAMPLES]
     general = chat.examples(MODEL)
-    assert len(general) == 4 and not any("board" in f for e in general for f in e[0]["files"])
+    assert len(general) == 4 and not any("arena_" in f for e in general for f in e[0]["files"])
     shown = chat.show_examples("tiny-arena-vl")
     assert shown[0].visible is True and shown[1].visible is False
 
 
 def test_mpic_default_k_suits_the_model_image_size(media_store):
-    assert service.mpic_default_k("tiny-arena-vl") == 2  # 9 tokens per image: a quarter, rounded down
     assert service.mpic_default_k(MODEL) == 32  # 256 tokens for 448 px: the paper's 32
-    # with that default the board model reuses most of a stored board (k = 32 reused none of its 9 tokens)
+    assert service.mpic_default_k("tiny-arena-vl") == 32
+    # the trained model reuses all but k of a stored scene's 100 tokens when it is sent again
     media_store()
     session = service.Session()
-    board = str(chat.ASSETS / "board_1.png")
+    scene = str(chat.ASSETS / "arena_colour.png")
     k = {"mpic": {"k": service.mpic_default_k("tiny-arena-vl")}}
-    first, _ = turn(session, ask("How many cells are green?", board), method="mpic", model="tiny-arena-vl", params=k)
-    second, error = turn(session, ask("Colour of cell C?", board), first[-1][0], method="mpic", model="tiny-arena-vl",
-                         params=k)
+    first, _ = turn(session, ask("What colour is the circle?", scene), method="mpic", model="tiny-arena-vl", params=k)
+    second, error = turn(session, ask("What colour is the triangle?", scene), first[-1][0], method="mpic",
+                         model="tiny-arena-vl", params=k)
     assert error is None
-    assert int(re.search(r"(\d+) prompt tokens reused", second[-1][2]).group(1)) >= 9 - 2
+    assert int(re.search(r"(\d+) prompt tokens reused", second[-1][2]).group(1)) >= 100 - 32
 
 
 def test_vs_full_is_one_unit_and_marks_noise():

@@ -1,8 +1,5 @@
-"""The bundled, trained tiny-arena-vl model: loads offline and answers known items right; its v2
-scenes, tokenizer and training match the app's prompts; the accuracy benchmark runs end to end.
-
-The bundle in assets/tiny-arena-vl is v1 (3x3 boards) or v2 (arena scenes, images, video): the tests
-that need its weights run for the generation it holds and are skipped for the other."""
+"""The bundled, trained tiny-arena-vl model: loads offline and answers known items right; its
+scenes, tokenizer and training match the app's prompts; the accuracy benchmark runs end to end."""
 
 from __future__ import annotations
 
@@ -17,13 +14,8 @@ from engine import bench
 from engine.generate import Conversation
 from engine.inputs import Message
 from engine.models import MODELS, load_model
-from engine.arena_model import shipped_version
-from engine.scenes import COLOURS, EXTRA_TYPES, GRID, colour_question, count_question, held_out, item, sample
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-V1 = pytest.mark.skipif(shipped_version() != 1, reason="assets/tiny-arena-vl holds v2, not the v1 board model")
-V2 = pytest.mark.skipif(shipped_version() != 2, reason="assets/tiny-arena-vl holds v1 until the v2 run is copied in "
-                                                       "(/work/train_v2.README)")
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +23,7 @@ def arena():
     return load_model("tiny-arena-vl", device="cpu")
 
 
-def ask(loaded, image, question: str, question_after: bool = True) -> str:
-    conv = Conversation(loaded, backends.make_backend("full"))
-    if question_after:
-        conv.feed(Message("", images=[image]))
-        return conv.ask(Message(question), max_new_tokens=8).text.strip()
-    return conv.ask(Message(question, images=[image]), max_new_tokens=8).text.strip()
-
-
-def _training_module(name: str = "train_tiny_vlm"):
+def _training_module(name: str = "train_arena"):
     import importlib.util
 
     path = Path(__file__).resolve().parent.parent / "training" / f"{name}.py"
@@ -50,47 +34,10 @@ def _training_module(name: str = "train_tiny_vlm"):
     return module
 
 
-def test_scenes_are_seeded_and_answers_follow_the_board():
-    a, qa = sample(123)
-    b, qb = sample(123)
-    assert a.colours == b.colours and qa == qb
-    assert sum(int(count_question(a, c).answer) for c in COLOURS) == GRID * GRID
-    q = colour_question(a, 1, 2)
-    assert q.text == "Colour of cell F?" and q.answer == a.colours[1][2] and q.cells == ((1, 2),)
-    assert a.image().size == (84, 84) and a.image(scale=4).size == (336, 336)
-    assert a.image().tobytes() == b.image().tobytes()
-
-
-def test_extra_question_types_have_consistent_answers():
-    several = item(5, "which_image")
-    counts = [len(s.cells_of(several.question.text.split()[-2])) for s in several.scenes]
-    assert 2 <= len(counts) <= 3 and counts.index(max(counts)) + 1 == int(several.question.answer)
-    assert counts.count(max(counts)) == 1 and len(several.media()["images"]) == len(counts)
-    video = item(7, "direction")
-    frames = video.frames.astype(int)
-    red = [(f[..., 0] > 200) & (f[..., 1] < 80) for f in frames]  # the square's pixels, frame by frame
-    ys, xs = zip(*[(m.nonzero()[0].mean(), m.nonzero()[1].mean()) for m in red])
-    moved = {"left": xs[0] - xs[-1], "right": xs[-1] - xs[0], "up": ys[0] - ys[-1], "down": ys[-1] - ys[0]}
-    assert max(moved, key=moved.get) == video.question.answer
-    assert video.media()["videos"][0].frames.shape[0] == 8
-    assert {it.question.kind for kind in EXTRA_TYPES for it in held_out(kind, 2)} == set(EXTRA_TYPES)
-
-
 def test_bundled_model_is_registered_and_shipped():
     assert (ASSETS / "tiny-arena-vl" / "model.safetensors").stat().st_size < 20_000_000
     spec = MODELS["tiny-arena-vl"]
-    assert not spec.needs_download and ("Which shape moves?" if shipped_version() == 2 else "How many") in spec.description
-
-
-@V1
-def test_known_answers_on_held_out_boards(arena):
-    """A handful of held-out boards: counts and colours of named cells, both prompt orders."""
-    items = held_out("count", 5) + held_out("colour", 5)
-    got = [ask(arena, it.scenes[0].image(), it.question.text) for it in items]
-    want = [it.question.answer for it in items]
-    assert sum(g == w for g, w in zip(got, want)) >= 9, list(zip(got, want))
-    first = items[0]
-    assert ask(arena, first.scenes[0].image(), first.question.text, question_after=False) == first.question.answer
+    assert not spec.needs_download and "Which shape moves?" in spec.description
 
 
 def test_answers_are_matched_on_their_first_word():
@@ -106,36 +53,12 @@ def test_accuracy_bench_rejects_bad_input(capsys):
     assert "error" in capsys.readouterr().err
 
 
-def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
-    """A few steps of the real training script: weights and curve written, a longer schedule resumes."""
-    from engine.arena_model import load_arena_weights
-
-    train = _training_module()
-    small = ["--out", str(tmp_path), "--batch", "4", "--colour-first-steps", "1", "--eval-every", "1",
-             "--eval-items", "2"]
-    assert train.main(small + ["--stages", "2:0.5"]) == 0
-    assert [p["step"] for p in json.loads((tmp_path / "training_curve.json").read_text())] == [1, 2]
-    assert train.main(small + ["--stages", "2:0.5,3:1.0:1.0"]) == 0  # the last step trains with evictions
-    curve = json.loads((tmp_path / "training_curve.json").read_text())
-    assert [p["step"] for p in curve] == [1, 2, 3]
-    assert set(curve[-1]) >= {"count", "colour", "count_drop1", "colour_drop1", "loss"}
-    assert "resumed at step 2" in capsys.readouterr().out
-    model = train.build_arena_model(version=1)
-    load_arena_weights(model, tmp_path)  # what the app loads
-    assert train.kinds_for(5, train.parse_args(small + ["--stages", "9:1.0"])) == ["count"] * 4
-    assert train.parse_stages("10:0.5,20:0.9:0.25") == [(10, 0.5, 0.0), (20, 0.9, 0.25)]
-    for bad in ("10:0.5,5:0.5", "10:0.5:2", "10"):
-        with pytest.raises(SystemExit):
-            train.parse_stages(bad)
-
-# --- v2: scenes in the papers' regime (mostly background), several images, video, follow-ups ---------
-
-V2_ITEMS = [(kind, seed) for kind in ("colour", "shape", "images", "moving") for seed in range(8)]
+ITEMS = [(kind, seed) for kind in ("colour", "shape", "images", "moving") for seed in range(8)]
 
 
 @pytest.fixture(scope="module")
-def random_v2():
-    """A random-weight v2 model behind the app's own pieces (no bundle needed)."""
+def random_arena():
+    """A random-weight tiny-arena-vl behind the app's own pieces (no bundle needed)."""
     import torch
 
     import engine.attention  # noqa: F401 - registers the runtime's attention function
@@ -143,14 +66,14 @@ def random_v2():
     from engine.inputs import QwenVLAdapter
     from engine.models import ATTENTION_NAME, LoadedModel
 
-    model = build_arena_model(3, version=2).eval()
+    model = build_arena_model(3).eval()
     model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
-    adapter = QwenVLAdapter(model, tokenizer(2), arena_image_processor(2))
+    adapter = QwenVLAdapter(model, tokenizer(), arena_image_processor())
     return LoadedModel(MODELS["tiny-arena-vl"], model, adapter, torch.float32, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("kind,seed", V2_ITEMS)
-def test_v2_scenes_are_seeded_mostly_background_and_name_their_tokens(kind, seed):
+@pytest.mark.parametrize("kind,seed", ITEMS)
+def test_scenes_are_seeded_mostly_background_and_name_their_tokens(kind, seed):
     import numpy as np
 
     from engine.arena_scenes import BIG, SMALL, cell_pixels, item
@@ -179,11 +102,11 @@ def test_v2_scenes_are_seeded_mostly_background_and_name_their_tokens(kind, seed
         assert len(mover) == 1 and len(set(cells)) == len(cells)  # one object, a new cell every frame
 
 
-def test_v2_prompt_is_mostly_visual_and_every_answer_is_one_token(random_v2):
+def test_prompt_is_mostly_visual_and_every_answer_is_one_token(random_arena):
     from engine.arena_scenes import COLOURS, SHAPES, held_out
     from engine.inputs import DEFAULT_SYSTEM
 
-    adapter = random_v2.adapter
+    adapter = random_arena.adapter
     assert all(len(adapter.tokens(word)) == 1 for word in list(COLOURS) + list(SHAPES))
     assert len(adapter.tokens(DEFAULT_SYSTEM)) <= 8
     for it in held_out("colour", 3) + held_out("shape", 3):
@@ -193,7 +116,7 @@ def test_v2_prompt_is_mostly_visual_and_every_answer_is_one_token(random_v2):
 
 
 @pytest.mark.parametrize("kind", ["colour", "images", "moving"])
-def test_v2_training_sees_exactly_the_apps_chat(random_v2, kind, monkeypatch):
+def test_training_sees_exactly_the_apps_chat(random_arena, kind, monkeypatch):
     """Tokens, M-RoPE positions and visual tokens of a three-turn training chat are those of a real
     Conversation (whatever it answers), and an eviction in training (an attention mask) gives the
     logits that removing the same tokens from the cache gives."""
@@ -204,14 +127,14 @@ def test_v2_training_sees_exactly_the_apps_chat(random_v2, kind, monkeypatch):
     from engine.bench_accuracy import drop_visual
     from engine.models import ATTENTION_NAME
 
-    train = _training_module("train_arena_v2")
-    batcher = train.Batcher(random_v2.model, random_v2.adapter)
+    train = _training_module()
+    batcher = train.Batcher(random_arena.model, random_arena.adapter)
     it = item(11, kind, 3)
     batcher.check(it)
     chunks = []
-    encode = random_v2.adapter.encode_turn
-    monkeypatch.setattr(random_v2.adapter, "encode_turn", lambda *a, **k: chunks.append(encode(*a, **k)) or chunks[-1])
-    conv = Conversation(random_v2, backends.make_backend("full"))
+    encode = random_arena.adapter.encode_turn
+    monkeypatch.setattr(random_arena.adapter, "encode_turn", lambda *a, **k: chunks.append(encode(*a, **k)) or chunks[-1])
+    conv = Conversation(random_arena, backends.make_backend("full"))
     said = [conv.ask(Message(q.text, **(it.media() if k == 0 else {})), max_new_tokens=1).token_ids[0]
             for k, q in enumerate(it.turns)]
     seq = batcher.encode(it)
@@ -227,32 +150,32 @@ def test_v2_training_sees_exactly_the_apps_chat(random_v2, kind, monkeypatch):
               if k not in it.question.tokens]
     seq.item = it
     seq.hidden = [seq.visual_at[k] for k in hidden]
-    random_v2.model.set_attn_implementation("sdpa")  # as the training script runs it
+    random_arena.model.set_attn_implementation("sdpa")  # as the training script runs it
     with torch.no_grad():
-        logits = train.forward(random_v2.model, batcher, [seq])[2][0]  # predicts the first answer
-    random_v2.model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
-    conv = Conversation(random_v2, backends.make_backend("full"))
+        logits = train.forward(random_arena.model, batcher, [seq])[2][0]  # predicts the first answer
+    random_arena.model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
+    conv = Conversation(random_arena, backends.make_backend("full"))
     conv.feed(Message("", **it.media()))
     drop_visual(conv, hidden)
     conv.ask(Message(it.question.text), max_new_tokens=1)
     assert torch.allclose(logits, conv._last_logits, atol=1e-4)
 
 
-def test_v2_training_script_runs_saves_and_resumes(tmp_path, capsys):
-    from engine.arena_model import build_arena_model, load_arena_weights, shipped_version
+def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
+    from engine.arena_model import VERSION_KEY, build_arena_model, load_arena_weights
 
-    train = _training_module("train_arena_v2")
+    train = _training_module()
     small = ["--out", str(tmp_path), "--batch", "4", "--eval-every", "1", "--eval-items", "2", "--reveal", "1,1,2",
              "--evict-from", "1", "--completion-until", "1"]
-    assert train.main(small + ["--steps", "2"]) == 0
+    assert train.main(small + ["--steps", "3", "--stop-at", "2"]) == 0  # the schedule of 3 steps, cut after 2
     assert train.main(small + ["--steps", "3"]) == 0  # resumes
     assert "resumed at step 2" in capsys.readouterr().out
     curve = json.loads((tmp_path / "training_curve.json").read_text())
     assert [p["step"] for p in curve] == [1, 2, 3]
     assert set(curve[-1]) >= {"loss", "colour", "colour_follow", "images_objects_only", "moving_no_needed",
                               "shape_random75"}
-    assert shipped_version(tmp_path) == 2
-    load_arena_weights(build_arena_model(version=2), tmp_path)  # what the app loads
+    assert json.loads((tmp_path / "config.json").read_text())[VERSION_KEY] == 2
+    load_arena_weights(build_arena_model(), tmp_path)  # what the app loads
     assert train.reveal(0, (10, 20, 40)) == (1.0, 1.0) and train.reveal(15, (10, 20, 40)) == (0.5, 1.0)
     assert train.reveal(30, (10, 20, 40)) == (0.0, 0.5) and train.reveal(50, (10, 20, 40)) == (0.0, 0.0)
 
@@ -277,26 +200,18 @@ def test_accuracy_bench_smoke(tmp_path, capsys):
     assert "snapkv" in capsys.readouterr().out
 
 
-@V1
-def test_accuracy_bench_says_the_bundle_is_v1(capsys):
-    assert bench.main(["--mode", "accuracy", "--per-type", "1", "--no-figure"]) == 2
-    assert "v1" in capsys.readouterr().err
-
-
-@V2
-def test_v2_known_answers_first_and_follow_up(arena):
+def test_known_answers_first_and_follow_up(arena):
     """A handful of held-out two-turn chats of every type, full cache, as a user asks them."""
     from engine.arena_scenes import QUESTION_TYPES
-    from engine.arena_scenes import held_out as held_out_v2
+    from engine.arena_scenes import held_out
     from engine.bench_accuracy import chat
 
     for kind in QUESTION_TYPES:
-        right = [chat(arena, backends.make_backend("full"), it)[0] for it in held_out_v2(kind, 5, turns=2)]
+        right = [chat(arena, backends.make_backend("full"), it)[0] for it in held_out(kind, 5, turns=2)]
         assert sum(r[0] for r in right) >= 4 and sum(r[1] for r in right) >= 4, (kind, right)
 
 
-@V2
-def test_v2_examples_are_answered(arena):
+def test_examples_are_answered(arena):
     """The app's clickable examples (arena_model.EXAMPLES, files drawn by assets/make_examples.py)."""
     from engine.arena_model import EXAMPLES
     from engine.arena_scenes import examples
@@ -309,8 +224,7 @@ def test_v2_examples_are_answered(arena):
         assert conv.ask(Message(text, **media), max_new_tokens=4).text.strip() == expected[text], (text, files)
 
 
-@V2
-def test_v2_is_the_offline_default_and_says_what_it_answers(monkeypatch):
+def test_is_the_offline_default_and_says_what_it_answers(monkeypatch):
     import torch
 
     from components import about, settings

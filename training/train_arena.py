@@ -1,8 +1,9 @@
-"""Train tiny-arena-vl v2 on the mostly-background scenes, image sets and videos of engine/arena_scenes.py.
+"""Train tiny-arena-vl on the mostly-background scenes, image sets and videos of engine/arena_scenes.py.
 
-    python training/train_arena_v2.py --out /work/arena-v2-run --threads 1
+    python training/train_arena.py --stop-at 2750 --threads 1
 
-(the shipped run's command; then copy config.json and model.safetensors into assets/tiny-arena-vl.)
+(the shipped run's command, about 1 h on a 2-core CPU; it writes runs/tiny-arena-vl, whose
+config.json and model.safetensors are then copied into assets/tiny-arena-vl.)
 Seeded: every batch is drawn from (--seed, step), so a run interrupted at any point and rerun with
 the same flags resumes from the last checkpoint in --out (weights, optimizer, learning curve, saved
 every --eval-every steps) and goes on exactly as it would have. Every --eval-every steps it prints
@@ -14,7 +15,7 @@ media's placeholder tokens and M-RoPE positions (model.get_rope_index, as the ad
 a follow-up turn opened by the previous answer's end-of-turn token, as engine/generate.py feeds it
 (tests/test_tiny_vlm.py checks the tokens and positions against a real Conversation).
 
-What v1 (training/train_tiny_vlm.py) learnt, reused here:
+What the first generation (3x3 boards, nine visual tokens, dropped) taught, reused here:
 - The vision tower's blocks stay frozen at their random init (trained at this size they collapse);
   only the patch merger learns, at a quarter of the rate. Its window is one cell, so a visual token
   depends on its cell's pixels only: the merger inputs of every cell content (background style,
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT / "training"))
 
 from engine.arena_scenes import CELL, MAX_TURNS, QUESTION_TYPES, SMALL, Item, held_out, item  # noqa: E402
 from engine.inputs import DEFAULT_SYSTEM, QwenVLAdapter  # noqa: E402
-from train_tiny_vlm import lr_at, record, resume, setup, update  # noqa: E402
+from checkpoints import lr_at, record, resume, setup, update  # noqa: E402
 
 
 @dataclass
@@ -296,9 +297,11 @@ def draw(step: int, args) -> list[Item]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=7000)
+    p.add_argument("--steps", type=int, default=7000, help="the schedule's length (the learning rate's cosine)")
+    p.add_argument("--stop-at", type=int, default=None, help="stop after this step, the schedule unchanged "
+                                                            "(the shipped weights: 2750)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="/work/arena-v2-run")
+    p.add_argument("--out", default=str(ROOT / "runs" / "tiny-arena-vl"))
     p.add_argument("--batch", type=int, default=24, help="chats per step")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--merger-lr-scale", type=float, default=0.25, help="the merger's rate, relative to --lr")
@@ -320,14 +323,14 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
-    model, adapter, params, optimizer = setup(args, version=2)
+    model, adapter, params, optimizer = setup(args)
     start, curve, t0 = resume(model, optimizer, out, args.fresh)
     batcher = Batcher(model, adapter)
     for kind in QUESTION_TYPES:
         batcher.check(item(args.seed, kind, 2))
     model.train()
     seen_loss = []
-    for step in range(start, args.steps):
+    for step in range(start, min(args.steps, args.stop_at or args.steps)):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr) * group["scale"]
         share = args.completion_share if step < args.completion_until else args.completion_share / 5
@@ -341,7 +344,7 @@ def main(argv=None) -> int:
             hide_for_training(s, rng, evict, objects, background)
         seen_loss.append(update(optimizer, params, forward(model, batcher, seqs)[0]))
         done = step + 1
-        if done % args.eval_every == 0 or done == args.steps:
+        if done % args.eval_every == 0 or done in (args.steps, args.stop_at):
             record(model, out, curve, optimizer, done, seen_loss, t0, evaluate(model, batcher, args.eval_items))
     return 0
 

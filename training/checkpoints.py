@@ -1,0 +1,99 @@
+"""What a training run of tiny-arena-vl needs around its model: the seeded set-up (frozen vision
+blocks, the merger at a smaller rate), the learning-rate schedule, an optimiser step, and the
+checkpoint it saves and resumes from (weights, optimiser, learning curve)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine.arena_model import WEIGHTS, arena_image_processor, build_arena_model, tokenizer  # noqa: E402
+from engine.inputs import QwenVLAdapter  # noqa: E402
+
+
+def lr_at(step: int, end: int, peak: float, warmup: int = 200) -> float:
+    """Linear warm-up, then a cosine from ``peak`` down to a tenth of it at step ``end`` (the current
+    stage's end: a later stage restarts where that longer cosine stands, a warm restart)."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, end - warmup)))))
+
+
+def setup(args):
+    """The model to train (seeded), its chat adapter, the trained parameters and their optimizer: the
+    vision blocks frozen at their random init (trained at this size they collapse), the merger at
+    ``--merger-lr-scale`` of the rate."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = build_arena_model(args.seed)
+    model.set_attn_implementation("sdpa")
+    adapter = QwenVLAdapter(model, tokenizer(), arena_image_processor())
+    visual = model.model.visual
+    for param in visual.parameters():
+        param.requires_grad_(False)
+    merger = list(visual.merger.parameters())
+    for param in merger:
+        param.requires_grad_(True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    merger_ids = {id(p) for p in merger}
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if id(p) not in merger_ids], "scale": 1.0},
+                                   {"params": merger, "scale": args.merger_lr_scale}], lr=args.lr, weight_decay=0.0)
+    return model, adapter, params, optimizer
+
+
+def update(optimizer, params, loss) -> float:
+    """One optimiser step on ``loss`` (gradients clipped to norm 1); returns the loss."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    return loss.detach().item()
+
+
+def save(model, out: Path, curve: list, optimizer, step: int) -> None:
+    """Weights (written aside, then moved: an interrupted save leaves the last one whole), config,
+    learning curve and optimiser state."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / (WEIGHTS + ".tmp")), metadata={"step": str(step)})
+    (out / (WEIGHTS + ".tmp")).replace(out / WEIGHTS)
+    model.config.to_json_file(str(out / "config.json"))
+    (out / "training_curve.json").write_text(json.dumps(curve, indent=1))
+    torch.save({"optimizer": optimizer.state_dict(), "step": step}, out / "optimizer.pt")
+
+
+def record(model, out: Path, curve: list, optimizer, step: int, seen_loss: list, t0: float, acc: dict) -> None:
+    """A point of the learning curve (mean training loss since the last one, minutes, ``acc``):
+    printed, appended to ``curve`` and saved with the checkpoint. Empties ``seen_loss``."""
+    point = {"step": step, "loss": float(np.mean(seen_loss)), "minutes": round((time.time() - t0) / 60, 2),
+             **{k: round(v, 3) for k, v in acc.items()}}
+    curve.append(point)
+    seen_loss.clear()
+    print(json.dumps(point), flush=True)
+    save(model, out, curve, optimizer, step)
+
+
+def resume(model, optimizer, out: Path, fresh: bool) -> tuple[int, list, float]:
+    """(step, learning curve, start time) of the checkpoint in ``out``, loaded into model and optimizer;
+    the start time is moved back by the minutes trained so far, so the curve counts the whole training."""
+    if fresh or not (out / "optimizer.pt").exists():
+        return 0, [], time.time()
+    from engine.arena_model import load_arena_weights
+
+    load_arena_weights(model, out)
+    state = torch.load(out / "optimizer.pt")
+    optimizer.load_state_dict(state["optimizer"])
+    print(f"resumed at step {state['step']}", flush=True)
+    curve = json.loads((out / "training_curve.json").read_text())
+    return state["step"], curve, time.time() - 60 * (curve[-1]["minutes"] if curve else 0.0)
