@@ -42,6 +42,9 @@ PANELS = """
   different budgets show their plan as markers.
 - **Kept visual tokens**: each cell of the picture is one visual token; dark red cells were dropped.
 - **Same tokens as full**: how many answer tokens match the full cache's answer, position by position.
+- **Quality vs memory** (Compare): each method as a point, the fraction of the full cache's bytes it
+  really held against its share of tokens equal to the full cache's answer; whatever a method's own
+  knob (a budget, ZipVL's threshold, MPIC's mode), it lands on this one axis.
 - A figure marked **cached** comes from an earlier full-cache run on exactly the same input, so the
   full cache is not paid for twice.
 

@@ -58,7 +58,7 @@ def answer_boxes(runs: list[dict]) -> list:
 
 def respond(message, methods: list[str], session: service.Session, settings: service.Settings,
             progress=None) -> Iterator[tuple]:
-    """Yields (5 answer boxes, table, status, memory, speed, layers, overlay gallery, input box).
+    """Yields (5 answer boxes, table, status, memory, speed, layers, quality, overlay gallery, input box).
     Bad input is said once, in the status line: the rest keeps what it showed, rejected files
     leave the input box."""
     text, files = parse_message(message)
@@ -72,7 +72,8 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
             reference, others = runs[0], runs[1:]
             redraw = view["done"] or time.monotonic() - drawn > PLOT_EVERY_S
             figures = (plots.memory_figure(others, reference), plots.speed_figure(others, reference),
-                       plots.layer_figure(others, reference)) if redraw else (gr.skip(),) * 3
+                       plots.layer_figure(others, reference), plots.quality_figure(others, reference)) \
+                if redraw else (gr.skip(),) * 4
             drawn = time.monotonic() if redraw else drawn
             items = [item for run in others for item in overlay.gallery(run["visuals"], prefix=run["method"] + ", ")]
             status = "Done." if view["done"] else f"Running {runs[-1]['method']}…"
@@ -87,7 +88,7 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
 
 def refused(exc: UserError, box) -> tuple:
     """Every output kept as it was but the status (the message) and the input box."""
-    return (*(gr.skip(),) * (SLOTS + 1), refusal(exc), *(gr.skip(),) * 4, box)
+    return (*(gr.skip(),) * (SLOTS + 1), refusal(exc), *(gr.skip(),) * 5, box)
 
 
 def run(message, methods, session, request: gr.Request, progress=gr.Progress(), **controls):
@@ -125,12 +126,13 @@ class CompareTab:
     memory: gr.Plot
     speed: gr.Plot
     layers: gr.Plot
+    quality: gr.Plot
     gallery: gr.Gallery
 
     @property
     def outputs(self) -> list:
-        return [*self.answers, self.table, self.status, self.memory, self.speed, self.layers, self.gallery,
-                self.textbox]
+        return [*self.answers, self.table, self.status, self.memory, self.speed, self.layers, self.quality,
+                self.gallery, self.textbox]
 
 
 def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
@@ -153,10 +155,12 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     with gr.Row():
         memory = gr.Plot(label="KV memory")
         speed = gr.Plot(label="Speed")
-    layers = gr.Plot(label="Per-layer budget")
+    with gr.Row():
+        layers = gr.Plot(label="Per-layer budget")
+        quality = gr.Plot(label="Quality vs memory", elem_id="compare-quality")
     gallery = gr.Gallery(label="Which visual tokens each method kept (averaged over layers)", columns=2, height="auto",
                          object_fit="contain", preview=False, fit_columns=False)  # 2 columns: captions fit
-    tab = CompareTab(methods, textbox, button, answers, grid, status, memory, speed, layers, gallery)
+    tab = CompareTab(methods, textbox, button, answers, grid, status, memory, speed, layers, quality, gallery)
     methods.input(limit_methods, methods, [methods, status], queue=False, api_visibility="private")
     button.click(run, [textbox, methods, session], tab.outputs, inputs_kwargs=settings.named, api_name="compare",
                  concurrency_id="gpu", concurrency_limit=1)

@@ -150,6 +150,25 @@ def layer_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
     return fig
 
 
+def quality_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
+    """One point per method: x the fraction of the full cache's KV bytes it really holds (measured
+    after the prompt), y the share of its answer tokens equal to the full cache's, position by
+    position. Methods with different knobs (a budget, ZipVL's tau, MPIC's mode) meet on this axis."""
+    fig = _empty("Same answer as the full cache vs KV held", "quality")
+    if reference:
+        fig.add_scatter(x=[1.0], y=[1.0], name=series_name(reference), mode="markers",
+                        marker=dict(color=FULL_COLOR, symbol="star", size=16))
+    for i, run in enumerate(runs):
+        held, same = kept_fraction(run, reference), run.get("agreement")
+        if held is None or same is None:  # still running, or no reference to measure against
+            continue
+        fig.add_scatter(x=[held], y=[same], name=series_name(run), mode="markers+text", text=[run["method"]],
+                        textposition="top center", marker=dict(color=COLORS[i % len(COLORS)], size=12))
+    fig.update_xaxes(title="fraction of the full cache's KV bytes held (measured)", range=[0, 1.08])
+    fig.update_yaxes(title="answer tokens same as full", tickformat=".0%", range=[0, 1.1])
+    return fig
+
+
 TTFT_LABELS = {"recompute": "Full recompute", "prefix": "Prefix caching", "mpic": "MPIC"}
 
 
