@@ -59,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=str(ASSETS / "accuracy"), help="writes OUT.json, OUT.html (and OUT.png)")
     p.add_argument("--no-figure", action="store_true")
     p.add_argument("--no-probe", action="store_true")
+    p.add_argument("--from-json", default=None, metavar="JSON",
+                   help="run nothing: print the tables and draw the figure of an earlier run's OUT.json")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -197,6 +199,31 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _mean(points: list[dict], key: str) -> float:
+    return float(np.mean([p[key] for p in points]))
+
+
+def markdown(report: dict) -> str:
+    """The README's tables: per method and knob value, the realised KV fraction and the accuracy of
+    the first question and of the follow-up, each the mean over the question types."""
+    kinds = list(report["points"])
+    methods = list(dict.fromkeys(m for per in report["points"].values() for m in per))
+    lines = ["| method | knob | KV held (measured) | first question | follow-up | follow-up per type (" +
+             ", ".join(kinds) + ") |", "|---|---|---|---|---|---|"]
+    for method in methods:
+        for i, _ in enumerate(report["points"][kinds[0]][method]):
+            same = [report["points"][k][method][i] for k in kinds]
+            knob = f"{same[0]['knob']} {same[0]['value']}" if same[0]["knob"] else "-"
+            lines.append(f"| {method} | {knob} | {_mean(same, 'realised'):.2f} | {_mean(same, 'first'):.2f} | "
+                         f"**{_mean(same, 'follow'):.2f}** | " + " ".join(f"{p['follow']:.2f}" for p in same) + " |")
+    if report.get("probe"):
+        lines += ["", "| probe (full cache, first question) | " + " | ".join(kinds) + " |",
+                  "|---|" + "---|" * len(kinds)]
+        for name in PROBES:
+            lines.append(f"| {name} | " + " | ".join(f"{report['probe'][k][name]:.2f}" for k in kinds) + " |")
+    return "\n".join(lines)
+
+
 def figure(report: dict, out: Path) -> list[str]:
     """Two rows (first question, follow-up), one column per type; x = realised KV fraction."""
     import plotly.colors
@@ -236,19 +263,22 @@ def figure(report: dict, out: Path) -> list[str]:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
     try:
-        report = run(args)
-    except (UserError, ValueError) as exc:
+        report = json.loads(Path(args.from_json).read_text()) if args.from_json else run(args)
+    except (UserError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(table(report))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    Path(str(out) + ".json").write_text(json.dumps(report, indent=1))
-    written = [str(out) + ".json"]
+    print("\n" + markdown(report))
+    written = []
+    if not args.from_json:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        Path(str(out) + ".json").write_text(json.dumps(report, indent=1))
+        written.append(str(out) + ".json")
     if not args.no_figure:
         written += figure(report, out)
-    print("wrote " + ", ".join(written))
+    print("wrote " + ", ".join(written or ["nothing"]))
     return 0
 
 
