@@ -78,7 +78,7 @@ class Param:
         return {k: v for k, v in self.__dict__.items() if v is not None} | {"kind": self.kind}
 
 
-BUDGET = Param("budget", 1.0, "Fraction of the full KV cache to keep (1.0 keeps everything).", 0.01, 1.0, 0.01)
+BUDGET = Param("budget", 1.0, "Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).", 0.01, 1.0, 0.01)
 
 # ---------------------------------------------------------------------------------------------
 # What a backend is told about the prompt and the current forward pass
