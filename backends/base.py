@@ -23,9 +23,8 @@ Keys arrive post-RoPE, shape ``(1, H_kv, S, D)``; queries ``(1, H, q, D)``. Batc
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -292,7 +291,8 @@ class KVBackend:
     lossless_params: ClassVar[dict[str, Any]] = {}
 
     budget: float = 1.0
-    report: dict[str, Any] = field(default_factory=dict, init=False, repr=False)  # filled by the method: per-layer budgets, kept sets...
+    # filled by the method: per-layer budgets, kept sets...
+    report: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __new__(cls, *args: Any, **kwargs: Any):
         # a dataclass ``__init__`` answers an unknown keyword with a TypeError: say which exist instead
@@ -311,7 +311,7 @@ class KVBackend:
     def param_specs(cls) -> tuple[Param, ...]:
         """The method's parameters (``budget`` aside), from its :func:`param` fields, in field order."""
         return tuple(Param(f.name, f.default, **f.metadata["param"])
-                     for f in dataclasses.fields(cls) if "param" in f.metadata)
+                     for f in fields(cls) if "param" in f.metadata)
 
     @classmethod
     def check_params(cls, params: dict[str, Any]) -> None:
