@@ -294,14 +294,6 @@ class KVBackend:
     # filled by the method: per-layer budgets, kept sets...
     report: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
-    def __new__(cls, *args: Any, **kwargs: Any):
-        # a dataclass ``__init__`` answers an unknown keyword with a TypeError: say which exist instead
-        # (a subclass with its own ``__init__`` takes what it declares)
-        init_owner = next(k for k in cls.__mro__ if "__init__" in k.__dict__)
-        if kwargs and "__dataclass_fields__" in init_owner.__dict__:
-            cls.check_params(kwargs)
-        return super().__new__(cls)
-
     def __post_init__(self) -> None:
         self.budget = BUDGET.coerce(self.budget)
         for p in self.param_specs():
