@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import BUDGET, AttentionCall, KVBackend, KVLayer, Param, PromptLayout, VisualSpan
+from .base import BUDGET, AttentionCall, KVBackend, KVLayer, Param, PromptLayout, VisualSpan, param
 
 _REGISTRY: dict[str, type[KVBackend]] = {}
 BROKEN: dict[str, str] = {}  # module -> error; a test asserts it stays empty
@@ -50,7 +50,9 @@ def backend_class(name: str) -> type[KVBackend]:
 
 def make_backend(name: str, budget: float = 1.0, **params) -> KVBackend:
     """Build a method by name; raises ValueError with a readable message on bad input."""
-    return backend_class(name)(budget=budget, **params)
+    cls = backend_class(name)
+    cls.check_params(params)  # before the dataclass __init__, which would raise a bare TypeError
+    return cls(budget=budget, **params)
 
 
 __all__ = [
@@ -64,4 +66,5 @@ __all__ = [
     "available",
     "backend_class",
     "make_backend",
+    "param",
 ]

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention_math import attend_segments, attention_probs, dense_segment
-from .base import KVBackend, KVLayer, Param
+from .base import KVBackend, KVLayer, param
 from .rope import rotate, unrotate
 
 STAT_ROWS = 32  # prompt rows that seed the statistic: the question sits at the end of the prompt
@@ -271,26 +271,25 @@ class PackedLayer(KVLayer):
         raise NotImplementedError("AttentionPack keeps every token; its factors cannot be gathered")
 
 
+@dataclass(eq=False)
 class AttentionPack(KVBackend):
     name = "attention_pack"
     title = "AttentionPack"
     paper = "https://arxiv.org/abs/2603.23914"
     summary = ("Stores the image tokens' keys and values as low-rank factors (all heads together) and "
                "rebuilds them at every step: full rank for the most-attended 25%, a quarter of it for the rest.")
-    params = (
-        Param("rank_k", 0, "Rank of the key factors; 0 derives it from the budget (paper: 64 images, 128 video).", 0, 4096, 1),
-        Param("rank_v", 0, "Rank of the value factors; 0 derives it from the budget.", 0, 4096, 1),
-        Param("full_share", 0.25, "Share of compressed tokens, by attention, rebuilt at full rank (the rest at R/4).", 0.0, 1.0, 0.05),
-        Param("partial_on", "values", "Which factors the reduced-rank group applies to (paper: values).",
-              choices=("values", "keys", "both", "none")),
-        Param("ema_alpha", 0.25, "Decay of the running attention statistic per query (Eq. 1).", 0.0, 1.0, 0.05),
-        Param("period", 0, "Generated tokens collected dense before they are factorised too; 0 never (the "
-              "paper compresses visual tokens only, Sec. 8.2).", 0, 4096, 1),
-    )
+    rank_k: int = param(0, "Rank of the key factors; 0 derives it from the budget (paper: 64 images, 128 video).", 0, 4096, 1)
+    rank_v: int = param(0, "Rank of the value factors; 0 derives it from the budget.", 0, 4096, 1)
+    full_share: float = param(0.25, "Share of compressed tokens, by attention, rebuilt at full rank (the rest at R/4).", 0.0, 1.0, 0.05)
+    partial_on: str = param("values", "Which factors the reduced-rank group applies to (paper: values).",
+                            choices=("values", "keys", "both", "none"))
+    ema_alpha: float = param(0.25, "Decay of the running attention statistic per query (Eq. 1).", 0.0, 1.0, 0.05)
+    period: int = param(0, "Generated tokens collected dense before they are factorised too; 0 never (the "
+                        "paper compresses visual tokens only, Sec. 8.2).", 0, 4096, 1)
     needs_decode_attention = True  # the decode query's attention row feeds the statistic
 
-    def __init__(self, budget: float = 1.0, **params) -> None:
-        super().__init__(budget, **params)
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.needs_decode_attention = self.budget < 1.0  # the full cache needs no statistic
         self._tables: dict = {}  # (first position, tokens) -> RoPE tables of a block, this forward pass
 

@@ -24,7 +24,7 @@ Keys arrive post-RoPE, shape ``(1, H_kv, S, D)``; queries ``(1, H, q, D)``. Batc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -76,6 +76,16 @@ class Param:
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None} | {"kind": self.kind}
+
+
+def param(default: float | int | bool | str, help: str, minimum: float | None = None, maximum: float | None = None,
+          step: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    """A method's parameter as a dataclass field: ``window: int = param(32, "help", 1, 512, 1)``.
+
+    The default is the field's default; help, range, step and choices ride in its metadata, from
+    which :meth:`KVBackend.param_specs` builds the :class:`Param` the UI and the CLI describe."""
+    spec = {"help": help, "minimum": minimum, "maximum": maximum, "step": step, "choices": choices}
+    return field(default=default, metadata={"param": spec})
 
 
 BUDGET = Param("budget", 1.0, "Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).", 0.01, 1.0, 0.01)
@@ -250,17 +260,19 @@ class KVLayer(DynamicLayer):
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(eq=False)  # identity equality and hash, as for any object
 class KVBackend:
     """Base class: the full cache. Subclasses override the seams they need.
 
     Class attributes describe the method for the registry, the UI and ``engine.bench --list``.
+    A method's parameters are dataclass fields made with :func:`param` (subclasses are
+    ``@dataclass(eq=False)`` too); values may arrive as strings and are coerced on construction.
     """
 
     name: ClassVar[str] = "full"
     title: ClassVar[str] = "Full cache"
     paper: ClassVar[str] = ""  # URL
     summary: ClassVar[str] = "Keeps every key and value: the reference for every figure."
-    params: ClassVar[tuple[Param, ...]] = ()
     # True: cache held at budget x tokens seen while decoding; False: the prompt is compressed and
     # decoded tokens are appended.
     holds_budget_while_decoding: ClassVar[bool] = False
@@ -278,20 +290,33 @@ class KVBackend:
     # registry-wide lossless test uses them; e.g. a quantising method turns quantisation off).
     lossless_params: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, budget: float = 1.0, **params: Any) -> None:
-        self.budget = BUDGET.coerce(budget)
-        known = {p.name: p for p in self.params}
-        unknown = set(params) - set(known)
-        if unknown:
-            raise ValueError(f"{self.name} has no parameter {', '.join(sorted(unknown))}; it takes: {', '.join(known) or 'none'}")
-        self.config = {p.name: p.coerce(params.get(p.name, p.default)) for p in self.params}
-        self.report: dict[str, Any] = {}  # filled by the method: per-layer budgets, kept sets...
+    budget: float = 1.0
+    # filled by the method: per-layer budgets, kept sets...
+    report: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
-    def __getattr__(self, item: str) -> Any:  # parameters read as attributes: self.window
-        config = self.__dict__.get("config", {})
-        if item in config:
-            return config[item]
-        raise AttributeError(item)
+    def __post_init__(self) -> None:
+        self.budget = BUDGET.coerce(self.budget)
+        for p in self.param_specs():
+            setattr(self, p.name, p.coerce(getattr(self, p.name)))
+
+    @classmethod
+    def param_specs(cls) -> tuple[Param, ...]:
+        """The method's parameters (``budget`` aside), from its :func:`param` fields, in field order."""
+        return tuple(Param(f.name, f.default, **f.metadata["param"])
+                     for f in fields(cls) if "param" in f.metadata)
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any]) -> None:
+        """Raise a readable ValueError if ``params`` names something that is neither budget nor a parameter."""
+        known = [p.name for p in cls.param_specs()]
+        unknown = set(params) - set(known) - {"budget"}
+        if unknown:
+            raise ValueError(f"{cls.name} has no parameter {', '.join(sorted(unknown))}; it takes: {', '.join(known) or 'none'}")
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The parameters' values by name (``budget`` aside)."""
+        return {p.name: getattr(self, p.name) for p in self.param_specs()}
 
     # --- seams -------------------------------------------------------------------------------
     def new_layer(self, layer_idx: int) -> KVLayer:
@@ -319,7 +344,7 @@ class KVBackend:
             "summary": self.summary,
             "holds_budget_while_decoding": self.holds_budget_while_decoding,
             "uses_budget": self.uses_budget,
-            "params": [BUDGET.to_dict()] + [p.to_dict() for p in self.params],
+            "params": [BUDGET.to_dict()] + [p.to_dict() for p in self.param_specs()],
         }
 
     @classmethod

@@ -43,10 +43,12 @@ tokens folded into another entry by the last merge), ``truncation_index`` (per l
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .attention_math import attention_column_sums
-from .base import AttentionCall, KVBackend, KVLayer, Param
+from .base import AttentionCall, KVBackend, KVLayer, param
 
 
 def select_anchors(importance: torch.Tensor, count: int, forced: torch.Tensor) -> torch.Tensor:
@@ -70,23 +72,21 @@ def bucket_means(states: torch.Tensor, bucket: torch.Tensor, count: int) -> torc
     return (sums / sizes[:, None]).to(states.dtype)
 
 
+@dataclass(eq=False)
 class ElasticCache(KVBackend):
     name = "elastic_cache"
     title = "Elastic Cache"
     paper = "https://arxiv.org/abs/2407.18121"
     summary = ("Merges every prompt token into its nearest important anchor (top attention received), "
                "then holds the cache at the budget while decoding by dropping the entry at a fixed point.")
-    params = (
-        Param("truncation_distance", 25, "While decoding, entries are removed this many positions before the "
-              "end of the merged prompt (Sec. 4.1: 25).", 1, 1024, 1),
-        Param("protected_tokens", 1, "First tokens always kept as anchors (Sec. 4.1 protects the first one).",
-              1, 64, 1),
-    )
+    truncation_distance: int = param(25, "While decoding, entries are removed this many positions before the "
+                                     "end of the merged prompt (Sec. 4.1: 25).", 1, 1024, 1)
+    protected_tokens: int = param(1, "First tokens always kept as anchors (Sec. 4.1 protects the first one).", 1, 64, 1)
     holds_budget_while_decoding = True
     needs_prefill_lse = True  # importance from the prefill attention's own log-sum-exp
 
-    def __init__(self, budget: float = 1.0, **params) -> None:
-        super().__init__(budget, **params)
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self._cut: dict[int, int] = {}  # layer -> fixed truncation index N_tl
 
     def target(self, seen: int) -> int:

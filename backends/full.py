@@ -1,8 +1,11 @@
 """The uncompressed cache: every key and value of every token. The reference for all figures."""
 
+from dataclasses import dataclass
+
 from .base import KVBackend
 
 
+@dataclass(eq=False)
 class FullCache(KVBackend):
     name = "full"
     title = "Full cache"

@@ -29,11 +29,12 @@ accumulated attention of those entries).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from .attention_math import attention_column_sums, kv_group_mean
-from .base import AttentionCall, KVBackend, KVLayer, Param
+from .base import AttentionCall, KVBackend, KVLayer, param
 
 
 class ScoredLayer(KVLayer):
@@ -65,22 +66,21 @@ class ScoredLayer(KVLayer):
         return kv / (kv + self.scores.element_size())
 
 
+@dataclass(eq=False)
 class H2O(KVBackend):
     name = "h2o"
     title = "H2O (heavy hitters)"
     paper = "https://arxiv.org/abs/2306.14048"
     summary = ("Keeps the tokens that received the most attention so far, updated at every generated token, "
                "plus the most recent ones; evicts the rest.")
-    params = (
-        Param("recent_share", 0.1, "Share of the kept entries reserved for the most recent tokens "
-              "(10% of the budget, VL-Cache's setting for H2O).", 0.0, 1.0, 0.05),
-    )
+    recent_share: float = param(0.1, "Share of the kept entries reserved for the most recent tokens "
+                                "(10% of the budget, VL-Cache's setting for H2O).", 0.0, 1.0, 0.05)
     holds_budget_while_decoding = True
     needs_decode_attention = True
     needs_prefill_lse = True  # column sums from the prefill attention's own log-sum-exp
 
-    def __init__(self, budget: float = 1.0, **params) -> None:
-        super().__init__(budget, **params)
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.needs_decode_attention = self.budget < 1.0  # the full cache ranks nothing
 
     def new_layer(self, layer_idx: int) -> KVLayer:

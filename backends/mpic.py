@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import KVBackend, KVLayer, Param, PromptLayout
+from .base import KVBackend, KVLayer, PromptLayout, param
 from .rope import rotate
 
 MODES = ("mpic", "prefix", "full_reuse", "cacheblend", "recompute")
@@ -127,25 +127,23 @@ class LinkedLayer(KVLayer):
         self.close()
 
 
+@dataclass(eq=False)
 class MPIC(KVBackend):
     name = "mpic"
     title = "MPIC (position-independent media cache)"
     paper = "https://arxiv.org/abs/2502.01960"
     summary = ("Links each image's stored KV at its new position and recomputes only the text and the first k "
                "tokens of every image; prefix caching, full reuse, CacheBlend and full recompute as modes.")
-    params = (
-        Param("mode", "mpic", "What to reuse: MPIC-k, exact prefix, full reuse (text only), CacheBlend-r, or nothing.",
-              choices=MODES),
-        Param("k", 32, "MPIC-k: tokens at the start of every image that are recomputed (paper: 32).", 0, 4096, 1),
-        Param("recompute_ratio", 0.15, "CacheBlend-r: share of the reused (stored) tokens recomputed, on top of "
-              "all new text (paper: 15%).",
-              0.0, 1.0, 0.01),
-        Param("check_layer", 1, "CacheBlend: layer whose key deviation picks the recomputed tokens.", 0, 128, 1),
-    )
+    mode: str = param("mpic", "What to reuse: MPIC-k, exact prefix, full reuse (text only), CacheBlend-r, or nothing.",
+                      choices=MODES)
+    k: int = param(32, "MPIC-k: tokens at the start of every image that are recomputed (paper: 32).", 0, 4096, 1)
+    recompute_ratio: float = param(0.15, "CacheBlend-r: share of the reused (stored) tokens recomputed, on top of "
+                                   "all new text (paper: 15%).", 0.0, 1.0, 0.01)
+    check_layer: int = param(1, "CacheBlend: layer whose key deviation picks the recomputed tokens.", 0, 128, 1)
     uses_budget = False
 
-    def __init__(self, budget: float = 1.0, **params) -> None:
-        super().__init__(budget, **params)
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self._layers: list[LinkedLayer] | None = None  # open while a linked prefill runs
         self._step = 0  # forward steps done in this prefill
         self._narrow: torch.Tensor | None = None  # rows for the runtime to keep after this layer

@@ -19,7 +19,9 @@ kept / tokens seen), ``schedule`` (per layer, planned entries of the last prefil
 
 from __future__ import annotations
 
-from .base import AttentionCall, Param
+from dataclasses import dataclass
+
+from .base import AttentionCall, param
 from .snapkv import SnapKV
 
 
@@ -38,16 +40,15 @@ def pyramid_schedule(layers: int, tokens: int, mean_kept: int, window: int, beta
     return [window + cumulative[i + 1] - cumulative[i] for i in range(layers)]
 
 
+@dataclass(eq=False)
 class PyramidKV(SnapKV):
     name = "pyramidkv"
     title = "PyramidKV"
     paper = "https://arxiv.org/abs/2406.02069"
     summary = ("SnapKV's choice of tokens with a pyramid of budgets: the first layers keep the most, the last "
                "layers the least, the same total.")
-    params = SnapKV.params + (
-        Param("beta", 20.0, "Pyramid steepness: the last layer keeps 1/beta of the mean selectable budget, "
-              "the first layer the rest of twice that (authors' default 20).", 1.0, 100.0, 1.0),
-    )
+    beta: float = param(20.0, "Pyramid steepness: the last layer keeps 1/beta of the mean selectable budget, "
+                        "the first layer the rest of twice that (authors' default 20).", 1.0, 100.0, 1.0)
 
     def layer_capacity(self, call: AttentionCall, held: int) -> int:
         tokens = call.seen

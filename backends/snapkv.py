@@ -24,11 +24,13 @@ entries kept / tokens seen).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from .attention_math import attention_probs, kv_group_mean
-from .base import AttentionCall, KVBackend, KVLayer, Param
+from .base import AttentionCall, KVBackend, KVLayer, param
 
 
 def pool_votes(votes: torch.Tensor, kernel_size: int, pooling: str = "avgpool") -> torch.Tensor:
@@ -66,20 +68,19 @@ def window_and_top_k(scores: torch.Tensor, held: int, window: int, count: int) -
     return torch.cat([best, recent], dim=-1)  # cache order stays token order
 
 
+@dataclass(eq=False)
 class SnapKV(KVBackend):
     name = "snapkv"
     title = "SnapKV"
     paper = "https://arxiv.org/abs/2404.14469"
     summary = ("Keeps, per KV head, the prompt entries the last 32 prompt tokens attend to most (pooled so "
                "neighbours come along) plus those 32 tokens; decoded tokens are appended.")
-    params = (
-        Param("window_size", 32, "Observation window: the last prompt tokens whose attention votes; always kept "
-              "(Sec. 4.2: 32).", 1, 512, 1),
-        Param("kernel_size", 5, "Pooling kernel along the keys, so neighbours of a chosen token are kept too "
-              "(authors' code: 5; 1 disables pooling).", 1, 63, 2),
-        Param("pooling", "avgpool", "How votes are pooled along the keys: average (authors' code, kvpress) or max.",
-              choices=("avgpool", "maxpool")),
-    )
+    window_size: int = param(32, "Observation window: the last prompt tokens whose attention votes; always kept "
+                             "(Sec. 4.2: 32).", 1, 512, 1)
+    kernel_size: int = param(5, "Pooling kernel along the keys, so neighbours of a chosen token are kept too "
+                             "(authors' code: 5; 1 disables pooling).", 1, 63, 2)
+    pooling: str = param("avgpool", "How votes are pooled along the keys: average (authors' code, kvpress) or max.",
+                         choices=("avgpool", "maxpool"))
 
     def layer_capacity(self, call: AttentionCall, held: int) -> int:
         """Entries layer ``call.layer_idx`` keeps after this prefill: ``budget x tokens seen``."""

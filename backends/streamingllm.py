@@ -8,17 +8,20 @@ into the cached keys (post-RoPE) and the runtime keeps feeding true positions, w
 for a model that was never trained to stream past its context.
 """
 
+from dataclasses import dataclass
+
 import torch
 
-from .base import KVBackend, Param
+from .base import KVBackend, param
 
 
+@dataclass(eq=False)
 class StreamingLLM(KVBackend):
     name = "streamingllm"
     title = "StreamingLLM"
     paper = "https://arxiv.org/abs/2309.17453"
     summary = "Keeps the first tokens (attention sinks) and the most recent ones; drops the middle, images included."
-    params = (Param("sink_tokens", 4, "How many of the very first tokens are always kept (the 'attention sinks').", 0, 64, 1),)
+    sink_tokens: int = param(4, "How many of the very first tokens are always kept (the 'attention sinks').", 0, 64, 1)
     holds_budget_while_decoding = True
 
     def after_forward(self, cache, call) -> None:

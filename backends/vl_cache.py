@@ -36,11 +36,12 @@ rows), ``realised_budget`` (all entries kept / (L x T)).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from .attention_math import attention_probs
-from .base import AttentionCall, KVBackend, KVLayer, Param
+from .base import AttentionCall, KVBackend, KVLayer, param
 from .snapkv import window_and_top_k
 
 MIN_LAYER_BUDGET = 0.01  # Alg. 1 l.12: the lower clip
@@ -89,23 +90,22 @@ def allocate_budgets(sparsity: torch.Tensor, alpha: float, redistribute: bool = 
     return share.clamp(MIN_LAYER_BUDGET, 1.0)
 
 
+@dataclass(eq=False)
 class VLCache(KVBackend):
     name = "vl_cache"
     title = "VL-Cache"
     paper = "https://arxiv.org/abs/2410.23317"
     summary = ("Gives denser layers more cache (sparsity of the attention of the text after the image) and keeps "
                "the tokens that text attends to most.")
-    params = (
-        Param("threshold", 0.01, "ThresholdFilter p: attention below p x the row maximum counts as zero "
-              "(Sec. 3.1: 1%).", 1e-4, 0.5, 1e-4),
-        Param("redistribute", False, "Give the budget that layers clipped at 100% cannot use to the other layers "
-              "(not in the paper, whose Alg. 1 leaves it unspent)."),
-        Param("fallback_window", 50, "Scoring rows when no token follows the last visual token: the last "
-              "prompt tokens (Sec. 5.2 uses 50).", 1, 512, 1),
-    )
+    threshold: float = param(0.01, "ThresholdFilter p: attention below p x the row maximum counts as zero "
+                             "(Sec. 3.1: 1%).", 1e-4, 0.5, 1e-4)
+    redistribute: bool = param(False, "Give the budget that layers clipped at 100% cannot use to the other layers "
+                               "(not in the paper, whose Alg. 1 leaves it unspent).")
+    fallback_window: int = param(50, "Scoring rows when no token follows the last visual token: the last "
+                                 "prompt tokens (Sec. 5.2 uses 50).", 1, 512, 1)
 
-    def __init__(self, budget: float = 1.0, **params) -> None:
-        super().__init__(budget, **params)
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self._stats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (sparsity (H,), scores (S,))
 
     def observed_rows(self, call: AttentionCall) -> int:

@@ -44,12 +44,13 @@ count includes the history), ``bytes`` (codes, scales, buffer) and
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from .attention_math import attend_segments, attention_probs, causal_attention, dense_segment
-from .base import AttentionCall, KVBackend, KVLayer, Param
+from .base import AttentionCall, KVBackend, KVLayer, param
 from .quant import FULL_BITS, PACKED_BITS, QuantTensor, check_bits, quantize
 
 DEFAULT_TAU = 0.975  # Sec. 5.3.2: "the optimal range for tau lies around 0.97"
@@ -215,6 +216,7 @@ def _width_bytes(layer: KVLayer) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
 class ZipVL(KVBackend):
     name = "zipvl"
     title = "ZipVL"
@@ -222,27 +224,25 @@ class ZipVL(KVBackend):
     summary = ("Per layer, finds the fewest tokens holding tau (paper 0.975) of the probes' attention; prefill "
                "attends over those only, and the cache keeps them at 4 bits, the rest at 2 bits. No budget: the "
                "memory it saves follows from tau.")
-    params = (
-        Param("tau", DEFAULT_TAU, "Share of the probes' attention the important tokens must hold, per layer (Eq. 6; "
-              "Sec. 5.3.2: 0.975). 1.0 makes every token important.", 0.01, 1.0, 0.005),
-        Param("recent_probes", 64, "Probe queries: the most recent prompt tokens (App. A: 64).", 0, 4096, 1),
-        Param("random_probes", 64, "Probe queries drawn at random among the other prompt tokens (App. A: 64).", 0, 4096, 1),
-        Param("seed", 0, "Seed of the random probe positions.", 0, 2**31 - 1, 1),
-        Param("bits_important", 4, "Bits per key/value of important tokens: 2, 4, 8 or 16 (= not quantised; "
-              "Sec. 5.1: 4).", 2, 16, 1),
-        Param("bits_other", 2, "Bits per key/value of the other tokens: 2, 4, 8 or 16 (Sec. 5.1: 2).", 2, 16, 1),
-        Param("period", 100, "Generated tokens kept in full precision before they are scored and quantised "
-              "(Sec. 4.2: 100).", 1, 100000, 1),
-    )
+    tau: float = param(DEFAULT_TAU, "Share of the probes' attention the important tokens must hold, per layer (Eq. 6; "
+                       "Sec. 5.3.2: 0.975). 1.0 makes every token important.", 0.01, 1.0, 0.005)
+    recent_probes: int = param(64, "Probe queries: the most recent prompt tokens (App. A: 64).", 0, 4096, 1)
+    random_probes: int = param(64, "Probe queries drawn at random among the other prompt tokens (App. A: 64).", 0, 4096, 1)
+    seed: int = param(0, "Seed of the random probe positions.", 0, 2**31 - 1, 1)
+    bits_important: int = param(4, "Bits per key/value of important tokens: 2, 4, 8 or 16 (= not quantised; "
+                                "Sec. 5.1: 4).", 2, 16, 1)
+    bits_other: int = param(2, "Bits per key/value of the other tokens: 2, 4, 8 or 16 (Sec. 5.1: 2).", 2, 16, 1)
+    period: int = param(100, "Generated tokens kept in full precision before they are scored and quantised "
+                        "(Sec. 4.2: 100).", 1, 100000, 1)
     lossless_params: ClassVar[dict] = {"tau": 1.0, "bits_important": FULL_BITS, "bits_other": FULL_BITS}
     uses_budget = False
     needs_decode_attention = True  # the buffer's split reads the decode query's row (free from ``attend``)
 
-    def __init__(self, budget: float = 1.0, **params) -> None:
-        super().__init__(budget, **params)
+    def __post_init__(self) -> None:
+        super().__post_init__()
         for p in ("bits_important", "bits_other"):
             try:
-                check_bits(self.config[p])
+                check_bits(getattr(self, p))
             except ValueError as exc:
                 raise ValueError(f"parameter '{p}': {exc}") from None
         if self.bits_other > self.bits_important:

@@ -66,7 +66,7 @@ def method_params(methods: list[str], settings: list[str]) -> dict[str, dict]:
         key, value = item.split("=", 1)
         target, _, name = key.rpartition(".")
         takers = [m for m in ([target] if target else methods)
-                  if m in params and name in {p.name for p in backends.backend_class(m).params}]
+                  if m in params and name in {p.name for p in backends.backend_class(m).param_specs()}]
         if not takers:
             raise UserError(f"no chosen method takes a parameter '{key}'")
         for m in takers:

@@ -117,7 +117,7 @@ def knob_of(method: str) -> str | None:
     cls = backends.backend_class(method)
     if cls.uses_budget:
         return "budget"
-    return "tau" if any(p.name == "tau" for p in cls.params) else None
+    return "tau" if any(p.name == "tau" for p in cls.param_specs()) else None
 
 
 def sweep(loaded, method: str, values: dict[str, list[float]], items: list[Item], full_bytes: list[int]) -> list[dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -91,6 +92,30 @@ def test_registry_imports_every_method_and_describes_it():
         assert info["name"] == name and info["params"][0]["name"] == "budget"
         for p in info["params"]:
             assert p["help"], (name, p["name"])
+
+
+def test_method_parameters_are_typed_dataclass_fields():
+    for name in backends.available():
+        cls = backends.backend_class(name)
+        assert dataclasses.is_dataclass(cls) and "__dataclass_fields__" in cls.__dict__, name
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for p in cls.param_specs():
+            f = fields[p.name]
+            kind = type(p.default).__name__
+            assert kind in ("int", "float", "bool", "str"), (name, p.name)
+            assert f.type in (kind, type(p.default)) and f.default == p.default and f.init, (name, p.name, f.type)
+        built = backends.make_backend(name)
+        assert built.config == {p.name: p.default for p in cls.param_specs()}, name
+        with pytest.raises(ValueError, match=f"{name} has no parameter nope; it takes: "
+                           + (", ".join(p.name for p in cls.param_specs()) or "none")):
+            backends.make_backend(name, nope=1)
+        with pytest.raises(TypeError):  # built directly: the dataclass's own answer
+            cls(nope=1)
+    snap = backends.make_backend("snapkv", budget="0.5", window_size="16")  # strings, as from the CLI
+    assert snap.window_size == 16 and type(snap.window_size) is int and snap.budget == 0.5
+    assert backends.make_backend("vl_cache", redistribute="true").redistribute is True
+    with pytest.raises(ValueError, match="window_size"):
+        backends.make_backend("snapkv", window_size="wide")
 
 
 class MaskedStreaming(KVBackend):
