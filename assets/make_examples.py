@@ -95,7 +95,7 @@ def arena_examples() -> list[Path]:
     import sys
 
     sys.path.insert(0, str(HERE.parent))
-    from engine.arena_scenes import examples
+    from engine.tiny.arena_scenes import examples
 
     written = []
     for it, files in examples().values():

@@ -13,10 +13,10 @@ from conftest import make_image
 
 import backends
 from backends.mpic import shift_keys
-from engine.generate import Conversation
-from engine.inputs import Message
-from engine.kv_store import KVStore
-from engine.linking import Linker, ingest, media_key
+from engine.mpic.kv_store import KVStore
+from engine.mpic.linking import Linker, ingest, media_key
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
 
 QUESTION = "Which colours dominate these pictures?"
 
@@ -241,7 +241,7 @@ def test_content_key_ignores_the_file_name(tmp_path):
     a, b = tmp_path / "a.png", tmp_path / "b.png"
     image.save(a)
     image.save(b)
-    from engine.media import load_image
+    from engine.runtime.media import load_image
 
     assert media_key(load_image(str(a))) == media_key(load_image(str(b))) == media_key(image)
     assert media_key(make_image(4)) != media_key(image)

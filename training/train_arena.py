@@ -44,8 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "training"))
 
-from engine.arena_scenes import CELL, MAX_TURNS, QUESTION_TYPES, SMALL, Item, held_out, item  # noqa: E402
-from engine.inputs import DEFAULT_SYSTEM, QwenVLAdapter  # noqa: E402
+from engine.tiny.arena_scenes import CELL, MAX_TURNS, QUESTION_TYPES, SMALL, Item, held_out, item  # noqa: E402
+from engine.runtime.inputs import DEFAULT_SYSTEM, QwenVLAdapter  # noqa: E402
 from checkpoints import lr_at, record, resume, setup, update  # noqa: E402
 
 
@@ -136,7 +136,7 @@ class Batcher:
     def _fill(self, keys: list[tuple]) -> None:
         """Merger inputs of new cell contents: laid out SMALL x SMALL as a two-frame video, run through
         the (frozen) tower up to the merger."""
-        from engine.arena_scenes import cell_pixels
+        from engine.tiny.arena_scenes import cell_pixels
 
         per = SMALL * SMALL
         for start in range(0, len(keys), per):
@@ -166,7 +166,7 @@ class Batcher:
 
     def check(self, it: Item) -> None:
         """The lookup equals running the vision tower on the item's media the app's way."""
-        from engine.inputs import Message
+        from engine.runtime.inputs import Message
 
         out = self.adapter.encode_turn(Message(it.question.text, **it.media()), 0, 0, DEFAULT_SYSTEM)
         kw = out.model_kwargs

@@ -123,7 +123,7 @@ class Item:
         return np.stack([p.pixels() for p in self.pictures])
 
     def media(self) -> dict:
-        """Keyword arguments for :class:`engine.inputs.Message`."""
+        """Keyword arguments for :class:`engine.runtime.inputs.Message`."""
         if self.video:
             from .media import Video
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .errors import UserError
+from ..errors import UserError
 
 
 class Uploader(Protocol):
