@@ -7,5 +7,7 @@
 * :mod:`engine.runtime`: models, inputs and prompt layout, the cache, the attention seam, generation.
 * :mod:`engine.tiny`: the offline tiny models: built-in random ones, and tiny-arena-vl (trained
   here) with its word tokenizer and scenes.
+* :mod:`engine.media`: images and videos read from disk within limits (the scenes make videos too,
+  so it sits below both the runtime and the tiny models).
 * :mod:`engine.errors`: errors a user can fix.
 """

@@ -16,7 +16,7 @@ torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, min(2,
 
 from engine.runtime.generate import Conversation  # noqa: E402
 from engine.runtime.inputs import Message  # noqa: E402
-from engine.runtime.media import Video  # noqa: E402
+from engine.media import Video  # noqa: E402
 from engine.runtime.models import load_model  # noqa: E402
 
 TINY_MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-llava"]

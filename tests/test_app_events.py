@@ -13,7 +13,7 @@ import torch
 from conftest import make_image
 
 import backends
-import engine.runtime.media
+import engine.media
 from components import chat, compare, media_library, overlay, settings
 from engine import service
 from engine.errors import UserError
@@ -171,8 +171,8 @@ def test_sessions_are_isolated(media):
     ("too_big", "larger than the 1 MB"),
 ])
 def test_bad_input_gives_a_message_and_the_next_request_succeeds(media, monkeypatch, case, expected):
-    monkeypatch.setattr(engine.runtime.media, "MAX_VIDEO_SECONDS", 1.0 if case == "too_long" else 600.0)
-    monkeypatch.setattr(engine.runtime.media, "MAX_VIDEO_BYTES", 2**20)
+    monkeypatch.setattr(engine.media, "MAX_VIDEO_SECONDS", 1.0 if case == "too_long" else 600.0)
+    monkeypatch.setattr(engine.media, "MAX_VIDEO_BYTES", 2**20)
     message = {"empty": ask("   "), "corrupt": ask("Look", media["corrupt"]), "fake_video": ask("Watch", media["fake_video"]),
                "too_long": ask("Watch", media["video"]), "too_big": ask("Watch", media["big_video"])}[case]
     session = service.Session()
@@ -292,16 +292,16 @@ def test_an_image_over_the_limits_is_refused_before_decoding(tmp_path, monkeypat
     outputs, error = turn(session, ask("What is it?", str(big)))
     assert error is not None and "8000 x 8000 pixels" in error
     assert process.memory_info().rss < 1.1 * before
-    monkeypatch.setattr(engine.runtime.media, "MAX_IMAGE_BYTES", 1000)
+    monkeypatch.setattr(engine.media, "MAX_IMAGE_BYTES", 1000)
     outputs, error = turn(session, ask("What is it?", str(big)))
     assert "larger than the" in error
 
 
 def test_a_large_image_within_the_limits_is_downscaled_at_load(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine.runtime.media, "LOAD_PIXELS", 100 * 100)
+    monkeypatch.setattr(engine.media, "LOAD_PIXELS", 100 * 100)
     path = tmp_path / "wide.png"
     make_image(4, (400, 100)).save(path)
-    image = engine.runtime.media.load_image(str(path))
+    image = engine.media.load_image(str(path))
     assert image.size == (200, 50)  # the aspect ratio kept, at most LOAD_PIXELS
 
 

@@ -241,7 +241,7 @@ def test_content_key_ignores_the_file_name(tmp_path):
     a, b = tmp_path / "a.png", tmp_path / "b.png"
     image.save(a)
     image.save(b)
-    from engine.runtime.media import load_image
+    from engine.media import load_image
 
     assert media_key(load_image(str(a))) == media_key(load_image(str(b))) == media_key(image)
     assert media_key(make_image(4)) != media_key(image)

@@ -12,9 +12,9 @@ import backends
 from backends.attention_math import causal_attention
 from backends.base import KVBackend
 from engine.errors import UserError
+from engine.media import load_image, load_video
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
-from engine.runtime.media import load_image, load_video
 
 
 def hf_reference(loaded, message: Message, max_new_tokens: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""Train tiny-arena-vl on the mostly-background scenes, image sets and videos of engine/arena_scenes.py.
+"""Train tiny-arena-vl on the mostly-background scenes, image sets and videos of engine/tiny/arena_scenes.py.
 
     python training/train_arena.py --stop-at 2750 --threads 1
 
@@ -12,7 +12,7 @@ chat, and the three probes (see evaluate), to the log and to training_curve.json
 
 The prompts are exactly the app's: the QwenVLAdapter's chat markers, the default system prompt, the
 media's placeholder tokens and M-RoPE positions (model.get_rope_index, as the adapter calls it), and
-a follow-up turn opened by the previous answer's end-of-turn token, as engine/generate.py feeds it
+a follow-up turn opened by the previous answer's end-of-turn token, as engine/runtime/generate.py feeds it
 (tests/test_tiny_vlm.py checks the tokens and positions against a real Conversation).
 
 What the first generation (3x3 boards, nine visual tokens, dropped) taught, reused here:

@@ -26,9 +26,9 @@ from PIL import Image
 import backends
 
 from ..errors import UserError
+from ..media import load_image, load_video
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
-from ..runtime.media import load_image, load_video
 from ..runtime.models import DEFAULT_MODEL, list_models, load_model
 
 

@@ -25,10 +25,10 @@ import torch
 import backends
 from backends.mpic import StoredMedia
 
+from ..media import Video, load_image, load_video
 from ..runtime.attention import active_run
 from ..runtime.generate import Conversation
 from ..runtime.inputs import DEFAULT_SYSTEM, Chunk, Message
-from ..runtime.media import Video, load_image, load_video
 from ..runtime.models import LoadedModel
 from .kv_store import CorruptEntry, Entry, KVStore
 

@@ -1,3 +1,3 @@
 """The runtime: models by name (:mod:`.models`, configs in ``configs/``), inputs and prompt layout
-(:mod:`.inputs`, :mod:`.media`), the cache (:mod:`.cache`), the attention seam the KV backends plug
+(:mod:`.inputs`), the cache (:mod:`.cache`), the attention seam the KV backends plug
 into (:mod:`.attention`) and generation with meters (:mod:`.generate`)."""

@@ -23,7 +23,7 @@ tensor and never imports torch. The app imports this package only; its modules, 
 * :mod:`.uploads`: which uploaded files a session may use.
 """
 
-from ..runtime.media import MAX_VIDEO_BYTES  # the largest upload the app takes
+from ..media import MAX_VIDEO_BYTES  # the largest upload the app takes
 from ..runtime.models import ARENA
 from .inputs import Prepared, Settings, media_hint, prepare
 from .model_pool import (

@@ -10,8 +10,8 @@ from pathlib import Path
 import backends
 
 from ..errors import UserError
+from ..media import load_image, load_video
 from ..runtime.inputs import Message
-from ..runtime.media import load_image, load_video
 from ..runtime.models import DEFAULT_MODEL
 from .model_pool import Progress, is_trained_here, silent
 from .uploads import file_hash

@@ -7,8 +7,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..media import Video
 from ..runtime.generate import Conversation
-from ..runtime.media import Video
 from .inputs import Prepared
 
 

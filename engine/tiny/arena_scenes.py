@@ -125,7 +125,7 @@ class Item:
     def media(self) -> dict:
         """Keyword arguments for :class:`engine.runtime.inputs.Message`."""
         if self.video:
-            from .media import Video
+            from ..media import Video
 
             frames = self.frames()
             return {"videos": [Video(frames, [i / 2 for i in range(len(frames))], fps=2.0)], "num_frames": len(frames)}

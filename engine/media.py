@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import UserError
+from .errors import UserError
 
 MAX_VIDEO_SECONDS = float(os.environ.get("KV_ARENA_MAX_VIDEO_SECONDS", 600))
 MAX_VIDEO_BYTES = int(float(os.environ.get("KV_ARENA_MAX_VIDEO_MB", 200)) * 2**20)
