@@ -22,7 +22,7 @@ class Uploader(Protocol):
     uploads: set[str]
 
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 
 
 @dataclass
