@@ -23,7 +23,7 @@ from components.about import build_about
 from components.chat import build_chat
 from components.compare import build_compare
 from components.settings import build_settings
-from engine import media, service
+from engine import service
 from engine.errors import UserError
 
 HEADER = """# KV-cache arena
@@ -106,7 +106,7 @@ RANGE_JS = """
 
 def launch_options() -> dict:
     """What ``launch()`` takes besides the address (the tests launch with the same look and limits)."""
-    return {"max_file_size": media.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS}
+    return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS}
 
 
 def main() -> None:

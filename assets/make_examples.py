@@ -90,12 +90,12 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: int = 8, crf: int = 30)
 
 
 def arena_examples() -> list[Path]:
-    """tiny-arena-vl v2's example of each question type (engine/arena_scenes.examples), drawn at the
+    """tiny-arena-vl v2's example of each question type (engine/tiny/arena_scenes.examples), drawn at the
     size it was trained on; the video at 2 frames per second, as in training."""
     import sys
 
     sys.path.insert(0, str(HERE.parent))
-    from engine.arena_scenes import examples
+    from engine.tiny.arena_scenes import examples
 
     written = []
     for it, files in examples().values():

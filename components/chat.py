@@ -15,7 +15,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine import arena_model, service
+from engine import service
 from engine.errors import UserError
 
 from . import at_scale, media_library, overlay, plots
@@ -178,10 +178,10 @@ GENERAL_EXAMPLES = [("What shapes do you see, and what colour is each?", ["shape
 
 def examples(model: str | None = None) -> list[list]:
     """The clickable examples for ``model`` (default: the model picked at start; present files only):
-    the trained model's own (``arena_model.EXAMPLES``, each answered right), else general ones
+    the trained model's own (``service.ARENA_EXAMPLES``, each answered right), else general ones
     for hub and random models."""
     model = service.default_model() if model is None else model
-    rows = arena_model.EXAMPLES if service.is_trained_here(model) else GENERAL_EXAMPLES
+    rows = service.ARENA_EXAMPLES if service.is_trained_here(model) else GENERAL_EXAMPLES
     return [[{"text": text, "files": [str(ASSETS / f) for f in files]}] for text, files in rows
             if all((ASSETS / f).is_file() for f in files)]
 

@@ -14,10 +14,10 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, min(2, os.cpu_count() or 1)))
 
-from engine.generate import Conversation  # noqa: E402
-from engine.inputs import Message  # noqa: E402
+from engine.runtime.generate import Conversation  # noqa: E402
+from engine.runtime.inputs import Message  # noqa: E402
 from engine.media import Video  # noqa: E402
-from engine.models import load_model  # noqa: E402
+from engine.runtime.models import load_model  # noqa: E402
 
 TINY_MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-llava"]
 

@@ -21,6 +21,7 @@ from gradio_client import Client, handle_file
 from components.chat import NOT_ANSWERED
 from components.settings import control_kwargs
 from engine import service
+from engine.service import sessions
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny-qwen2-vl"
@@ -104,7 +105,7 @@ def test_a_session_can_use_only_its_own_uploads(url, tmp_path, monkeypatch):
     image = tmp_path / "private.png"  # bytes no other test uploads
     make_image(7, (112, 112)).save(image)
     send(a, "Mine.", [str(image)])
-    path, = service._OPEN[a.session_hash].uploads
+    path, = sessions._OPEN[a.session_hash].uploads
     file_url = f"{url}gradio_api/file={path}"
     with urllib.request.urlopen(file_url, timeout=10) as response:
         assert response.status == 200

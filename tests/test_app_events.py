@@ -16,8 +16,11 @@ import backends
 import engine.media
 from components import chat, compare, media_library, overlay, settings
 from engine import service
-from engine.generate import Conversation
-from engine.kv_store import KVStore
+from engine.errors import UserError
+from engine.mpic.kv_store import KVStore
+from engine.runtime.generate import Conversation
+from engine.service import model_pool
+from engine.service import store as service_store
 
 MODEL = "tiny-qwen2-vl"
 
@@ -186,14 +189,14 @@ def test_bad_input_gives_a_message_and_the_next_request_succeeds(media, monkeypa
 
 
 def test_model_that_fails_to_load(media, monkeypatch):
-    real = service.load_model
+    real = model_pool.load_model
 
     def broken(name, **kw):
         if name.startswith("random:"):
             raise RuntimeError("weights file truncated")
         return real(name, **kw)
 
-    monkeypatch.setattr(service, "load_model", broken)
+    monkeypatch.setattr(model_pool, "load_model", broken)
     name = "random:Qwen/Qwen2-VL-2B-Instruct"
     chosen, kept, card, _ = settings.on_model(name, MODEL)
     assert (chosen, kept) == (MODEL, MODEL) and "weights file truncated" in card
@@ -259,7 +262,7 @@ def test_compare_keeps_at_most_four_ticked():
                                          ("num_frames", 99)])
 def test_out_of_range_settings_are_said_not_clamped(media, name, value):
     values = settings.control_values(model=MODEL, method="streamingllm", **{name: value})
-    with pytest.raises(service.UserError, match="must lie between"):
+    with pytest.raises(UserError, match="must lie between"):
         settings.settings_from(values)
     named = dict(zip(settings.control_names(), values))
     outputs = list(chat.submit(ask("Hi", media["image"]), [], service.Session(), None, None, **named))
@@ -324,7 +327,7 @@ def media_store(tmp_path, monkeypatch):
     """A store of this test's own (the app keeps one per process)."""
     def make(**caps):
         store = KVStore(tmp_path / "kv", **caps)
-        monkeypatch.setattr(service, "_STORE", store)
+        monkeypatch.setattr(service_store, "_STORE", store)
         return store
     return make
 
@@ -393,7 +396,7 @@ def test_a_damaged_store_file_does_not_break_a_turn(media, media_store):
 
 
 def test_projection_at_real_scale_is_plain_arithmetic_on_the_configs():
-    from engine import at_scale
+    from engine.service import at_scale
 
     arch = next(a for a in at_scale.architectures() if a.name == "Qwen/Qwen2-VL-2B-Instruct")
     assert arch.bytes_per_token == 2 * 28 * 2 * 128 * 2  # 28 KiB, as the About tab says
@@ -408,11 +411,9 @@ def test_projection_at_real_scale_is_plain_arithmetic_on_the_configs():
 
 
 def test_examples_are_those_of_the_selected_model():
-    from engine import arena_model
-
     trained = chat.examples("tiny-arena-vl")
     assert [(e[0]["text"], [p.rsplit("/", 1)[-1] for p in e[0]["files"]]) for e in trained] == \
-        [(q, files) for q, files in arena_model.EXAMPLES]
+        [(q, files) for q, files in service.ARENA_EXAMPLES]
     general = chat.examples(MODEL)
     assert len(general) == 4 and not any("arena_" in f for e in general for f in e[0]["files"])
     shown = chat.show_examples("tiny-arena-vl")

@@ -14,8 +14,8 @@ import backends
 from backends.attention_math import attention_probs, causal_attention
 from backends.attention_pack import AttentionPack, PackedLayer, factorise, fitted_rank
 from backends.rope import rotate, unrotate
-from engine.generate import Conversation
-from engine.inputs import Message
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
 
 HEADS, DIM = 2, 32
 WIDTH = HEADS * DIM  # the tiny models' H_kv * D

@@ -20,9 +20,9 @@ from backends.attention_math import (
     dense_segment,
 )
 from backends.base import AttentionCall
-from engine import bench
-from engine.attention import ForwardRun
-from engine.cache import KVCache
+from engine.bench import cli
+from engine.runtime.attention import ForwardRun
+from engine.runtime.cache import KVCache
 
 HEADS, KV_HEADS, DIM, SCALE = 6, 2, 8, 8 ** -0.5
 
@@ -86,7 +86,7 @@ def test_cpu_meter_adds_hook_time_and_settles_without_a_device():
 
 
 def test_decode_bench_runs_and_reports_every_ratio(capsys):
-    code = bench.main(["--mode", "decode", "--model", "tiny-qwen2-vl", "--methods", "h2o,attention_pack,zipvl",
+    code = cli.main(["--mode", "decode", "--model", "tiny-qwen2-vl", "--methods", "h2o,attention_pack,zipvl",
                        "--visual-tokens", "64", "--repeats", "1", "--steps", "2", "--json"])
     rows = json.loads(capsys.readouterr().out)
     assert code == 0 and [r["method"] for r in rows] == ["full", "h2o", "attention_pack", "zipvl", "sdpa"]
@@ -97,6 +97,6 @@ def test_decode_bench_runs_and_reports_every_ratio(capsys):
 
 
 def test_decode_bench_rejects_bad_input(capsys):
-    assert bench.main(["--mode", "decode", "--model", "tiny-qwen2-vl", "--methods", "nope"]) == 2
-    assert bench.main(["--mode", "decode", "--model", "tiny-qwen2-vl", "--visual-tokens", "x"]) == 2
+    assert cli.main(["--mode", "decode", "--model", "tiny-qwen2-vl", "--methods", "nope"]) == 2
+    assert cli.main(["--mode", "decode", "--model", "tiny-qwen2-vl", "--visual-tokens", "x"]) == 2
     assert "error" in capsys.readouterr().err

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from engine import bench
+from engine.bench import cli
 
 
 def run_json(capsys, *argv):
-    code = bench.main(list(argv) + ["--json"])
+    code = cli.main(list(argv) + ["--json"])
     out = capsys.readouterr()
     return code, out
 
@@ -79,7 +79,7 @@ def test_random_variants_have_the_real_shapes():
     """Shipped configs build the real architectures (on the meta device: no memory)."""
     import torch
 
-    from engine.models import MODELS, _model_class, shipped_config
+    from engine.runtime.models import MODELS, _model_class, shipped_config
 
     expected = {"Qwen/Qwen2-VL-2B-Instruct": 2.21, "Qwen/Qwen2.5-VL-7B-Instruct": 8.29, "llava-hf/llava-1.5-7b-hf": 7.06}
     for spec in MODELS.values():

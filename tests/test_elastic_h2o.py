@@ -14,9 +14,9 @@ import backends
 from backends.base import AttentionCall, KVLayer
 from backends.elastic_cache import ElasticCache, midpoint_buckets, select_anchors
 from backends.h2o import H2O, ScoredLayer
-from engine.generate import Conversation
-from engine.inputs import Message
-from engine.models import load_model
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
+from engine.runtime.models import load_model
 
 METHODS = ["elastic_cache", "h2o"]
 

@@ -13,10 +13,10 @@ from conftest import make_image
 
 import backends
 from backends.mpic import shift_keys
-from engine.generate import Conversation
-from engine.inputs import Message
-from engine.kv_store import KVStore
-from engine.linking import Linker, ingest, media_key
+from engine.mpic.kv_store import KVStore
+from engine.mpic.linking import Linker, ingest, media_key
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
 
 QUESTION = "Which colours dominate these pictures?"
 

@@ -9,9 +9,9 @@ import torch
 from conftest import TINY_MODELS, make_image
 
 import backends
-from engine.generate import Conversation
-from engine.inputs import DEFAULT_SYSTEM, Message
-from engine.models import load_model
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import DEFAULT_SYSTEM, Message
+from engine.runtime.models import load_model
 
 NEW_TOKENS = 8
 

@@ -13,9 +13,9 @@ import backends
 from backends.attention_math import causal_attention
 from backends.base import KVBackend
 from engine.errors import UserError
-from engine.generate import Conversation
-from engine.inputs import Message
 from engine.media import load_image, load_video
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
 
 
 def hf_reference(loaded, message: Message, max_new_tokens: int) -> list[int]:
@@ -232,7 +232,7 @@ def test_prompt_longer_than_the_context_is_refused(models, monkeypatch):
 
 
 def test_bad_method_budget_and_model_names():
-    from engine.models import load_model
+    from engine.runtime.models import load_model
 
     with pytest.raises(ValueError, match="unknown method"):
         backends.make_backend("nope")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import backends
-from engine import bench
-from engine.generate import Conversation
-from engine.inputs import Message
-from engine.models import MODELS, load_model
+from engine.bench import cli
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
+from engine.runtime.models import MODELS, load_model
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -41,15 +41,15 @@ def test_bundled_model_is_registered_and_shipped():
 
 
 def test_answers_are_matched_on_their_first_word():
-    from engine.bench_accuracy import is_right
+    from engine.bench.accuracy import is_right
 
     assert is_right("Blue.", "blue") and is_right("2 (the second)", "2") and is_right(" left", "left")
     assert not is_right("", "red") and not is_right("The red one", "red") and not is_right("12", "1")
 
 
 def test_accuracy_bench_rejects_bad_input(capsys):
-    assert bench.main(["--mode", "accuracy", "--budgets", "0,2"]) == 2
-    assert bench.main(["--mode", "accuracy", "--types", "weather"]) == 2
+    assert cli.main(["--mode", "accuracy", "--budgets", "0,2"]) == 2
+    assert cli.main(["--mode", "accuracy", "--types", "weather"]) == 2
     assert "error" in capsys.readouterr().err
 
 
@@ -61,10 +61,10 @@ def random_arena():
     """A random-weight tiny-arena-vl behind the app's own pieces (no bundle needed)."""
     import torch
 
-    import engine.attention  # noqa: F401 - registers the runtime's attention function
-    from engine.arena_model import arena_image_processor, build_arena_model, tokenizer
-    from engine.inputs import QwenVLAdapter
-    from engine.models import ATTENTION_NAME, LoadedModel
+    from engine.runtime.attention import ATTENTION_NAME  # importing it registers the runtime's attention function
+    from engine.runtime.inputs import QwenVLAdapter
+    from engine.runtime.models import LoadedModel
+    from engine.tiny.arena_model import arena_image_processor, build_arena_model, tokenizer
 
     model = build_arena_model(3).eval()
     model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
@@ -76,7 +76,7 @@ def random_arena():
 def test_scenes_are_seeded_mostly_background_and_name_their_tokens(kind, seed):
     import numpy as np
 
-    from engine.arena_scenes import BIG, SMALL, cell_pixels, item
+    from engine.tiny.arena_scenes import BIG, SMALL, cell_pixels, item
 
     it, again = item(seed, kind, 3), item(seed, kind, 3)
     assert it.turns == again.turns and (it.frames() == again.frames()).all()
@@ -103,8 +103,8 @@ def test_scenes_are_seeded_mostly_background_and_name_their_tokens(kind, seed):
 
 
 def test_prompt_is_mostly_visual_and_every_answer_is_one_token(random_arena):
-    from engine.arena_scenes import COLOURS, SHAPES, held_out
-    from engine.inputs import DEFAULT_SYSTEM
+    from engine.runtime.inputs import DEFAULT_SYSTEM
+    from engine.tiny.arena_scenes import COLOURS, SHAPES, held_out
 
     adapter = random_arena.adapter
     assert all(len(adapter.tokens(word)) == 1 for word in list(COLOURS) + list(SHAPES))
@@ -123,9 +123,9 @@ def test_training_sees_exactly_the_apps_chat(random_arena, kind, monkeypatch):
     import numpy as np
     import torch
 
-    from engine.arena_scenes import item
-    from engine.bench_accuracy import drop_visual
-    from engine.models import ATTENTION_NAME
+    from engine.bench.accuracy import drop_visual
+    from engine.runtime.attention import ATTENTION_NAME
+    from engine.tiny.arena_scenes import item
 
     train = _training_module()
     batcher = train.Batcher(random_arena.model, random_arena.adapter)
@@ -162,7 +162,7 @@ def test_training_sees_exactly_the_apps_chat(random_arena, kind, monkeypatch):
 
 
 def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
-    from engine.arena_model import VERSION_KEY, build_arena_model, load_arena_weights
+    from engine.tiny.arena_model import VERSION_KEY, build_arena_model, load_arena_weights
 
     train = _training_module()
     small = ["--out", str(tmp_path), "--batch", "4", "--eval-every", "1", "--eval-items", "2", "--reveal", "1,1,2",
@@ -183,7 +183,7 @@ def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
 def test_accuracy_bench_smoke(tmp_path, capsys):
     """Runs end to end on a random model: every point keeps its knob and realised KV fraction."""
     out = tmp_path / "acc"
-    code = bench.main(["--mode", "accuracy", "--model", "tiny-qwen2.5-vl", "--methods", "full,snapkv,mpic",
+    code = cli.main(["--mode", "accuracy", "--model", "tiny-qwen2.5-vl", "--methods", "full,snapkv,mpic",
                        "--budgets", "0.5,1.0", "--per-type", "1", "--types", "colour,moving", "--out", str(out)])
     assert code == 0
     report = json.loads((tmp_path / "acc.json").read_text())
@@ -207,9 +207,8 @@ def test_accuracy_bench_smoke(tmp_path, capsys):
 
 def test_known_answers_first_and_follow_up(arena):
     """A handful of held-out two-turn chats of every type, full cache, as a user asks them."""
-    from engine.arena_scenes import QUESTION_TYPES
-    from engine.arena_scenes import held_out
-    from engine.bench_accuracy import chat
+    from engine.bench.accuracy import chat
+    from engine.tiny.arena_scenes import QUESTION_TYPES, held_out
 
     for kind in QUESTION_TYPES:
         right = [chat(arena, backends.make_backend("full"), it)[0] for it in held_out(kind, 5, turns=2)]
@@ -217,12 +216,12 @@ def test_known_answers_first_and_follow_up(arena):
 
 
 def test_examples_are_answered(arena):
-    """The app's clickable examples (arena_model.EXAMPLES, files drawn by assets/make_examples.py)."""
-    from engine.arena_model import EXAMPLES
-    from engine.arena_scenes import examples
+    """The app's clickable examples (service.ARENA_EXAMPLES, files drawn by assets/make_examples.py)."""
+    from engine.service import ARENA_EXAMPLES
+    from engine.tiny.arena_scenes import examples
 
     expected = {it.question.text: it.question.answer for it, _ in examples().values()}
-    for text, files in EXAMPLES:
+    for text, files in ARENA_EXAMPLES:
         paths = [ASSETS / f for f in files]
         media = {"videos": paths} if files[0].endswith(".mp4") else {"images": paths}
         conv = Conversation(arena, backends.make_backend("full"))

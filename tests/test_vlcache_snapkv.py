@@ -23,9 +23,9 @@ from backends.vl_cache import (
     post_vision_statistics,
     threshold_sparsity,
 )
-from engine.generate import Conversation
-from engine.inputs import Message
-from engine.models import load_model
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
+from engine.runtime.models import load_model
 
 METHODS = ["vl_cache", "snapkv", "pyramidkv"]
 PROMPT = "Describe the image."

@@ -19,9 +19,10 @@ import pytest
 import torch
 from conftest import make_image
 
-from engine import service, zerogpu
-from engine.generate import Conversation
-from engine.inputs import Message
+from engine import service
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
+from engine.service import zerogpu
 
 MODEL = "tiny-qwen2-vl"
 FORK = multiprocessing.get_context("fork")
@@ -95,7 +96,6 @@ class StandIn:
 def zero_gpu(monkeypatch):
     stand_in = StandIn()
     monkeypatch.setattr(zerogpu, "ZERO_GPU", True)  # states cross on the CPU, as on a Space
-    monkeypatch.setattr(service, "ZERO_GPU", True)
     previous = zerogpu.use_decorator(stand_in)
     yield stand_in
     zerogpu.use_decorator(previous)

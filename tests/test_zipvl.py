@@ -13,9 +13,9 @@ import backends
 from backends.attention_math import attention_probs, causal_attention
 from backends.quant import pack, packed_nbytes, quantize, unpack, unpack_float
 from backends.zipvl import ZipVL, ZipVLLayer, adaptive_count, important_mask, probe_rows
-from engine.generate import Conversation
-from engine.inputs import Message
-from engine.models import load_model
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
+from engine.runtime.models import load_model
 
 HEADS, DIM = 2, 32
 
@@ -250,9 +250,9 @@ def test_tau_is_a_named_parameter_and_the_budget_is_not_used():
 def test_prefill_bench_runs_at_a_tiny_size(capsys):
     import json
 
-    from engine import bench
+    from engine.bench import cli
 
-    code = bench.main(["--mode", "prefill", "--model", "random:Qwen/Qwen2-VL-2B-Instruct", "--num-layers", "1",
+    code = cli.main(["--mode", "prefill", "--model", "random:Qwen/Qwen2-VL-2B-Instruct", "--num-layers", "1",
                        "--visual-tokens", "256", "--budget", "0.975,0.5", "--repeats", "1", "--json"])
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -261,7 +261,7 @@ def test_prefill_bench_runs_at_a_tiny_size(capsys):
     assert rows[0]["full_s"] == rows[1]["full_s"] > 0  # one full-cache measurement per size
     assert all(r["zipvl_s"] > 0 for r in rows)
     assert 0 < rows[1]["important_ratio"] < rows[0]["important_ratio"] <= 1  # a lower tau keeps fewer tokens
-    assert bench.main(["--mode", "prefill", "--budget", "0.9,high"]) == 2
+    assert cli.main(["--mode", "prefill", "--budget", "0.9,high"]) == 2
 
 
 def test_decode_attend_from_codes_equals_attention_over_the_dequantised_cache():

@@ -16,8 +16,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.arena_model import WEIGHTS, arena_image_processor, build_arena_model, tokenizer  # noqa: E402
-from engine.inputs import QwenVLAdapter  # noqa: E402
+from engine.runtime.inputs import QwenVLAdapter  # noqa: E402
+from engine.tiny.arena_model import WEIGHTS, arena_image_processor, build_arena_model, tokenizer  # noqa: E402
 
 
 def lr_at(step: int, end: int, peak: float, warmup: int = 200) -> float:
@@ -89,7 +89,7 @@ def resume(model, optimizer, out: Path, fresh: bool) -> tuple[int, list, float]:
     the start time is moved back by the minutes trained so far, so the curve counts the whole training."""
     if fresh or not (out / "optimizer.pt").exists():
         return 0, [], time.time()
-    from engine.arena_model import load_arena_weights
+    from engine.tiny.arena_model import load_arena_weights
 
     load_arena_weights(model, out)
     state = torch.load(out / "optimizer.pt")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .errors import UserError
+from ..errors import UserError
 
 
 class Uploader(Protocol):
@@ -22,7 +22,7 @@ class Uploader(Protocol):
     uploads: set[str]
 
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 
 
 @dataclass

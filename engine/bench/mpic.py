@@ -1,6 +1,6 @@
 """MPIC's figure of merit (Sec. 6.3, Fig. 10): time to first token against the number of images.
 
-    python -m engine.bench_mpic --model random:Qwen/Qwen2-VL-2B-Instruct --max-images 8 --k 32 --json
+    python -m engine.bench --mode mpic --model random:Qwen/Qwen2-VL-2B-Instruct --max-images 8 --k 32 --json
 
 For 1 to ``--max-images`` images whose KV is already in the store, the question is changed *ahead*
 of the images (the case prefix caching cannot reuse: an earlier request asked something else about
@@ -20,13 +20,13 @@ from dataclasses import replace
 
 import backends
 
-from .bench import synthetic_images
-from .errors import UserError
-from .generate import Conversation
-from .inputs import Message
-from .kv_store import KVStore
-from .linking import Linker, ingest
-from .models import load_model
+from ..errors import UserError
+from ..mpic.kv_store import KVStore
+from ..mpic.linking import Linker, ingest
+from ..runtime.generate import Conversation
+from ..runtime.inputs import Message
+from ..runtime.models import load_model
+from .methods import synthetic_images
 
 MODES = ("recompute", "prefix", "full_reuse", "cacheblend", "mpic")
 EARLIER = "Describe these pictures one by one."
@@ -35,7 +35,7 @@ SESSION = "bench"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m engine.bench_mpic", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m engine.bench --mode mpic", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="random:Qwen/Qwen2-VL-2B-Instruct")
     p.add_argument("--max-images", type=int, default=8, help="measure 1 .. this many images")
     p.add_argument("--counts", default=None, help="comma-separated image counts instead of 1..max (e.g. 1,2,4,8)")

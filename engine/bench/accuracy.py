@@ -2,7 +2,7 @@
 
     python -m engine.bench --mode accuracy --per-type 100 --budgets 0.05,0.1,0.2,0.5,1.0
 
-Held-out chats from engine/arena_scenes.py (what tiny-arena-vl answers; hub models take the same
+Held-out chats from engine/tiny/arena_scenes.py (what tiny-arena-vl answers; hub models take the same
 questions): one image, several images, a video. Each chat is two turns, as a user asks them: the
 media and the first question in one message (the method compresses that prompt, seeing the
 question), then a follow-up about a *different* object on the same compressed cache. That second
@@ -36,13 +36,13 @@ import torch
 
 import backends
 
-from .arena_scenes import QUESTION_TYPES, Item, held_out
-from .errors import UserError
-from .generate import Conversation
-from .inputs import Message
-from .models import ARENA, load_model
+from ..errors import UserError
+from ..runtime.generate import Conversation
+from ..runtime.inputs import Message
+from ..runtime.models import ARENA, load_model
+from ..tiny.arena_scenes import QUESTION_TYPES, Item, held_out
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 PROBES = ("keep only the object tokens", "drop exactly the needed tokens", "drop a random 75% of visual tokens")
 
 

@@ -123,9 +123,9 @@ class Item:
         return np.stack([p.pixels() for p in self.pictures])
 
     def media(self) -> dict:
-        """Keyword arguments for :class:`engine.inputs.Message`."""
+        """Keyword arguments for :class:`engine.runtime.inputs.Message`."""
         if self.video:
-            from .media import Video
+            from ..media import Video
 
             frames = self.frames()
             return {"videos": [Video(frames, [i / 2 for i in range(len(frames))], fps=2.0)], "num_frames": len(frames)}

@@ -17,7 +17,8 @@ from backends.attention_math import attention_probs, causal_attention, causal_at
 from backends.base import AttentionCall
 
 from .cache import KVCache
-from .models import ATTENTION_NAME
+
+ATTENTION_NAME = "kv_arena"  # the text model's attn_implementation (models.load_model sets it)
 
 
 @dataclass

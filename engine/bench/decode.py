@@ -5,7 +5,7 @@ against transformers' stock ``sdpa``: same weights, same inputs, one run.
         --visual-tokens 4096,8192 --budget 0.2 --repeats 3 --json
 
 What runs: the decoder alone at its real width with random weights, fed random visual embeddings
-between a short prefix and a question (``engine.bench_prefill``'s synthetic prompt), then
+between a short prefix and a question (``engine.bench.prefill``'s synthetic prompt), then
 ``--steps`` decode steps of one random embedding each. Per repeat, every method (and stock
 ``sdpa`` without our seam) prefills and decodes once, in an order rotated per repeat so drift on a
 shared machine hits every method alike; the figures are medians over repeats (a repeat's step
@@ -32,12 +32,12 @@ from transformers import DynamicCache
 import backends
 from backends.base import AttentionCall
 
-from .attention import ForwardRun, forward_run
-from .bench import method_params
-from .bench_prefill import build_decoder, synthetic_prompt
-from .cache import KVCache
-from .errors import UserError
-from .models import ATTENTION_NAME, pick_device
+from ..errors import UserError
+from ..runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
+from ..runtime.cache import KVCache
+from ..runtime.models import pick_device
+from .methods import method_params
+from .prefill import build_decoder, synthetic_prompt
 
 STOCK = "sdpa"  # transformers' own attention on the same weights, no seam
 WARMUP_VISUAL = 256

@@ -25,11 +25,11 @@ from PIL import Image
 
 import backends
 
-from .errors import UserError
-from .generate import Conversation
-from .inputs import Message
-from .media import load_image, load_video
-from .models import DEFAULT_MODEL, list_models, load_model
+from ..errors import UserError
+from ..media import load_image, load_video
+from ..runtime.generate import Conversation
+from ..runtime.inputs import Message
+from ..runtime.models import DEFAULT_MODEL, list_models, load_model
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -176,22 +176,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join([head] + lines)
 
 
-# modes with their own CLI
-MODES = {"mpic": "engine.bench_mpic", "prefill": "engine.bench_prefill", "accuracy": "engine.bench_accuracy",
-         "decode": "engine.bench_decode"}
-
-
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "--mode" in argv:  # e.g. --mode mpic: TTFT of media reuse vs. number of images
-        i = argv.index("--mode")
-        mode = argv[i + 1] if i + 1 < len(argv) else ""
-        if mode not in MODES:
-            print(f"error: unknown --mode '{mode}'; choose from: {', '.join(MODES)}", file=sys.stderr)
-            return 2
-        import importlib
-
-        return importlib.import_module(MODES[mode]).main(argv[:i] + argv[i + 2:])
     args = parse_args(argv)
     try:
         if args.list:

@@ -4,7 +4,7 @@ On a ZeroGPU Space (``SPACES_ZERO_GPU=true``) a function under ``spaces.GPU`` ru
 process forked from the app's (``spaces/zero/wrappers.py`` in the ``spaces`` package 0.51.3): its
 arguments are pickled in, its results (a generator's yields too) pickled out, and what it changes
 in Python objects stays in the worker. So the app's GPU functions are pure: they take a
-session's state and hand the new one back in their results (see ``engine/service.py``).
+session's state and hand the new one back in their results (see ``engine/service/``).
 
 * :func:`gpu_function` marks such a function and says how long it may hold the GPU, as a
   callable of the same arguments (ZeroGPU schedules by it; a fixed 120 s would refuse a long video

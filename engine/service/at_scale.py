@@ -1,5 +1,5 @@
 """What a measured KV fraction means on real architectures: arithmetic on the configs shipped in
-``engine/configs/``, computed, never measured (issue #17's "what this means at real scale").
+``engine/runtime/configs/``, computed, never measured (issue #17's "what this means at real scale").
 
 A token costs ``2 (key and value) x layers x KV heads x head dim x bytes per number`` of cache in
 every layer of a dense decoder; a method that holds a fraction f of the full cache's bytes holds f
@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
-CONFIGS = Path(__file__).resolve().parent / "configs"
+from ..runtime.models import CONFIG_DIR
+
 DTYPE_BYTES = 2  # bf16 / fp16, as these checkpoints are served
 # visual tokens of one 448 x 448 video frame: Qwen-VL merges 2x2 patches of 14 px and pairs of frames
 FRAME_TOKENS = {"qwen2_vl": 128, "qwen2_5_vl": 128, "llava": 576, "llava_next": 576, "llava_onevision": 196}
@@ -45,7 +45,7 @@ def architecture(name: str, config: dict) -> Architecture:
 def architectures() -> tuple[Architecture, ...]:
     """Every shipped config, by hub name (``Qwen__Qwen2-VL-2B-Instruct.json`` -> ``Qwen/Qwen2-VL-2B-Instruct``)."""
     return tuple(architecture(p.stem.replace("__", "/"), json.loads(p.read_text()))
-                 for p in sorted(CONFIGS.glob("*.json")))
+                 for p in sorted(CONFIG_DIR.glob("*.json")))
 
 
 def project(arch: Architecture, kept_fraction: float, prompt_tokens: int, memory_bytes: int = 16 * 2**30) -> dict:

@@ -38,18 +38,17 @@ import torch
 import backends
 from backends.base import AttentionCall, PromptLayout, VisualSpan
 
-from .attention import ForwardRun, forward_run
-from .bench import method_params
-from .cache import KVCache
-from .errors import UserError
-from .models import (
-    ATTENTION_NAME,
+from ..errors import UserError
+from ..runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
+from ..runtime.cache import KVCache
+from ..runtime.models import (
     _random_model,
     model_spec,
     pick_device,
     shipped_config,
 )
-from .tiny import tiny_config
+from ..tiny.builtin import tiny_config
+from .methods import method_params
 
 PREFIX, QUESTION = 16, 32  # text tokens before and after the image (system prompt, question)
 

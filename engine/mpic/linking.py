@@ -3,7 +3,7 @@
 * :func:`ingest` is the upload step (MPIC Fig. 5, step 1): an image or a video goes through the
   vision encoder and the language model once, after a fixed prefix (system prompt, user header),
   and its visual embeddings, rotary ids and per-layer KV go to the session's :class:`KVStore`.
-* :class:`Linker` sits in a :class:`~engine.generate.Conversation` (``linker=``). For a backend
+* :class:`Linker` sits in a :class:`~engine.runtime.generate.Conversation` (``linker=``). For a backend
   with ``reuse == "media"`` it looks up every image and video of a prompt by content hash (disk
   loads start at once and run while the prompt is prepared and computed), turns each hit into a
   ``StoredMedia`` with its rotary shift, builds the input embeddings of the tokens the backend
@@ -25,12 +25,12 @@ import torch
 import backends
 from backends.mpic import StoredMedia
 
-from .attention import active_run
-from .generate import Conversation
-from .inputs import DEFAULT_SYSTEM, Chunk, Message
+from ..media import Video, load_image, load_video
+from ..runtime.attention import active_run
+from ..runtime.generate import Conversation
+from ..runtime.inputs import DEFAULT_SYSTEM, Chunk, Message
+from ..runtime.models import LoadedModel
 from .kv_store import CorruptEntry, Entry, KVStore
-from .media import Video, load_image, load_video
-from .models import LoadedModel
 
 EMBEDS, ROPE = "embeds", "rope"  # stored first, so a disk load delivers them before any layer
 

@@ -1,6 +1,6 @@
 """tiny-arena-vl: a Qwen2.5-VL-architecture model small enough to ship, trained by the repo
 (training/train_arena.py) on the mostly-background scenes, image sets and videos of
-engine/arena_scenes.py, with a word-level tokenizer made in code. Its bundle is assets/tiny-arena-vl.
+engine/tiny/arena_scenes.py, with a word-level tokenizer made in code. Its bundle is assets/tiny-arena-vl.
 """
 
 from __future__ import annotations
@@ -10,14 +10,12 @@ from pathlib import Path
 import torch
 
 from . import arena_scenes
-from .tiny import tiny_config
+from .builtin import tiny_config
 
-ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-arena-vl"
+ASSET_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny-arena-vl"
 WEIGHTS = "model.safetensors"
 VERSION_KEY = "arena_version"  # written into config.json: 2 (the first generation, 3x3 boards, is gone)
 SYSTEM_WORDS = ("system", "user", "assistant", "you", "are", "a", "helpful", ".")  # chat markers, DEFAULT_SYSTEM
-# The app's clickable examples, one per question type: (question, media files in assets/), each answered right.
-EXAMPLES: list[tuple[str, list[str]]] = [(it.question.text, files) for it, files in arena_scenes.examples().values()]
 
 
 def tokenizer():
@@ -74,7 +72,7 @@ def load_arena_weights(model, directory: Path = ASSET_DIR) -> None:
 
     path = directory / WEIGHTS
     if not path.exists():
-        from .errors import UserError
+        from ..errors import UserError
 
         raise UserError(f"{path} is missing; train it with: python training/train_arena.py")
     state = load_file(str(path))

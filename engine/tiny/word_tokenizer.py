@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .tiny import QWEN_SPECIALS
+from .builtin import QWEN_SPECIALS
 
 UNK = "<unk>"
 

@@ -16,7 +16,7 @@ from PIL import Image
 
 from backends.base import PromptLayout, VisualSpan
 
-from .media import Video, load_image, load_video
+from ..media import Video, load_image, load_video
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
 

@@ -1,5 +1,5 @@
 """Models by short name: offline tiny built-ins, hub checkpoints, and same-architecture random
-variants of the hub models built from configs the project ships (``engine/configs``)."""
+variants of the hub models built from configs the project ships (``engine/runtime/configs``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
+from ..tiny.builtin import byte_tokenizer, tiny_config, tiny_image_processor
+from .attention import ATTENTION_NAME  # importing it registers the attention function
 from .inputs import ADAPTERS, ChatAdapter
-from .tiny import byte_tokenizer, tiny_config, tiny_image_processor
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 ARENA = "tiny-arena-vl"  # trained by training/train_arena.py, weights in assets/tiny-arena-vl
@@ -22,7 +23,6 @@ ARENA_DESCRIPTION = ("Tiny Qwen2.5-VL trained here (offline, 0.8M parameters) on
                         "the triangle?' or 'Which shape is blue?' about one picture or several, or 'Which shape "
                         "moves?' about a short video; ask again about another shape in the same chat. It answers "
                         "with one word; photos, charts and other questions get nonsense.")
-ATTENTION_NAME = "kv_arena"  # registered by engine.attention
 
 
 @dataclass(frozen=True)
@@ -167,8 +167,6 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
                num_layers: int | None = None, quantization: str | None = None, seed: int = 0,
                progress=None) -> LoadedModel:
     """Load a model by registry name. ``quantization``: None, "8bit" or "4bit" (hub models, CUDA)."""
-    from . import attention  # noqa: F401  (registers the attention function)
-
     spec = model_spec(name)
     dev = pick_device(device)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
@@ -206,7 +204,7 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
 
 def _load_arena(dev, dtype):
     """The trained tiny model: its config and tokenizer are made in code, its weights are in assets/."""
-    from .arena_model import arena_image_processor, build_arena_model, load_arena_weights, tokenizer
+    from ..tiny.arena_model import arena_image_processor, build_arena_model, load_arena_weights, tokenizer
 
     model = build_arena_model()
     load_arena_weights(model)

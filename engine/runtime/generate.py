@@ -15,9 +15,9 @@ import torch
 
 from backends.base import AttentionCall, KVBackend, PromptLayout
 
+from ..errors import UserError
 from .attention import ForwardRun, forward_run
 from .cache import KVCache
-from .errors import UserError
 from .inputs import DEFAULT_SYSTEM, Chunk, Message
 from .models import LoadedModel
 
@@ -69,7 +69,7 @@ class Conversation:
                  linker=None):
         self.loaded = loaded
         self.backend = backend
-        self.linker = linker  # engine.linking.Linker: stored media KV for backends that reuse it (MPIC)
+        self.linker = linker  # engine.mpic.linking.Linker: stored media KV for backends that reuse it (MPIC)
         self.adapter = loaded.adapter
         self.cache = KVCache(backend, loaded.num_layers)
         self.system_prompt = system_prompt

@@ -1,0 +1,2 @@
+"""MPIC's runtime side: the media KV store (:mod:`.kv_store`) and linking stored media KV into a
+prompt (:mod:`.linking`); the method itself is ``backends/mpic.py``."""

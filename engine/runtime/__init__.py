@@ -1,0 +1,3 @@
+"""The runtime: models by name (:mod:`.models`, configs in ``configs/``), inputs and prompt layout
+(:mod:`.inputs`), the cache (:mod:`.cache`), the attention seam the KV backends plug
+into (:mod:`.attention`) and generation with meters (:mod:`.generate`)."""

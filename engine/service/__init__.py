@@ -1,0 +1,51 @@
+"""What the app asks of the runtime, in plain Python values: the UI (``components/``) never sees a
+tensor and never imports torch. The app imports this package only; its modules, by job:
+
+* :mod:`.model_pool`: models load once and are shared between sessions (read-only weights); at
+  most one hub model stays loaded.
+* :mod:`.inputs`: the controls' :class:`Settings` and a message decoded and checked (:func:`prepare`).
+* :mod:`.sessions`: :class:`Session` is one browser tab: its conversation (the compressed cache
+  carried from turn to turn), the media it uploaded, and its full-cache references. Nothing in it
+  is shared.
+* :mod:`.state`: what a session hands a GPU function and gets back (:mod:`.zerogpu`). The
+  full-cache reference for a given input is computed once per session and reused; every view says
+  whether its reference came from that cache (its timings are then from the earlier run).
+* :mod:`.turns`: :func:`chat_turn` answers one message, yielding a view (answer so far, meters,
+  per-layer figures, kept visual tokens at the end) after every token; :func:`compare` runs the
+  full cache and up to four methods one after another on one input.
+* :mod:`.views`: the figures the panels draw; :mod:`.at_scale`: what a KV fraction means on the
+  real architectures.
+* :mod:`.store` and :mod:`.mpic`: MPIC's media KV store is one per process, under
+  ``KV_ARENA_KV_STORE`` (default: ``kv-arena-mpic`` in the temp directory); each session's entries
+  live in a namespace named by the server-side :attr:`Session.id` (never by anything a client
+  sends), are stored when an MPIC turn adds media, listed by :func:`media_library` and dropped when
+  the session closes or its model changes.
+* :mod:`.uploads`: which uploaded files a session may use.
+"""
+
+from ..media import MAX_VIDEO_BYTES  # the largest upload the app takes
+from ..runtime.models import ARENA
+from .inputs import Prepared, Settings, media_hint, prepare
+from .model_pool import (
+    ARENA_EXAMPLES,
+    default_model,
+    get_model,
+    has_random_weights,
+    is_trained_here,
+    model_choices,
+    model_description,
+    mpic_default_k,
+)
+from .mpic import media_library, mpic_ttft
+from .sessions import Session, close_session, release, track
+from .state import ChatState
+from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
+from .uploads import check_uploads, note_uploads
+from .views import kept_visuals
+
+__all__ = [
+    "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_VIDEO_BYTES", "ChatState", "Prepared", "Session", "Settings", "chat_on_gpu",
+    "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
+    "is_trained_here", "kept_visuals", "media_hint", "media_library", "model_choices", "model_description",
+    "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release", "track",
+]

@@ -1,0 +1,104 @@
+"""What a turn takes: the controls' :class:`Settings` and a user message, decoded and checked
+(:class:`Prepared`) before any model work."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import backends
+
+from ..errors import UserError
+from ..media import load_image, load_video
+from ..runtime.inputs import Message
+from ..runtime.models import DEFAULT_MODEL
+from .model_pool import Progress, is_trained_here, silent
+from .uploads import file_hash
+
+VIDEO_SUFFIXES = {".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the controls decide. ``params`` holds every method's values, so a comparison
+    runs each method as configured; use :meth:`make` to build it from a dict."""
+
+    model: str = DEFAULT_MODEL
+    method: str = "full"
+    budget: float = 0.5
+    max_new_tokens: int = 48
+    num_frames: int = 8
+    temperature: float = 0.0
+    params: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()  # (method, ((name, value), ...))
+
+    @classmethod
+    def make(cls, params: dict[str, dict] | None = None, **fields) -> Settings:
+        frozen = tuple((m, tuple(sorted(v.items()))) for m, v in sorted((params or {}).items()))
+        return cls(params=frozen, **fields)
+
+    def method_params(self, method: str) -> dict:
+        return dict(dict(self.params).get(method, ()))
+
+    def backend(self, method: str | None = None):
+        """Build the chosen method (or another one, as configured); bad values -> UserError."""
+        name = method or self.method
+        try:
+            cls = backends.backend_class(name)
+            return backends.make_backend(name, budget=self.budget if cls.uses_budget else 1.0, **self.method_params(name))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+    @property
+    def cache_key(self) -> tuple:
+        """What built the chat's cache: a change here means the cache cannot be continued."""
+        return self.model, self.method, self.budget, tuple(sorted(self.method_params(self.method).items()))
+
+    @property
+    def generation(self) -> tuple:
+        """What else, besides the messages, decides the answer (part of a reference's key)."""
+        return self.model, self.max_new_tokens, self.temperature
+
+
+@dataclass
+class Prepared:
+    """One user message, decoded and checked before any model work."""
+
+    message: Message
+    key: str  # content hash: same text, same media bytes, same frame count -> same key
+    files: list[str] = field(default_factory=list)
+
+
+def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = silent) -> Prepared:
+    """Decode the attached images and videos; any bad file raises a UserError naming it."""
+    text = (text or "").strip()
+    files = [str(f) for f in files or []]
+    if not text and not files:
+        raise UserError("The message is empty: type a question or attach an image or a video.")
+    digest = hashlib.sha1(f"{text}\x00{num_frames}".encode())
+    images, videos = [], []
+    for i, path in enumerate(files):
+        progress(0.05 + 0.2 * i / len(files), f"Reading {Path(path).name}...")
+        if Path(path).suffix.lower() in VIDEO_SUFFIXES:
+            videos.append(load_video(path, num_frames))
+        else:  # anything else must be an image; load_image says so readably when it is not
+            images.append(load_image(path))
+        digest.update(file_hash(path).encode())
+    message = Message(text, images=images, videos=videos, num_frames=num_frames)
+    return Prepared(message, digest.hexdigest(), files)
+
+
+def media_hint(model: str, messages: list[Prepared]) -> str:
+    """A hint when a model that only answers about media gets a conversation without any."""
+    if not is_trained_here(model) or any(p.message.images or p.message.videos for p in messages):
+        return ""
+    return (f"Hint: {model} only answers questions about its kind of scenes, a picture, several or a "
+            "short video (see the Examples); without one its answer means nothing.")
+
+
+def request_seconds(settings: Settings, prepared: Prepared, runs: int = 1) -> float:
+    """How long the GPU may take for ``runs`` answers to this message: a start, each image or
+    video frame encoded, each new token (generous for a 2B model on a ZeroGPU slice)."""
+    message = prepared.message
+    media = len(message.images) + sum(len(getattr(v, "frames", ())) or message.num_frames for v in message.videos)
+    return 15 + runs * (3 + 1.5 * media + 0.25 * settings.max_new_tokens)

@@ -1,0 +1,85 @@
+"""MPIC in the app: storing uploads, what was reused, the media library and the TTFT panel."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..bench.mpic import measure_ttft
+from ..mpic.linking import ingest
+from ..runtime.generate import Conversation
+from ..runtime.models import LoadedModel
+from .inputs import VIDEO_SUFFIXES, Prepared, Settings, request_seconds
+from .model_pool import get_model
+from .sessions import Session
+from .state import ChatState
+from .store import media_store
+from .zerogpu import gpu_function
+
+log = logging.getLogger(__name__)
+
+
+def _media_names(prepared: Prepared) -> list[str]:
+    """File names in the message's media order (its images, then its videos)."""
+    names = [Path(f).name for f in prepared.files]
+    videos = [Path(f).suffix.lower() in VIDEO_SUFFIXES for f in prepared.files]
+    return [n for n, v in zip(names, videos) if not v] + [n for n, v in zip(names, videos) if v]
+
+
+def store_media(session_id: str, loaded: LoadedModel, prepared: Prepared) -> str:
+    """Store the KV of each image and video of the message for this session (a lookup when it
+    already is). A failure costs no answer: that media is recomputed; returns what to tell the user."""
+    store, message, failed = media_store(), prepared.message, []
+    media = [(m, False) for m in message.images] + [(v, True) for v in message.videos]
+    for (item, is_video), name in zip(media, _media_names(prepared)):
+        try:
+            ingest(loaded, store, session_id, item, video=is_video, num_frames=message.num_frames, label=name)
+        except Exception as exc:  # noqa: BLE001 - the turn goes on without this entry
+            log.warning("could not store %s: %s", name, exc)
+            failed.append(f"{name} ({exc.__class__.__name__})")
+    return f"could not store {', '.join(failed)}: recomputed" if failed else ""
+
+
+def reuse_summary(state: ChatState, conv: Conversation, prompt_tokens: int, note: str) -> dict:
+    """This prompt's reused and recomputed token counts (mean over layers), each visual's fate, and
+    the chat's reused tokens so far (per layer) for the overlay."""
+    reused = conv.backend.report.get("reused") or []
+    if len(state.reused) != len(conv.cache.layers):
+        state.reused = [set() for _ in conv.cache.layers]
+    for layer, positions in zip(state.reused, reused):
+        layer.update(int(p) for p in positions.flatten())
+    count = round(sum(len(p) for p in reused) / len(reused)) if reused else 0
+    mode = conv.backend.mode
+    name = {"mpic": f"MPIC-{conv.backend.k}", "prefix": "prefix caching", "full_reuse": "full reuse",
+            "cacheblend": f"CacheBlend-{conv.backend.recompute_ratio:.0%}", "recompute": "full recompute"}[mode]
+    return {"mode": name, "reused": count, "recomputed": prompt_tokens - count,
+            "visuals": list(conv.linker.status) if conv.linker else [], "note": note}
+
+
+def media_library(session: Session) -> list[dict]:
+    """The session's stored media: label, kind, model, tokens, bytes, in_memory, on_disk."""
+    return media_store().library(session.id) if session.media_model is not None else []
+
+
+def mpic_ttft(session: Session) -> dict | None:
+    """TTFT of the last MPIC turn's message, sent as a new prompt with the store as it is now,
+    under full recompute, prefix caching and MPIC (its k): ``{"ttft_s": {mode: s}, "k", "tokens"}``.
+    None without such a turn or when its message has no media (nothing to reuse)."""
+    if session.last_mpic is None:
+        return None
+    settings, prepared = session.last_mpic
+    if not prepared.message.images and not prepared.message.videos:
+        return None
+    get_model(settings.model)
+    return ttft_on_gpu(settings, prepared, session.id)
+
+
+@gpu_function(duration=lambda settings, prepared, session_id: request_seconds(settings, prepared, runs=3))
+def ttft_on_gpu(settings: Settings, prepared: Prepared, session_id: str) -> dict:
+    loaded = get_model(settings.model)
+    params = {k: v for k, v in settings.method_params("mpic").items() if k != "mode"}
+    figures = measure_ttft(loaded, media_store(), session_id, prepared.message, ("recompute", "prefix", "mpic"),
+                           **params)
+    media_store().flush()
+    return {"ttft_s": {mode: f["ttft_s"] for mode, f in figures.items()}, "k": params.get("k", 32),
+            "tokens": figures["mpic"]["prompt_tokens"]}

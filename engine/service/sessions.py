@@ -1,0 +1,98 @@
+"""Sessions: one per browser tab, freed when the tab closes."""
+
+from __future__ import annotations
+
+import uuid
+import weakref
+
+from ..runtime.generate import Conversation
+from .inputs import Prepared, Settings
+from .model_pool import free_memory
+from .state import ChatState, ReferenceCache
+from .store import media_store
+from .uploads import forget_uploads
+
+_STOPPING: set[str] = set()  # ids of sessions whose answer should end (seen by in-process GPU work only)
+
+
+def stopping(session_id: str) -> bool:
+    """Whether that session asked its answer to end."""
+    return session_id in _STOPPING
+
+
+class Session:
+    """One browser tab. Starts empty (Gradio deep-copies it per session) and is freed on close."""
+
+    def __init__(self) -> None:
+        self.id = uuid.uuid4().hex  # the media store's namespace: made here, never sent by a client
+        self.media_model: str | None = None  # the model the session's stored media KV belongs to
+        self.reused: list[set[int]] = []  # per layer: chat token indices whose KV came from the store
+        self.last_mpic: tuple[Settings, Prepared] | None = None  # the last MPIC turn, for the TTFT panel
+        self.conv: Conversation | None = None
+        self.cache_key: tuple | None = None  # Settings.cache_key of the method that built ``conv``
+        self.history: list[Prepared] = []
+        self.references = ReferenceCache()
+        self.visuals: list[dict] = []  # kept-token maps of the last answer, for the overlay
+        self.uploads: set[str] = set()  # paths of the uploads it used (see check_uploads)
+        self.stop_requested = False
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.id in _STOPPING
+
+    @stop_requested.setter
+    def stop_requested(self, value: bool) -> None:
+        (_STOPPING.add if value else _STOPPING.discard)(self.id)
+
+    def chat_state(self) -> ChatState:
+        return ChatState(self.conv, self.cache_key, self.history, self.reused, self.references)
+
+    def adopt(self, state: ChatState) -> None:
+        """Keep what a GPU function handed back (the same objects when it ran in this process)."""
+        self.conv, self.cache_key, self.history, self.reused = state.conv, state.cache_key, state.history, state.reused
+        self.references = state.references
+
+    def continues(self, settings: Settings) -> bool:
+        """Whether a message with these settings continues this chat's cache."""
+        return self.chat_state().continues(settings)
+
+    def new_chat(self) -> None:
+        self.conv, self.cache_key, self.history, self.visuals = None, None, [], []
+        self.reused = []
+
+    def use_model(self, model: str) -> None:
+        """Another model: the stored media KV of the previous one is useless, so it goes."""
+        if self.media_model not in (None, model):
+            media_store().drop_session(self.id)
+            self.last_mpic = None
+        self.media_model = model
+
+    def close(self) -> None:
+        self.new_chat()
+        self.references = ReferenceCache()
+        if self.media_model is not None:
+            media_store().drop_session(self.id)
+        self.media_model, self.last_mpic = None, None
+        forget_uploads(self)
+        self.stop_requested = False
+        free_memory()
+
+
+def close_session(session: Session | None) -> None:
+    if isinstance(session, Session):
+        session.close()
+
+
+_OPEN: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+
+
+def track(session: Session, session_hash: str | None) -> None:
+    """Remember which browser session owns ``session`` so closing the tab frees it at once."""
+    if session_hash:
+        _OPEN[session_hash] = session
+
+
+def release(session_hash: str | None) -> None:
+    session = _OPEN.pop(session_hash, None) if session_hash else None
+    close_session(session)
+

@@ -1,0 +1,128 @@
+"""What a session carries between GPU calls: a chat's cache and history (:class:`ChatState`) and the
+full-cache references (:class:`ReferenceCache`). A GPU function takes them and hands back the new
+ones; on ZeroGPU they cross processes pickled, without the model (see :mod:`.zerogpu`)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import backends
+
+from ..mpic.linking import Linker
+from ..runtime.generate import Conversation
+from ..runtime.models import LoadedModel
+from . import zerogpu
+from .inputs import Prepared, Settings
+from .store import media_store
+from .views import layer_figures
+from .zerogpu import relocate
+
+
+@dataclass
+class Reference:
+    """The full cache's answer and meters for one input (a chat prefix or a comparison)."""
+
+    text: str
+    token_ids: list[int]
+    metrics: dict
+    layers: dict
+
+
+class ReferenceCache:
+    """Full-cache runs keyed by (model, generation settings, messages so far), newest last.
+
+    ``conv`` is the full-cache conversation at the state of ``conv_key``; a chat's next reference
+    continues it, anything else replays the earlier messages on a fresh one.
+    """
+
+    size = 16
+
+    def __init__(self) -> None:
+        self.results: OrderedDict[tuple, Reference] = OrderedDict()
+        self.conv: Conversation | None = None
+        self.conv_key: tuple | None = None
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__, conv=_portable(self.conv))
+
+    def attach(self, loaded: LoadedModel) -> ReferenceCache:
+        _attach(self.conv, loaded, "")
+        return self
+
+    def get(self, loaded: LoadedModel, settings: Settings, history: list[Prepared]) -> tuple[Reference, bool]:
+        """(reference, cached) for the last message of ``history``."""
+        key = settings.generation + tuple(p.key for p in history)
+        if key in self.results:
+            self.results.move_to_end(key)
+            return self.results[key], True
+        generation = {"max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature}
+        resume, self.conv_key = self.conv_key, None  # None until this answer completes: a failure
+        if self.conv is None or resume != key[:-1]:  # would leave the cache half-written
+            self.conv = Conversation(loaded, backends.make_backend("full"))
+            for earlier in history[:-1]:
+                self.conv.ask(earlier.message, **generation)
+        update = self.conv.ask(history[-1].message, **generation)
+        self.conv_key = key
+        reference = Reference(update.text, update.token_ids, update.metrics.to_dict(), layer_figures(self.conv))
+        return self.store(key, reference), False
+
+    def store(self, key: tuple, reference: Reference) -> Reference:
+        self.results[key] = reference
+        while len(self.results) > self.size:
+            self.results.popitem(last=False)
+        return reference
+
+
+def _portable(conv: Conversation | None) -> Conversation | None:
+    """A copy of ``conv`` that pickles without the model (weights never cross processes) and with
+    its linker as a flag; :func:`_attach` puts them back in the process that continues it."""
+    if conv is None or conv.loaded is None:
+        return conv
+    copy = Conversation.__new__(Conversation)
+    copy.__dict__.update(conv.__dict__, loaded=None, adapter=None, _rotary_module=None, linker=conv.linker is not None)
+    return copy
+
+
+def _attach(conv: Conversation | None, loaded: LoadedModel, session_id: str) -> None:
+    if conv is None or conv.loaded is not None:
+        return
+    linker = Linker(media_store(), session_id) if conv.linker else None
+    conv.__dict__.update(loaded=loaded, adapter=loaded.adapter, _rotary_module=loaded.language_model().rotary_emb,
+                         linker=linker, _sync=loaded.device.type == "cuda")
+
+
+@dataclass
+class ChatState:
+    """What a chat carries from turn to turn: the GPU function takes it and hands back the new one
+    (it pickles without the model; see :mod:`engine.service.zerogpu`)."""
+
+    conv: Conversation | None = None
+    cache_key: tuple | None = None  # Settings.cache_key of the method that built ``conv``
+    history: list[Prepared] = field(default_factory=list)
+    reused: list[set[int]] = field(default_factory=list)  # per layer: token indices whose KV came from the store
+    references: ReferenceCache = field(default_factory=ReferenceCache)
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__, conv=_portable(self.conv))
+
+    def continues(self, settings: Settings) -> bool:
+        """Whether a message with these settings continues this chat's cache."""
+        return self.conv is not None and self.cache_key == settings.cache_key
+
+    def attach(self, loaded: LoadedModel, session_id: str) -> ChatState:
+        _attach(self.conv, loaded, session_id)
+        self.references.attach(loaded)
+        return self
+
+
+def arrive(state, loaded: LoadedModel, session_id: str):
+    """A state handed to a GPU function, on the model's device with its model attached."""
+    state = relocate(state, loaded.device) if zerogpu.ZERO_GPU else state
+    return state.attach(loaded, session_id) if isinstance(state, ChatState) else state.attach(loaded)
+
+
+def depart(state):
+    """A state a GPU function hands back: on the CPU on ZeroGPU (its GPU is gone after the call)."""
+    return relocate(state, "cpu") if zerogpu.ZERO_GPU else state
+

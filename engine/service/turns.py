@@ -1,0 +1,213 @@
+"""A chat turn and a comparison: each loads the model in the app's process, then runs as a GPU
+function (:mod:`.zerogpu`) that takes the session's state and hands the new one back."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import torch
+
+from ..bench.methods import agreement
+from ..errors import UserError
+from ..mpic.linking import Linker
+from ..runtime.generate import Conversation
+from .inputs import Prepared, Settings, request_seconds
+from .model_pool import Progress, free_memory, get_model, silent
+from .mpic import reuse_summary, store_media
+from .sessions import Session, stopping
+from .state import ChatState, Reference, ReferenceCache, arrive, depart
+from .store import media_store
+from .views import kept_visuals, layer_figures
+from .zerogpu import gpu_function
+
+log = logging.getLogger(__name__)
+MAX_COMPARE = 4
+
+
+def _reference_view(reference: Reference | None, cached: bool) -> dict | None:
+    if reference is None:
+        return None
+    return {"text": reference.text, "metrics": reference.metrics, "layers": reference.layers, "cached": cached}
+
+
+class CacheLost(UserError):
+    """The GPU work failed mid-forward: the chat's cache is half-written, so it goes."""
+
+
+def _guarded(run: Iterator[dict], chat: bool) -> Iterator[dict]:
+    """Out-of-memory and unexpected failures become a UserError (inside the GPU function, so what
+    crosses back from a ZeroGPU worker is a plain message). A failure mid-forward leaves a cache
+    half-written, so a chat's cache is dropped (:class:`CacheLost`; the history on screen stays)."""
+    after = " This chat's cache was freed; your next message starts a new conversation." if chat else ""
+    lost = CacheLost if chat else UserError
+    try:
+        yield from run
+    except UserError:
+        raise
+    except torch.OutOfMemoryError:
+        free_memory()
+        raise lost("Out of GPU memory: use fewer images or frames, a lower budget or fewer new tokens." + after) from None
+    except Exception as exc:
+        log.exception("unexpected failure")  # the traceback for the log, a sentence for the user
+        raise lost(f"The model failed on this input ({exc.__class__.__name__}: {str(exc)[:200]}).{after}") from None
+
+
+def _relay(session: Session, views: Iterator[dict], progress: Progress) -> Iterator[dict]:
+    """A GPU function's yields, in the caller: progress goes to ``progress``, views go on."""
+    try:
+        for view in views:
+            if "progress" in view:
+                progress(*view["progress"])
+            else:
+                yield view
+    except CacheLost:
+        session.new_chat()
+        raise
+
+
+def _chat_seconds(state: ChatState, settings: Settings, prepared: Prepared, session_id: str) -> float:
+    answers = 1 if settings.method == "full" else 2  # the method's and the full cache's reference
+    replay = len(state.history) if not state.references.results else 0  # a reference may replay the chat
+    return request_seconds(settings, prepared, answers + (settings.method == "mpic")) + 5 * replay
+
+
+def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress = silent) -> Iterator[dict]:
+    """Answer one message, yielding a view after every token: ``text``, ``done``, ``new_chat``,
+    ``method`` (its title), ``metrics`` (Metrics.to_dict()), ``layers`` (:func:`layer_figures`),
+    ``reference`` (the full cache's text, metrics, layers and ``cached``; None for the full cache
+    itself), and once done ``agreement`` with the reference and ``visuals`` (:func:`kept_visuals`).
+
+    The model loads here, in the app's process (on ZeroGPU: on the CPU, moved to the GPU inside
+    each GPU call); the turn itself runs in :func:`chat_on_gpu`, which hands back the new state."""
+    settings.backend()  # bad parameters fail before any model work
+    get_model(settings.model, progress)
+    session.use_model(settings.model)
+    session.stop_requested = False
+    for view in _relay(session, chat_on_gpu(session.chat_state(), settings, prepared, session.id), progress):
+        if view["done"]:
+            session.adopt(view.pop("state"))
+            session.visuals = view["visuals"]
+            if settings.method == "mpic":
+                session.last_mpic = (settings, prepared)
+        yield view
+
+
+@gpu_function(duration=_chat_seconds)
+def chat_on_gpu(state: ChatState, settings: Settings, prepared: Prepared, session_id: str) -> Iterator[dict]:
+    """One chat turn as a pure function: yields ``{"progress": (fraction, text)}`` and views; the
+    last view holds ``state``, the chat after this turn (the same object when run in-process)."""
+    yield from _guarded(_turn(state, settings, prepared, session_id), chat=True)
+
+
+def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: str) -> Iterator[dict]:
+    backend = settings.backend()
+    loaded = get_model(settings.model)  # loaded by the caller; a worker forked before that loads it again
+    state = arrive(state, loaded, session_id)
+    mpic = settings.method == "mpic"
+    note = ""
+    if mpic:
+        yield {"progress": (0.3, "Storing the KV of the media...")}
+        note = store_media(session_id, loaded, prepared)
+    new_chat = not state.continues(settings)
+    if new_chat:  # the cache was built by another method or model: it cannot be continued
+        linker = Linker(media_store(), session_id) if mpic else None  # without it MPIC is the full cache
+        state = ChatState(Conversation(loaded, backend, linker=linker), settings.cache_key, references=state.references)
+    history = state.history + [prepared]
+    reference, cached = None, False
+    if settings.method != "full":
+        yield {"progress": (0.4, "Full-cache reference for this input...")}
+        reference, cached = state.references.get(loaded, settings, history)
+    conv = state.conv
+    yield {"progress": (0.7, f"Prefilling with {conv.backend.title}...")}
+    if mpic:
+        conv.backend.report = {}  # a prompt without stored media must not show the last one's reuse
+    for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
+                              temperature=settings.temperature, should_stop=lambda: stopping(session_id)):
+        view = {"text": update.text, "done": update.done, "new_chat": new_chat, "metrics": update.metrics.to_dict(),
+                "method": conv.backend.title, "reference": _reference_view(reference, cached),
+                "layers": layer_figures(conv), "agreement": None, "visuals": None, "mpic": None}
+        if update.done:
+            state.history = history
+            if reference is not None:
+                view["agreement"] = agreement(update.token_ids, reference.token_ids)
+            elif not stopping(session_id):  # a full-cache answer is itself the reference
+                key = settings.generation + tuple(p.key for p in history)
+                state.references.store(key, Reference(update.text, update.token_ids, view["metrics"], view["layers"]))
+            if mpic:
+                view["mpic"] = reuse_summary(state, conv, update.metrics.prompt_tokens, note)
+                highlight = [torch.tensor(sorted(p), dtype=torch.long)[None] for p in state.reused]
+                view["visuals"] = kept_visuals(conv, history, highlight, "reused")
+                media_store().flush()  # what this call stored reaches the app's process through the disk
+            else:
+                view["visuals"] = kept_visuals(conv, history)
+            view["state"] = depart(state)
+        yield view
+
+
+def compare(session: Session, settings: Settings, methods: list[str], prepared: Prepared,
+            progress: Progress = silent) -> Iterator[dict]:
+    """The full cache, then each method, one after another (never interleaved: honest timings)."""
+    methods = [m for m in dict.fromkeys(methods or []) if m != "full"]
+    if not 1 <= len(methods) <= MAX_COMPARE:
+        raise UserError(f"Pick 1 to {MAX_COMPARE} methods to compare with the full cache (got {len(methods)}).")
+    for method in methods:  # bad parameters fail before any model work
+        settings.backend(method)
+    return _compare(session, settings, methods, prepared, progress)
+
+
+def _compare(session: Session, settings: Settings, methods: list[str], prepared: Prepared,
+             progress: Progress) -> Iterator[dict]:
+    get_model(settings.model, progress)
+    session.use_model(settings.model)
+    session.stop_requested = False
+    views = compare_on_gpu(session.references, settings, methods, prepared, session.id)
+    for view in _relay(session, views, progress):
+        if view["done"]:
+            session.references = view.pop("references")
+        yield view
+
+
+def _compare_seconds(references: ReferenceCache, settings: Settings, methods: list[str], prepared: Prepared,
+                     session_id: str) -> float:
+    return request_seconds(settings, prepared, runs=1 + len(methods) + ("mpic" in methods))
+
+
+@gpu_function(duration=_compare_seconds)
+def compare_on_gpu(references: ReferenceCache, settings: Settings, methods: list[str], prepared: Prepared,
+                   session_id: str) -> Iterator[dict]:
+    """A comparison as a pure function: yields progress and views; the last view holds
+    ``references``, the session's full-cache references with this input's added."""
+    yield from _guarded(_compare_runs(references, settings, methods, prepared, session_id), chat=False)
+
+
+def _compare_runs(references: ReferenceCache, settings: Settings, methods: list[str], prepared: Prepared,
+                  session_id: str) -> Iterator[dict]:
+    built = [settings.backend(m) for m in methods]
+    loaded = get_model(settings.model)
+    references = arrive(references, loaded, session_id)
+    if "mpic" in methods:
+        yield {"progress": (0.2, "Storing the KV of the media...")}
+        store_media(session_id, loaded, prepared)
+        media_store().flush()
+    yield {"progress": (0.3, "Full cache...")}
+    reference, cached = references.get(loaded, settings, [prepared])
+    runs = [{"name": "full", "method": "Full cache", "text": reference.text, "metrics": reference.metrics,
+             "layers": reference.layers, "agreement": 1.0, "cached": cached, "done": True, "visuals": None}]
+    yield {"runs": runs, "done": False}
+    for i, backend in enumerate(built):
+        yield {"progress": (0.4 + 0.6 * i / len(built), f"{backend.title}...")}
+        linker = Linker(media_store(), session_id) if backend.name == "mpic" else None
+        conv = Conversation(loaded, backend, linker=linker)
+        run = {"name": backend.name, "method": backend.title, "cached": False, "visuals": None, "agreement": None}
+        runs.append(run)
+        for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
+                                  temperature=settings.temperature, should_stop=lambda: stopping(session_id)):
+            run.update(text=update.text, metrics=update.metrics.to_dict(), layers=layer_figures(conv), done=update.done)
+            if update.done:
+                run["agreement"] = agreement(update.token_ids, reference.token_ids)
+                run["visuals"] = kept_visuals(conv, [prepared])
+            yield {"runs": runs, "done": False}
+        if stopping(session_id):
+            break
+    yield {"runs": runs, "done": True, "references": depart(references)}

@@ -1,0 +1,67 @@
+"""Figures the panels draw, in plain lists and numpy arrays: the cache per layer and the visual
+tokens each method kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..media import Video
+from ..runtime.generate import Conversation
+from .inputs import Prepared
+
+
+def layer_figures(conv: Conversation) -> dict:
+    """Per layer: tokens held, bytes held, and the method's planned budgets if it reports them."""
+    report = conv.backend.report
+    return {"tokens": conv.cache.tokens_per_layer(), "bytes": [layer.nbytes() for layer in conv.cache.layers],
+            "seen": conv.seen, "planned": [float(b) for b in report.get("layer_budgets", [])] or None}
+
+
+def kept_visuals(conv: Conversation, history: list[Prepared], highlight: list | None = None,
+                 meaning: str = "kept") -> list[dict]:
+    """For each image and video of the chat, the share of KV heads keeping each visual token, per layer.
+
+    Returns dicts with ``label``, ``kind``, ``meaning``, ``pictures`` (the image, or the frames a
+    video's temporal tokens cover, as the model saw them) and ``keep`` of shape (layers, t, h, w).
+    ``highlight`` (per layer, token indices) replaces the kept tokens, e.g. MPIC's reused ones.
+    """
+    held = np.zeros((len(conv.cache.layers), conv.seen), dtype=np.float32)
+    # a method that keeps every token may name the ones to highlight instead (ZipVL: its 4-bit tokens)
+    chosen = highlight if highlight is not None else conv.backend.report.get("overlay") or conv.cache.kept_positions()
+    for i, positions in enumerate(chosen):
+        if positions is None or positions.numel() == 0:
+            continue
+        positions = positions.long().clamp(0, conv.seen - 1).cpu()
+        mask = torch.zeros(positions.shape[0], conv.seen).scatter_(1, positions, 1.0)
+        held[i] = mask.mean(0).numpy()  # heads may keep different tokens: a share, not a yes/no
+    out = []
+    for turn, (prepared, layout) in enumerate(zip(history, conv.layouts), start=1):
+        media = [("image", m) for m in prepared.message.images] + [("video", m) for m in prepared.message.videos]
+        for n, ((kind, source), visual) in enumerate(zip(media, layout.visuals), start=1):
+            if visual.grid is None or visual.length != int(np.prod(visual.grid)):
+                continue  # tiled layouts (LLaVA-NeXT) have no single grid to draw on
+            t, h, w = visual.grid
+            keep = held[:, visual.span[0]:visual.span[1]].reshape(-1, t, h, w)
+            label = f"{kind} {n}" + (f", turn {turn}" if len(history) > 1 else "")  # short: a one-line caption
+            out.append({"label": label, "kind": kind, "keep": keep, "meaning": meaning,
+                        "pictures": _pictures(source, t, conv.adapter.image_processor)})
+    return out
+
+
+def _pictures(source: Image.Image | Video, t: int, image_processor) -> list[np.ndarray]:
+    """What the model saw: center-cropped for CLIP-style processors; one frame per temporal token."""
+    frames = [np.asarray(source)] if isinstance(source, Image.Image) else \
+        [source.frames[i] for i in (np.arange(t) * len(source.frames)) // t]
+    if getattr(image_processor, "do_center_crop", False):
+        frames = [_center_square(f) for f in frames]
+    return frames
+
+
+def _center_square(frame: np.ndarray) -> np.ndarray:
+    h, w = frame.shape[:2]
+    side = min(h, w)
+    top, left = (h - side) // 2, (w - side) // 2
+    return frame[top:top + side, left:left + side]
+
