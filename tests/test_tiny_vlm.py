@@ -199,10 +199,10 @@ def test_accuracy_bench_smoke(tmp_path, capsys):
     assert (tmp_path / "acc.html").exists()
     assert "snapkv" in capsys.readouterr().out
     # the README's tables again from the JSON, nothing run
-    assert bench.main(["--mode", "accuracy", "--from-json", str(tmp_path / "acc.json"), "--no-figure"]) == 0
+    assert cli.main(["--mode", "accuracy", "--from-json", str(tmp_path / "acc.json"), "--no-figure"]) == 0
     printed = capsys.readouterr().out
     assert f"| snapkv | budget 0.5 | {snap[0]['realised']:.2f} |" in printed and "| mpic | - |" in printed
-    assert bench.main(["--mode", "accuracy", "--from-json", str(tmp_path / "missing.json")]) == 2
+    assert cli.main(["--mode", "accuracy", "--from-json", str(tmp_path / "missing.json")]) == 2
 
 
 def test_known_answers_first_and_follow_up(arena):

@@ -21,7 +21,6 @@ from conftest import make_image
 
 from engine import service
 from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
 from engine.service import zerogpu
 
 MODEL = "tiny-qwen2-vl"
