@@ -27,7 +27,7 @@ import backends
 
 from ..errors import UserError
 from ..media import load_image, load_video
-from ..runtime.generate import Conversation
+from ..runtime.generate import Conversation, agreement
 from ..runtime.inputs import Message
 from ..runtime.models import DEFAULT_MODEL, list_models, load_model
 
@@ -95,12 +95,6 @@ def run_method(loaded, name: str, budget: float, params: dict, media: dict, prom
     else:
         update = conv.ask(Message(prompt, **media), max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
     return update, backend, conv
-
-
-def agreement(a: list[int], b: list[int]) -> float:
-    """Share of positions where both answers have the same token (over the longer answer)."""
-    longest = max(len(a), len(b))
-    return sum(x == y for x, y in zip(a, b)) / longest if longest else 1.0
 
 
 def _jsonable(value):

@@ -22,8 +22,8 @@ import backends
 
 from ..errors import UserError
 from ..mpic.kv_store import KVStore
-from ..mpic.linking import Linker, ingest
-from ..runtime.generate import Conversation
+from ..mpic.linking import ingest
+from ..mpic.ttft import time_prompt
 from ..runtime.inputs import Message
 from ..runtime.models import load_model
 from .methods import synthetic_images
@@ -50,21 +50,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p.parse_args(argv)
-
-
-def time_prompt(loaded, store: KVStore, session: str, message: Message, mode: str, **params) -> dict:
-    """One answer token under ``mode``: its TTFT, the token, and what the linker did per visual."""
-    conv = Conversation(loaded, backends.make_backend("mpic", mode=mode, **params), linker=Linker(store, session))
-    update = conv.ask(message, max_new_tokens=1)
-    return {"ttft_s": update.metrics.ttft_s, "first_token": update.token_ids[0], "status": list(conv.linker.status),
-            "prompt_tokens": update.metrics.prompt_tokens}
-
-
-def measure_ttft(loaded, store: KVStore, session: str, message: Message, modes=("prefix", "mpic"),
-                 **params) -> dict[str, dict]:
-    """TTFT of this prompt under each mode, in the session's current store state (the app's
-    "prefix caching vs MPIC" panel): mode -> :func:`time_prompt`'s figures."""
-    return {mode: time_prompt(loaded, store, session, message, mode, **params) for mode in modes}
 
 
 def _median_run(loaded, store, message: Message, mode: str, repeats: int, params: dict, tag: str) -> dict:

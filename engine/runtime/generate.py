@@ -22,6 +22,12 @@ from .inputs import DEFAULT_SYSTEM, Chunk, Message
 from .models import LoadedModel
 
 
+def agreement(a: list[int], b: list[int]) -> float:
+    """Share of positions where two answers have the same token (over the longer answer)."""
+    longest = max(len(a), len(b))
+    return sum(x == y for x, y in zip(a, b)) / longest if longest else 1.0
+
+
 @dataclass
 class Metrics:
     """Figures of one request (one user turn), all measured, none estimated."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..bench.mpic import measure_ttft
 from ..mpic.linking import ingest
+from ..mpic.ttft import measure_ttft
 from ..runtime.generate import Conversation
 from ..runtime.models import LoadedModel
 from .inputs import VIDEO_SUFFIXES, Prepared, Settings, request_seconds

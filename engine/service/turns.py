@@ -8,10 +8,9 @@ from collections.abc import Iterator
 
 import torch
 
-from ..bench.methods import agreement
 from ..errors import UserError
 from ..mpic.linking import Linker
-from ..runtime.generate import Conversation
+from ..runtime.generate import Conversation, agreement
 from .inputs import Prepared, Settings, request_seconds
 from .model_pool import Progress, free_memory, get_model, silent
 from .mpic import reuse_summary, store_media
