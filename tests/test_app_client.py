@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import make_image
+from tests.support import make_image
 import gradio_client.client
 from gradio_client import Client, handle_file
 

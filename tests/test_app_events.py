@@ -10,7 +10,7 @@ import gradio as gr
 import plotly.graph_objects as go
 import pytest
 import torch
-from conftest import make_image
+from tests.support import make_image
 
 import backends
 import engine.media

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import answer, make_image
+from tests.support import answer, make_image
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import backends

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import answer, make_image
+from tests.support import answer, make_image
 
 import backends
 from backends.base import AttentionCall, KVLayer

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import make_image
+from tests.support import make_image
 
 import backends
 from backends.mpic import shift_keys

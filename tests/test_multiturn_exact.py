@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_MODELS, make_image
+from tests.support import TINY_MODELS, make_image
 
 import backends
 from engine.runtime.generate import Conversation

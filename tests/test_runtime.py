@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import TINY_MODELS, answer, make_image, make_video
+from tests.support import TINY_MODELS, answer, make_image, make_video
 
 import backends
 from backends.attention_math import causal_attention

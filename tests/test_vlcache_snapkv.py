@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import answer, make_image
+from tests.support import answer, make_image
 
 import backends
 from backends.attention_math import kv_group_mean

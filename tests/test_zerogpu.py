@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_image
+from tests.support import make_image
 
 from engine import service
 from engine.runtime.generate import Conversation

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import make_image
+from tests.support import make_image
 
 import backends
 from backends.attention_math import attention_probs, causal_attention

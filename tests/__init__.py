@@ -1,0 +1,1 @@
+"""The test suite: offline, CPU, tiny models built from configs (see tests/support.py)."""
