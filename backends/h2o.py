@@ -22,8 +22,8 @@ received the most attention so far (the heavy hitters) plus a window of the most
 * Multi-turn: scores persist with their entries, so the next turn's prompt is scored on top of
   the history's accumulated attention, as H2O's running statistic would be.
 
-Report (:class:`H2OReport`, ``self.report``): ``kept`` (per layer, (H_kv, S) positions held per head) and ``scores`` (per layer, (H_kv, S)
-accumulated attention of those entries).
+Report (:class:`H2OReport`, ``self.report``): ``kept`` (per layer, (H_kv, S) positions held per
+head) and ``scores`` (per layer, (H_kv, S) accumulated attention of those entries).
 """
 
 from __future__ import annotations

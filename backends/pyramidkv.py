@@ -13,8 +13,9 @@ few tokens in the upper ones, so lower layers get more cache and upper layers le
   cumulative sum, so the rounded total is still exactly L x c.
 * A model with one layer, or a budget inside the window, has no pyramid: SnapKV's uniform budget.
 
-Report (:class:`PyramidKVReport`): ``kept`` (per layer, (H_kv, S) positions), ``layer_budgets`` (per layer, realised entries
-kept / tokens seen), ``schedule`` (per layer, planned entries of the last prefill).
+Report (:class:`PyramidKVReport`): ``kept`` (per layer, (H_kv, S) positions), ``layer_budgets``
+(per layer, realised entries kept / tokens seen), ``schedule`` (per layer, planned entries of the
+last prefill).
 """
 
 from __future__ import annotations

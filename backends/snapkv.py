@@ -18,8 +18,8 @@ the answer will need, so their attention "votes" for the prompt entries worth ke
   history and the new tokens together with its own observation window.
 
 Each layer is compressed in ``after_attention``, right after its attention, which lowers the
-prefill peak too. Report (the base :class:`~backends.base.Report`): ``kept`` (per layer, (H_kv, S) positions), ``layer_budgets`` (per layer,
-entries kept / tokens seen).
+prefill peak too. Report (the base :class:`~backends.base.Report`): ``kept`` (per layer, (H_kv, S)
+positions), ``layer_budgets`` (per layer, entries kept / tokens seen).
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ score and a scalar) are stashed in ``after_attention`` and all layers are compre
 ``after_forward``; the full prompt cache is alive until then, as in the paper's prefill.
 T is the number of tokens seen; a later turn re-scores the compressed history with its own rows.
 
-Report (:class:`VLCacheReport`): ``kept`` (per layer, (S,) positions), ``layer_budgets`` (per layer, realised entries / T),
-``planned_budgets`` (beta_l), ``sparsity`` (gamma_l), ``post_vision_tokens`` (tau, or the fallback
-rows), ``realised_budget`` (all entries kept / (L x T)).
+Report (:class:`VLCacheReport`): ``kept`` (per layer, (S,) positions), ``layer_budgets`` (per
+layer, realised entries / T), ``planned_budgets`` (beta_l), ``sparsity`` (gamma_l),
+``post_vision_tokens`` (tau, or the fallback rows), ``realised_budget`` (all entries kept / (L x T)).
 """
 
 from __future__ import annotations

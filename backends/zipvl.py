@@ -360,5 +360,5 @@ class ZipVL(KVBackend):
         report.realised_fraction = held / full if full else None
 
 
-__all__ = ["DEFAULT_TAU", "PACKED_BITS", "ZipVL", "ZipVLLayer", "ZipVLReport", "adaptive_count", "important_mask", "probe_rows",
-           "probe_scores"]
+__all__ = ["DEFAULT_TAU", "PACKED_BITS", "ZipVL", "ZipVLLayer", "ZipVLReport", "adaptive_count", "important_mask",
+           "probe_rows", "probe_scores"]
