@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import BUDGET, AttentionCall, KVBackend, KVLayer, Param, PromptLayout, VisualSpan, param
+from .base import BUDGET, AttentionCall, KVBackend, KVLayer, Param, PromptLayout, Report, VisualSpan, param
 
 _REGISTRY: dict[str, type[KVBackend]] = {}
 BROKEN: dict[str, str] = {}  # module -> error; a test asserts it stays empty
@@ -62,6 +62,7 @@ __all__ = [
     "KVLayer",
     "Param",
     "PromptLayout",
+    "Report",
     "VisualSpan",
     "available",
     "backend_class",

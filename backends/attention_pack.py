@@ -38,20 +38,21 @@ rather than at the first decode step (same cache, lower peak); and each period's
 block of their own instead of re-factorising the whole cache (Algorithm 1, line 15), which would
 compound the error of the R/4-rebuilt tokens and mix modalities.
 
-Report (``self.report``): per layer ``full_rank`` / ``reduced_rank`` (token indices rebuilt at
-full and at reduced rank at the next read), ``ranks`` (R_k, R_v per block) and ``bytes``
-(factors, dense, scalars: the statistic and rotary ids).
+Report (:class:`AttentionPackReport`, ``self.report``): per layer ``full_rank`` / ``reduced_rank``
+(token indices rebuilt at full and at reduced rank at the next read), ``ranks`` (R_k, R_v per block)
+and ``bytes`` (factors, dense, scalars: the statistic and rotary ids).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from .attention_math import attend_segments, attention_probs, dense_segment
-from .base import KVBackend, KVLayer, param
+from .base import KVBackend, KVLayer, Report, param
 from .rope import rotate, unrotate
 
 STAT_ROWS = 32  # prompt rows that seed the statistic: the question sits at the end of the prompt
@@ -271,6 +272,20 @@ class PackedLayer(KVLayer):
         raise NotImplementedError("AttentionPack keeps every token; its factors cannot be gathered")
 
 
+@dataclass
+class AttentionPackReport(Report):
+    """Per layer, which factorised tokens are rebuilt at which rank, the ranks and the bytes."""
+
+    # per layer: 1-D token indices of the factorised blocks rebuilt at full rank at the next read
+    full_rank: list[torch.Tensor | None] | None = None
+    # per layer: 1-D token indices rebuilt at the reduced rank (R/4) at the next read
+    reduced_rank: list[torch.Tensor | None] | None = None
+    # per layer: (R_k, R_v) per low-rank block, in block order
+    ranks: list[list[tuple[int, int]] | None] | None = None
+    # per layer: bytes held, {"factors": int, "dense": int, "scalars": int} (scalars: statistic, rotary ids)
+    bytes: list[dict[str, int] | None] | None = None
+
+
 @dataclass(eq=False)
 class AttentionPack(KVBackend):
     name = "attention_pack"
@@ -287,6 +302,7 @@ class AttentionPack(KVBackend):
     period: int = param(0, "Generated tokens collected dense before they are factorised too; 0 never (the "
                         "paper compresses visual tokens only, Sec. 8.2).", 0, 4096, 1)
     needs_decode_attention = True  # the decode query's attention row feeds the statistic
+    report_type: ClassVar[type[Report]] = AttentionPackReport
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -351,17 +367,17 @@ class AttentionPack(KVBackend):
         return visual.nonzero().squeeze(1)
 
     def _report(self, call, layer: PackedLayer) -> None:
-        for key in ("full_rank", "reduced_rank", "ranks", "bytes"):
-            self.report.setdefault(key, [None] * call.num_layers)
+        report = self.report
+        report.ensure_layers(call.num_layers, "full_rank", "reduced_rank", "ranks", "bytes")
         i, blocks = call.layer_idx, layer.blocks
         full = [b.positions[b.full] for b in blocks]
         reduced = [b.positions[~b.full] for b in blocks]
-        self.report["full_rank"][i] = torch.cat(full) if full else torch.zeros(0, dtype=torch.long)
-        self.report["reduced_rank"][i] = torch.cat(reduced) if reduced else torch.zeros(0, dtype=torch.long)
-        self.report["ranks"][i] = [(b.k_coef.shape[1], b.v_coef.shape[1]) for b in blocks]
+        report.full_rank[i] = torch.cat(full) if full else torch.zeros(0, dtype=torch.long)
+        report.reduced_rank[i] = torch.cat(reduced) if reduced else torch.zeros(0, dtype=torch.long)
+        report.ranks[i] = [(b.k_coef.shape[1], b.v_coef.shape[1]) for b in blocks]
         factors = sum(_nbytes(t) for b in blocks for t in (b.k_coef, b.k_basis, b.v_coef, b.v_basis))
         dense = _nbytes(layer.keys) + _nbytes(layer.values)
-        self.report["bytes"][i] = {"factors": factors, "dense": dense, "scalars": layer.nbytes() - factors - dense}
+        report.bytes[i] = {"factors": factors, "dense": dense, "scalars": layer.nbytes() - factors - dense}
 
 
 def _cat(old: torch.Tensor | None, new: torch.Tensor, dim: int = 0) -> torch.Tensor:

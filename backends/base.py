@@ -256,6 +256,44 @@ class KVLayer(DynamicLayer):
 
 
 # ---------------------------------------------------------------------------------------------
+# What a method reports
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    """What a method tells the panels and the benchmarks about its cache (``KVBackend.report``).
+
+    A field left ``None`` is one the method does not report (or has not reported yet). Per-layer
+    lists are indexed by layer and hold ``None`` for a layer that has not reported yet. Methods
+    with details of their own subclass this next to the method and name it as ``report_type``.
+    """
+
+    # per layer: the token positions the layer holds, (H_kv, S) or (S,) when its heads share them
+    kept: list[torch.Tensor | None] | None = None
+    # per layer: the share of the tokens seen that the layer holds or plans to hold (None: no per-layer plan)
+    layer_budgets: list[float | None] | None = None
+    # per layer: (1, n) visual token indices the panels draw instead of the kept ones (ZipVL: 4-bit tokens)
+    overlay: list[torch.Tensor | None] | None = None
+    # MPIC: per layer, the 1-D token positions of this prompt whose KV came from the store
+    reused: list[torch.Tensor] | None = None
+    # bytes held / the same tokens' bytes in full precision, all layers (methods without a budget)
+    realised_fraction: float | None = None
+
+    def ensure_layers(self, n: int, *names: str, fill: Any = None) -> None:
+        """Make each named per-layer field a list of ``n`` entries (``fill``) unless it already is one."""
+        for name in names:
+            value = getattr(self, name)
+            if value is None or len(value) != n:
+                setattr(self, name, [fill] * n)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The reported fields by name, for JSON (fields left ``None`` are not reported and left out;
+        tensors are left as they are, for the caller to convert)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+# ---------------------------------------------------------------------------------------------
 # The method
 # ---------------------------------------------------------------------------------------------
 
@@ -290,11 +328,15 @@ class KVBackend:
     # registry-wide lossless test uses them; e.g. a quantising method turns quantisation off).
     lossless_params: ClassVar[dict[str, Any]] = {}
 
+    # the type of ``report``: a method with details of its own names its :class:`Report` subclass
+    report_type: ClassVar[type[Report]] = Report
+
     budget: float = 1.0
-    # filled by the method: per-layer budgets, kept sets...
-    report: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    # filled by the method: kept sets, per-layer budgets... (a fresh ``report_type()`` on construction)
+    report: Report = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.report = self.report_type()
         self.budget = BUDGET.coerce(self.budget)
         for p in self.param_specs():
             setattr(self, p.name, p.coerce(getattr(self, p.name)))
@@ -332,6 +374,11 @@ class KVBackend:
         pass
 
     # --- helpers for subclasses ---------------------------------------------------------------
+    def reset_report(self) -> Report:
+        """Start a fresh, empty report (e.g. before a prompt whose report must not show the last one's)."""
+        self.report = self.report_type()
+        return self.report
+
     def budget_tokens(self, total: int, minimum: int = 1) -> int:
         """Tokens kept out of ``total`` at this budget (rounded, never below ``minimum``)."""
         return min(total, max(minimum, math.ceil(self.budget * total - 1e-9)))

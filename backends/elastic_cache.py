@@ -37,18 +37,20 @@ Multi-turn: each new prefill (a next user turn, or the question in question-afte
 every held entry with the new queries, re-selects anchors over the whole history (the paper
 compresses "system prompts, user instructions, and chat history" together) and resets N_tl.
 
-Report: ``kept`` (per layer, (S,) anchor positions, shared by heads), ``merged`` (per layer,
-tokens folded into another entry by the last merge), ``truncation_index`` (per layer N_tl).
+Report (:class:`ElasticReport`): ``kept`` (per layer, (S,) anchor positions, shared by heads),
+``merged`` (per layer, tokens folded into another entry by the last merge), ``truncation_index``
+(per layer N_tl).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from .attention_math import attention_column_sums
-from .base import AttentionCall, KVBackend, KVLayer, param
+from .base import AttentionCall, KVBackend, KVLayer, Report, param
 
 
 def select_anchors(importance: torch.Tensor, count: int, forced: torch.Tensor) -> torch.Tensor:
@@ -72,6 +74,16 @@ def bucket_means(states: torch.Tensor, bucket: torch.Tensor, count: int) -> torc
     return (sums / sizes[:, None]).to(states.dtype)
 
 
+@dataclass
+class ElasticReport(Report):
+    """``kept`` per layer ((S,) anchor positions, shared by the heads) and what the prefill merged."""
+
+    # per layer: entries folded into an anchor's bucket by the last prefill (0: none)
+    merged: list[int] | None = None
+    # per layer: the fixed truncation index N_tl that decoding evicts at (None before the layer's prefill)
+    truncation_index: list[int | None] | None = None
+
+
 @dataclass(eq=False)
 class ElasticCache(KVBackend):
     name = "elastic_cache"
@@ -84,6 +96,7 @@ class ElasticCache(KVBackend):
     protected_tokens: int = param(1, "First tokens always kept as anchors (Sec. 4.1 protects the first one).", 1, 64, 1)
     holds_budget_while_decoding = True
     needs_prefill_lse = True  # importance from the prefill attention's own log-sum-exp
+    report_type: ClassVar[type[Report]] = ElasticReport
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -100,9 +113,9 @@ class ElasticCache(KVBackend):
         return max(self.protected_tokens, merged - d, min(merged, d))
 
     def after_attention(self, call: AttentionCall, layer: KVLayer, query, key, scaling: float, attn_row=None) -> None:
-        if not self.report:
-            self.report.update(kept=[None] * call.num_layers, merged=[0] * call.num_layers,
-                               truncation_index=[None] * call.num_layers)
+        if self.report.kept is None:
+            self.report.ensure_layers(call.num_layers, "kept", "truncation_index")
+            self.report.ensure_layers(call.num_layers, "merged", fill=0)
         i = call.layer_idx
         target = self.target(call.seen)
         if call.is_prefill:
@@ -111,12 +124,12 @@ class ElasticCache(KVBackend):
                 rows = torch.arange(held - q, held, device=query.device)  # the new tokens' own indices
                 importance = attention_column_sums(query, key, scaling, rows, call.row_lse).mean(dim=0)  # (1/K) sum_j
                 self.merge(layer, importance, target)
-            self.report["merged"][i] = max(0, held - target)
+            self.report.merged[i] = max(0, held - target)
             self._cut[i] = self.truncation_index(layer.get_seq_length())
-            self.report["truncation_index"][i] = self._cut[i]
+            self.report.truncation_index[i] = self._cut[i]
         else:
             self.evict(layer, self._cut.get(i, self.protected_tokens), target)
-        self.report["kept"][i] = layer.positions[0]
+        self.report.kept[i] = layer.positions[0]
 
     def merge(self, layer: KVLayer, importance: torch.Tensor, count: int) -> None:
         """Keep ``count`` anchors of the layer; fold every other entry into its bucket's mean."""

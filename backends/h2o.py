@@ -22,19 +22,20 @@ received the most attention so far (the heavy hitters) plus a window of the most
 * Multi-turn: scores persist with their entries, so the next turn's prompt is scored on top of
   the history's accumulated attention, as H2O's running statistic would be.
 
-Report: ``kept`` (per layer, (H_kv, S) positions held per head) and ``scores`` (per layer, (H_kv, S)
-accumulated attention of those entries).
+Report (:class:`H2OReport`, ``self.report``): ``kept`` (per layer, (H_kv, S) positions held per
+head) and ``scores`` (per layer, (H_kv, S) accumulated attention of those entries).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from .attention_math import attention_column_sums, kv_group_mean
-from .base import AttentionCall, KVBackend, KVLayer, param
+from .base import AttentionCall, KVBackend, KVLayer, Report, param
 
 
 class ScoredLayer(KVLayer):
@@ -66,6 +67,14 @@ class ScoredLayer(KVLayer):
         return kv / (kv + self.scores.element_size())
 
 
+@dataclass
+class H2OReport(Report):
+    """``kept`` per layer ((H_kv, S) positions held) and the scores that chose them."""
+
+    # per layer: (H_kv, S) float32 accumulated attention each held entry received (``ScoredLayer.scores``)
+    scores: list[torch.Tensor | None] | None = None
+
+
 @dataclass(eq=False)
 class H2O(KVBackend):
     name = "h2o"
@@ -78,6 +87,7 @@ class H2O(KVBackend):
     holds_budget_while_decoding = True
     needs_decode_attention = True
     needs_prefill_lse = True  # column sums from the prefill attention's own log-sum-exp
+    report_type: ClassVar[type[Report]] = H2OReport
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -95,8 +105,7 @@ class H2O(KVBackend):
     def after_attention(self, call: AttentionCall, layer: ScoredLayer, query, key, scaling: float, attn_row=None) -> None:
         if not isinstance(layer, ScoredLayer):
             return
-        if not self.report:
-            self.report.update(kept=[None] * call.num_layers, scores=[None] * call.num_layers)
+        self.report.ensure_layers(call.num_layers, "kept", "scores")
         if call.is_prefill:
             held, q = key.shape[2], query.shape[2]
             rows = torch.arange(held - q, held, device=query.device)  # the new tokens' own indices
@@ -105,8 +114,8 @@ class H2O(KVBackend):
             received = attn_row[:, 0]  # (H, S): the decode query's softmax row
         layer.scores += kv_group_mean(received, key.shape[1])
         self.evict(layer, self.target(call.seen, layer))
-        self.report["kept"][call.layer_idx] = layer.positions
-        self.report["scores"][call.layer_idx] = layer.scores
+        self.report.kept[call.layer_idx] = layer.positions
+        self.report.scores[call.layer_idx] = layer.scores
 
     def evict(self, layer: ScoredLayer, target: int) -> None:
         """Keep ``target`` entries per KV head: the recent window and the heaviest older ones."""

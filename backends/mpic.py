@@ -33,9 +33,9 @@ Runtime protocol (``engine/mpic/linking.py``): ``plan`` -> the chunk tokens each
 ``link`` opens every layer's slots before the steps, ``unlink`` closes them (``abort`` also drops
 them); ``narrow_rows`` hands over, once, the rows that go on to the next layers (CacheBlend).
 
-Report (``self.report``): ``recomputed`` / ``reused``: per layer, the token indices whose KV this
-prompt computed / linked from the store; ``linked``: per stored span its token span, rotary shift
-and label; ``steps``: forward steps of the prefill.
+Report (:class:`MPICReport`, ``self.report``): ``recomputed`` / ``reused``: per layer, the token
+indices whose KV this prompt computed / linked from the store; ``linked``: per stored span its token
+span, rotary shift and label; ``steps``: forward steps of the prefill.
 """
 
 from __future__ import annotations
@@ -43,11 +43,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from .base import KVBackend, KVLayer, PromptLayout, param
+from .base import KVBackend, KVLayer, PromptLayout, Report, param
 from .rope import rotate
 
 MODES = ("mpic", "prefix", "full_reuse", "cacheblend", "recompute")
@@ -127,6 +128,19 @@ class LinkedLayer(KVLayer):
         self.close()
 
 
+@dataclass
+class MPICReport(Report):
+    """This prompt's reuse: ``reused`` (per layer, 1-D token positions linked from the store) and
+    what was computed instead."""
+
+    # per layer: 1-D token positions whose KV this prompt computed
+    recomputed: list[torch.Tensor] | None = None
+    # forward steps of the prefill (None: the prompt was not planned by ``plan``, e.g. a restored prefix)
+    steps: int | None = None
+    # per stored span: {"span": [start, end], "shift": rotary shift, "label": str}
+    linked: list[dict] | None = None
+
+
 @dataclass(eq=False)
 class MPIC(KVBackend):
     name = "mpic"
@@ -141,6 +155,7 @@ class MPIC(KVBackend):
                                    "all new text (paper: 15%).", 0.0, 1.0, 0.01)
     check_layer: int = param(1, "CacheBlend: layer whose key deviation picks the recomputed tokens.", 0, 128, 1)
     uses_budget = False
+    report_type: ClassVar[type[Report]] = MPICReport
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -171,9 +186,9 @@ class MPIC(KVBackend):
         steps = [rows[:-1], rows[-1:]] if self.mode == "full_reuse" and len(rows) > 1 else [rows]
         self._chunk = torch.arange(layout.start, layout.end)
         self._fed = self._chunk[rows]
-        self.report = {"recomputed": [], "reused": [], "steps": len(steps),
-                       "linked": [{"span": list(link.span), "shift": link.shift, "label": link.label}
-                                  for link in filter(None, links)]}
+        self.report = MPICReport(recomputed=[], reused=[], steps=len(steps),
+                                 linked=[{"span": list(link.span), "shift": link.shift, "label": link.label}
+                                         for link in filter(None, links)])
         return steps
 
     def link(self, layers: list[LinkedLayer], layout: PromptLayout, links: list[StoredMedia | None],
@@ -193,13 +208,13 @@ class MPIC(KVBackend):
         for i, layer in enumerate(layers):
             layer.open(layout.start, layout.length, fill(i), save_replaced=self.mode == "cacheblend" and i == check)
         self._layers, self._step, self._narrow = layers, 0, None
-        self.report["recomputed"] = [self._fed] * len(layers)
+        self.report.recomputed = [self._fed] * len(layers)
 
     def unlink(self) -> None:
         """Close the slots; report, per layer, which tokens kept their stored KV."""
         for layer in self._layers or []:
             stored = layer.stored.cpu() if layer.stored is not None else torch.zeros(len(self._chunk), dtype=torch.bool)
-            self.report["reused"].append(self._chunk[stored])
+            self.report.reused.append(self._chunk[stored])
             layer.close()
         self._layers = None
 
@@ -230,7 +245,7 @@ class MPIC(KVBackend):
         out[:, :, rows] = _sdpa(query[:, :, rows], layer.keys, layer.values, visible[rows], scaling)
         self._narrow = rows
         later = len(self._layers) - call.layer_idx
-        self.report["recomputed"][call.layer_idx:] = [call.positions[rows].cpu()] * later
+        self.report.recomputed[call.layer_idx:] = [call.positions[rows].cpu()] * later
         return out
 
     def _blend(self, layer: LinkedLayer, call) -> torch.Tensor:

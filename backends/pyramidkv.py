@@ -13,15 +13,17 @@ few tokens in the upper ones, so lower layers get more cache and upper layers le
   cumulative sum, so the rounded total is still exactly L x c.
 * A model with one layer, or a budget inside the window, has no pyramid: SnapKV's uniform budget.
 
-Report: ``kept`` (per layer, (H_kv, S) positions), ``layer_budgets`` (per layer, realised entries
-kept / tokens seen), ``schedule`` (per layer, planned entries of the last prefill).
+Report (:class:`PyramidKVReport`): ``kept`` (per layer, (H_kv, S) positions), ``layer_budgets``
+(per layer, realised entries kept / tokens seen), ``schedule`` (per layer, planned entries of the
+last prefill).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from .base import AttentionCall, param
+from .base import AttentionCall, Report, param
 from .snapkv import SnapKV
 
 
@@ -40,6 +42,14 @@ def pyramid_schedule(layers: int, tokens: int, mean_kept: int, window: int, beta
     return [window + cumulative[i + 1] - cumulative[i] for i in range(layers)]
 
 
+@dataclass
+class PyramidKVReport(Report):
+    """SnapKV's report (``kept``, ``layer_budgets``) and the pyramid it planned."""
+
+    # entries each layer may keep after the last prefill (one int per layer, first layer largest)
+    schedule: list[int] | None = None
+
+
 @dataclass(eq=False)
 class PyramidKV(SnapKV):
     name = "pyramidkv"
@@ -49,10 +59,11 @@ class PyramidKV(SnapKV):
                "layers the least, the same total.")
     beta: float = param(20.0, "Pyramid steepness: the last layer keeps 1/beta of the mean selectable budget, "
                         "the first layer the rest of twice that (authors' default 20).", 1.0, 100.0, 1.0)
+    report_type: ClassVar[type[Report]] = PyramidKVReport
 
     def layer_capacity(self, call: AttentionCall, held: int) -> int:
         tokens = call.seen
         window = min(self.window_size, call.positions.shape[0])
         schedule = pyramid_schedule(call.num_layers, tokens, self.budget_tokens(tokens), window, self.beta)
-        self.report["schedule"] = schedule
+        self.report.schedule = schedule
         return schedule[call.layer_idx]

@@ -18,8 +18,8 @@ the answer will need, so their attention "votes" for the prompt entries worth ke
   history and the new tokens together with its own observation window.
 
 Each layer is compressed in ``after_attention``, right after its attention, which lowers the
-prefill peak too. Report: ``kept`` (per layer, (H_kv, S) positions), ``layer_budgets`` (per layer,
-entries kept / tokens seen).
+prefill peak too. Report (the base :class:`~backends.base.Report`): ``kept`` (per layer, (H_kv, S)
+positions), ``layer_budgets`` (per layer, entries kept / tokens seen).
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ class SnapKV(KVBackend):
     def after_attention(self, call: AttentionCall, layer: KVLayer, query, key, scaling: float, attn_row=None) -> None:
         if not call.is_prefill:
             return
-        if len(self.report.get("kept", ())) != call.num_layers:
-            self.report.update(kept=[None] * call.num_layers, layer_budgets=[1.0] * call.num_layers)
+        if self.report.kept is None or len(self.report.kept) != call.num_layers:
+            self.report.kept, self.report.layer_budgets = [None] * call.num_layers, [1.0] * call.num_layers
         held = key.shape[2]
         count = min(held, self.layer_capacity(call, held))
         if count < held:
@@ -98,5 +98,5 @@ class SnapKV(KVBackend):
             scores = (snapkv_scores(query, key, scaling, window, self.kernel_size, self.pooling)
                       if count > window else key.new_zeros(key.shape[1], held - window))
             layer.keep(window_and_top_k(scores, held, window, count))
-        self.report["kept"][call.layer_idx] = layer.positions
-        self.report["layer_budgets"][call.layer_idx] = layer.get_seq_length() / call.seen
+        self.report.kept[call.layer_idx] = layer.positions
+        self.report.layer_budgets[call.layer_idx] = layer.get_seq_length() / call.seen

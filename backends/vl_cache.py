@@ -28,20 +28,21 @@ score and a scalar) are stashed in ``after_attention`` and all layers are compre
 ``after_forward``; the full prompt cache is alive until then, as in the paper's prefill.
 T is the number of tokens seen; a later turn re-scores the compressed history with its own rows.
 
-Report: ``kept`` (per layer, (S,) positions), ``layer_budgets`` (per layer, realised entries / T),
-``planned_budgets`` (beta_l), ``sparsity`` (gamma_l), ``post_vision_tokens`` (tau, or the fallback
-rows), ``realised_budget`` (all entries kept / (L x T)).
+Report (:class:`VLCacheReport`): ``kept`` (per layer, (S,) positions), ``layer_budgets`` (per
+layer, realised entries / T), ``planned_budgets`` (beta_l), ``sparsity`` (gamma_l),
+``post_vision_tokens`` (tau, or the fallback rows), ``realised_budget`` (all entries kept / (L x T)).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from .attention_math import attention_probs
-from .base import AttentionCall, KVBackend, KVLayer, param
+from .base import AttentionCall, KVBackend, KVLayer, Report, param
 from .snapkv import window_and_top_k
 
 MIN_LAYER_BUDGET = 0.01  # Alg. 1 l.12: the lower clip
@@ -90,6 +91,21 @@ def allocate_budgets(sparsity: torch.Tensor, alpha: float, redistribute: bool = 
     return share.clamp(MIN_LAYER_BUDGET, 1.0)
 
 
+@dataclass
+class VLCacheReport(Report):
+    """``kept`` (per layer, (S,) positions shared by the heads) and ``layer_budgets`` (per layer, realised
+    entries / tokens seen), with the plan of Alg. 1 that chose them."""
+
+    # tau: the post-vision query rows the prefill scored with (or the fallback window's rows)
+    post_vision_tokens: int | None = None
+    # per layer: beta_l, the budget Alg. 1 planned (share of the tokens seen)
+    planned_budgets: list[float] | None = None
+    # per layer: gamma_l, the share of the post-vision attention below the threshold, mean over heads
+    sparsity: list[float] | None = None
+    # all entries kept / (layers x tokens seen)
+    realised_budget: float | None = None
+
+
 @dataclass(eq=False)
 class VLCache(KVBackend):
     name = "vl_cache"
@@ -103,6 +119,7 @@ class VLCache(KVBackend):
                                "(not in the paper, whose Alg. 1 leaves it unspent).")
     fallback_window: int = param(50, "Scoring rows when no token follows the last visual token: the last "
                                  "prompt tokens (Sec. 5.2 uses 50).", 1, 512, 1)
+    report_type: ClassVar[type[Report]] = VLCacheReport
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -121,7 +138,7 @@ class VLCache(KVBackend):
         if call.is_prefill and self.budget < 1.0:  # alpha = 1 keeps every entry: nothing to score
             rows = self.observed_rows(call)
             self._stats[call.layer_idx] = post_vision_statistics(query, key, scaling, rows, self.threshold)
-            self.report["post_vision_tokens"] = rows
+            self.report.post_vision_tokens = rows
 
     def after_forward(self, cache, call: AttentionCall) -> None:
         if not call.is_prefill or len(self._stats) != call.num_layers:
@@ -129,17 +146,16 @@ class VLCache(KVBackend):
         stats, self._stats = self._stats, {}
         sparsity = torch.stack([stats[i][0].mean() for i in range(call.num_layers)])
         betas = allocate_budgets(sparsity, self.budget, self.redistribute)
-        rows = self.report["post_vision_tokens"]
+        rows = self.report.post_vision_tokens
         for i, layer in enumerate(cache.layers):
             held = layer.get_seq_length()
             count = min(held, math.ceil(float(betas[i]) * call.seen - 1e-9))
             if count < held:
                 layer.keep(window_and_top_k(stats[i][1], held, rows, count))
         kept = [layer.get_seq_length() for layer in cache.layers]
-        self.report.update(
-            kept=[layer.positions[0] for layer in cache.layers],  # shared by the heads of a layer
-            layer_budgets=[k / call.seen for k in kept],
-            planned_budgets=betas.tolist(),
-            sparsity=sparsity.tolist(),
-            realised_budget=sum(kept) / (len(kept) * call.seen),
-        )
+        report = self.report
+        report.kept = [layer.positions[0] for layer in cache.layers]  # shared by the heads of a layer
+        report.layer_budgets = [k / call.seen for k in kept]
+        report.planned_budgets = betas.tolist()
+        report.sparsity = sparsity.tolist()
+        report.realised_budget = sum(kept) / (len(kept) * call.seen)

@@ -34,10 +34,10 @@ on the comparison axis at its realised fraction (``realised_fraction`` in the re
 ``budget`` is accepted and ignored (``uses_budget`` is False). tau 1.0 makes every token important:
 with both bit widths at 16 (``lossless_params``) that is the full cache.
 
-Report (``self.report``), per layer: ``important`` / ``other`` (1-D token indices held at each
-precision), ``important_ratio`` (important / tokens split so far, also as ``layer_budgets`` for the
-layer panel), ``p`` (Eq. 6's count at the last split, over every key the probes saw: a later turn's
-count includes the history), ``bytes`` (codes, scales, buffer) and
+Report (:class:`ZipVLReport`, ``self.report``), per layer: ``important`` / ``other`` (1-D token
+indices held at each precision), ``important_ratio`` (important / tokens split so far, also as
+``layer_budgets`` for the layer panel), ``p`` (Eq. 6's count at the last split, over every key the
+probes saw: a later turn's count includes the history), ``bytes`` (codes, scales, buffer) and
 ``overlay`` ((1, n) important indices, which the service draws instead of the kept tokens);
 ``realised_fraction`` (bytes held / the same tokens' bytes in full precision, all layers) and ``tau``.
 """
@@ -50,7 +50,7 @@ from typing import ClassVar
 import torch
 
 from .attention_math import attend_segments, attention_probs, causal_attention, dense_segment
-from .base import AttentionCall, KVBackend, KVLayer, param
+from .base import AttentionCall, KVBackend, KVLayer, Report, param
 from .quant import FULL_BITS, PACKED_BITS, QuantTensor, check_bits, quantize
 
 DEFAULT_TAU = 0.975  # Sec. 5.3.2: "the optimal range for tau lies around 0.97"
@@ -216,6 +216,25 @@ def _width_bytes(layer: KVLayer) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass
+class ZipVLReport(Report):
+    """ZipVL's split per layer; ``layer_budgets`` repeats ``important_ratio`` for the layer panel,
+    ``overlay`` holds the (1, n) important indices and ``realised_fraction`` the bytes held / full."""
+
+    # per layer: 1-D token indices held at ``bits_important``
+    important: list[torch.Tensor | None] | None = None
+    # per layer: 1-D token indices held at ``bits_other``
+    other: list[torch.Tensor | None] | None = None
+    # per layer: important / tokens split so far
+    important_ratio: list[float | None] | None = None
+    # per layer: Eq. 6's count at the last split, over every key the probes saw (a later turn's includes the history)
+    p: list[int | None] | None = None
+    # per layer: bytes held, {"codes": int, "scales": int, "buffer": int}
+    bytes: list[dict[str, int] | None] | None = None
+    # the method's tau (Eq. 6) the split was made with
+    tau: float | None = None
+
+
 @dataclass(eq=False)
 class ZipVL(KVBackend):
     name = "zipvl"
@@ -237,6 +256,7 @@ class ZipVL(KVBackend):
     lossless_params: ClassVar[dict] = {"tau": 1.0, "bits_important": FULL_BITS, "bits_other": FULL_BITS}
     uses_budget = False
     needs_decode_attention = True  # the buffer's split reads the decode query's row (free from ``attend``)
+    report_type: ClassVar[type[Report]] = ZipVLReport
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -291,7 +311,8 @@ class ZipVL(KVBackend):
 
     def _record(self, layer_idx: int, mask: torch.Tensor, p: int, call: AttentionCall) -> None:
         self._split[layer_idx] = mask
-        self.report.setdefault("p", [None] * call.num_layers)[layer_idx] = p
+        self.report.ensure_layers(call.num_layers, "p")
+        self.report.p[layer_idx] = p
 
     # --- cache: quantise what was split -------------------------------------------------------
     def after_attention(self, call: AttentionCall, layer: KVLayer, query, key, scaling: float, attn_row=None) -> None:
@@ -305,15 +326,16 @@ class ZipVL(KVBackend):
             if not isinstance(layer, ZipVLLayer):
                 return
             if layer.buffered < self.period:
-                if "bytes" in self.report:  # the buffer grew
-                    self.report["bytes"][i] = layer.byte_parts()
+                if self.report.bytes is not None:  # the buffer grew
+                    self.report.bytes[i] = layer.byte_parts()
                 return
             # Alg. 1 (decoding): the last query's attention over the buffered tokens, summed over heads
             buffered = layer.buffered
             scores = attn_row[:, 0, -buffered:].sum(dim=0)
             p = adaptive_count(scores, self.tau)
             mask = important_mask(scores, p)
-            self.report.setdefault("p", [None] * call.num_layers)[i] = p
+            self.report.ensure_layers(call.num_layers, "p")
+            self.report.p[i] = p
             positions = layer.positions[0]
         if isinstance(layer, ZipVLLayer):
             layer.compress(mask)
@@ -323,20 +345,20 @@ class ZipVL(KVBackend):
 
     def _report(self, call: AttentionCall, layer: KVLayer) -> None:
         n, i = call.num_layers, call.layer_idx
-        for key in ("important", "other", "important_ratio", "layer_budgets", "overlay", "bytes"):
-            self.report.setdefault(key, [None] * n)
+        report = self.report
+        report.ensure_layers(n, "important", "other", "important_ratio", "layer_budgets", "overlay", "bytes")
         important, other = torch.cat(self._important[i]), torch.cat(self._other[i])
         ratio = important.numel() / max(1, important.numel() + other.numel())
-        self.report["important"][i], self.report["other"][i] = important, other
-        self.report["important_ratio"][i] = self.report["layer_budgets"][i] = ratio
-        self.report["overlay"][i] = important.view(1, -1)
-        self.report["bytes"][i] = (layer.byte_parts() if isinstance(layer, ZipVLLayer)
-                                   else {"codes": layer.nbytes(), "scales": 0, "buffer": 0})
-        self.report["tau"] = self.tau
+        report.important[i], report.other[i] = important, other
+        report.important_ratio[i] = report.layer_budgets[i] = ratio
+        report.overlay[i] = important.view(1, -1)
+        report.bytes[i] = (layer.byte_parts() if isinstance(layer, ZipVLLayer)
+                           else {"codes": layer.nbytes(), "scales": 0, "buffer": 0})
+        report.tau = self.tau
         held = sum(layer.nbytes() for layer in self._layers.values())
         full = sum(2 * layer.get_seq_length() * _width_bytes(layer) for layer in self._layers.values())
-        self.report["realised_fraction"] = held / full if full else None
+        report.realised_fraction = held / full if full else None
 
 
-__all__ = ["DEFAULT_TAU", "PACKED_BITS", "ZipVL", "ZipVLLayer", "adaptive_count", "important_mask", "probe_rows",
-           "probe_scores"]
+__all__ = ["DEFAULT_TAU", "PACKED_BITS", "ZipVL", "ZipVLLayer", "ZipVLReport", "adaptive_count", "important_mask",
+           "probe_rows", "probe_scores"]

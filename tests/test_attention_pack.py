@@ -234,9 +234,9 @@ def test_default_rank_compresses_visual_tokens_and_reports_groups(models, image)
         (block,) = layer.blocks
         rank = block.k_coef.shape[1]
         assert torch.equal(block.positions, torch.arange(*visual.span))
-        full_rank, reduced = backend.report["full_rank"][i], backend.report["reduced_rank"][i]
+        full_rank, reduced = backend.report.full_rank[i], backend.report.reduced_rank[i]
         assert len(full_rank) == math.ceil(0.25 * visual.length) and len(full_rank) + len(reduced) == visual.length
-        assert backend.report["bytes"][i]["factors"] == 2 * (256 * rank + rank * WIDTH) * 4
+        assert backend.report.bytes[i]["factors"] == 2 * (256 * rank + rank * WIDTH) * 4
         assert not layer.buffered.any()  # generated text stays dense by default (period 0)
     assert conv.cache.tokens_per_layer() == full.metrics.tokens_held
 

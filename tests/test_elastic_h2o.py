@@ -75,8 +75,8 @@ def test_fixed_point_eviction_removes_the_truncation_entry_and_holds_gamma_seen(
     layer = filled(KVLayer(), 20, seed=1)
     query = torch.randn(1, 4, 20, 4, generator=torch.Generator().manual_seed(2))
     method.after_attention(call("prefill", 20, 20), layer, query, layer.keys, 0.5)
-    assert layer.get_seq_length() == 10 and method.report["truncation_index"] == [7]
-    assert method.report["merged"] == [10]
+    assert layer.get_seq_length() == 10 and method.report.truncation_index == [7]
+    assert method.report.merged == [10]
     for seen in range(21, 30):
         before = layer.positions[0].tolist()
         g = torch.Generator().manual_seed(seen)
@@ -99,7 +99,7 @@ def test_anchors_of_a_short_prompt_survive_32_decode_steps(budget):
     query = torch.randn(1, 4, 20, 4, generator=torch.Generator().manual_seed(4))
     method.after_attention(call("prefill", 20, 20), layer, query, layer.keys, 0.5)
     anchors = layer.positions[0].tolist()
-    assert len(anchors) == math.ceil(budget * 20) and method.report["truncation_index"] == [len(anchors)]
+    assert len(anchors) == math.ceil(budget * 20) and method.report.truncation_index == [len(anchors)]
     for seen in range(21, 53):
         g = torch.Generator().manual_seed(seen)
         layer.append(torch.randn(1, 2, 1, 4, generator=g), torch.randn(1, 2, 1, 4, generator=g), torch.tensor([seen - 1]))
@@ -184,7 +184,7 @@ def test_second_turn_is_compressed_on_top_of_the_history(models, name, model):
         assert (kept < first_turn_end).any() and (kept >= first_turn_end).any()
         if name == "elastic_cache":
             assert (kept == kept[:1]).all() and kept[0, 0] == 0  # anchors shared by heads; first token kept
-    assert len(conv.backend.report["kept"]) == conv.loaded.num_layers
+    assert len(conv.backend.report.kept) == conv.loaded.num_layers
 
 
 # tiny-llava's seed-0 weights say EOS after 2 tokens; its seed-1 weights answer 64
@@ -209,10 +209,10 @@ def test_h2o_scores_move_while_decoding(models):
     stream = conv.stream(Message(PROMPT, images=[make_image(0, (224, 224))]), max_new_tokens=12)
     next(stream)  # after prefill, before the first decode step
     report = conv.backend.report
-    start = [(report["kept"][i].clone(), report["scores"][i].clone()) for i in range(conv.loaded.num_layers)]
+    start = [(report.kept[i].clone(), report.scores[i].clone()) for i in range(conv.loaded.num_layers)]
     for _ in stream:
         pass
-    for (kept0, scores0), kept1, scores1 in zip(start, report["kept"], report["scores"]):
+    for (kept0, scores0), kept1, scores1 in zip(start, report.kept, report.scores):
         for h in range(kept0.shape[0]):
             before = dict(zip(kept0[h].tolist(), scores0[h].tolist()))
             after = dict(zip(kept1[h].tolist(), scores1[h].tolist()))

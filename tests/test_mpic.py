@@ -53,7 +53,7 @@ def test_original_position_reproduces_full_recompute(models, store, model):
     torch.testing.assert_close(every, ref, atol=1e-5, rtol=0)
     # reusing every image token there is exact too: its stored KV saw the very same prefix
     reused, conv, _ = run(loaded, store, "a", message, "mpic", k=0)
-    assert len(conv.backend.report["reused"][0]) == conv.layouts[0].visuals[0].length
+    assert len(conv.backend.report.reused[0]) == conv.layouts[0].visuals[0].length
     torch.testing.assert_close(reused, ref, atol=1e-5, rtol=0)
 
 
@@ -87,19 +87,19 @@ def test_modes_recompute_what_the_paper_says(models, store):
     visual = sum(v.length for v in layout.visuals)
     text = layout.length - visual
     assert conv.linker.status == ["linked", "linked"]
-    assert [len(r) for r in conv.backend.report["recomputed"]] == [text + 32 * 2] * 4
-    assert [len(r) for r in conv.backend.report["reused"]] == [visual - 32 * 2] * 4
+    assert [len(r) for r in conv.backend.report.recomputed] == [text + 32 * 2] * 4
+    assert [len(r) for r in conv.backend.report.reused] == [visual - 32 * 2] * 4
     assert conv.cache.tokens_per_layer() == [layout.length] * 4  # nothing is evicted
 
     _, conv, _ = run(loaded, store, "a", message, "full_reuse")
-    assert conv.backend.report["steps"] == 2
-    assert len(conv.backend.report["reused"][0]) == visual
+    assert conv.backend.report.steps == 2
+    assert len(conv.backend.report.reused[0]) == visual
 
     _, conv, _ = run(loaded, store, "a", message, "cacheblend", recompute_ratio=0.3)
-    counts = [len(r) for r in conv.backend.report["recomputed"]]
+    counts = [len(r) for r in conv.backend.report.recomputed]
     assert counts[0] == layout.length  # every token before the check layer
     assert counts[1:] == [text + math.ceil(0.3 * visual)] * 3  # text plus 30% of the reused image tokens
-    assert len(conv.backend.report["reused"][1]) == layout.length - counts[1]
+    assert len(conv.backend.report.reused[1]) == layout.length - counts[1]
 
 
 @pytest.mark.parametrize("count", [1, 2, 4])
@@ -117,7 +117,7 @@ def test_cacheblend_recomputes_its_share_of_the_reused_tokens_whatever_the_text(
     text = layout.length - visual.numel()
     if count == 1:
         assert text > 0.15 * layout.length  # the case that used to recompute no image token
-    for recomputed in conv.backend.report["recomputed"][1:]:
+    for recomputed in conv.backend.report.recomputed[1:]:
         assert int(torch.isin(recomputed, visual).sum()) == {1: 39, 2: 77, 4: 154}[count]
         assert len(recomputed) == text + {1: 39, 2: 77, 4: 154}[count]
 
@@ -127,7 +127,7 @@ def test_prefix_caching_reuses_only_the_exact_prefix(models, store):
     run(loaded, store, "a", Message("Describe the picture.", images=[image], media_first=False), "prefix")
     ref, _, _ = run(loaded, store, "a", moved(image), "recompute")
     logits, conv, _ = run(loaded, store, "a", moved(image), "prefix")
-    reused = len(conv.backend.report["reused"][0])
+    reused = len(conv.backend.report.reused[0])
     assert 0 < reused < conv.layouts[0].visuals[0].span[0]  # system prompt and header, not the question
     torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)
 

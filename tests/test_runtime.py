@@ -11,7 +11,7 @@ from tests.support import TINY_MODELS, answer, make_image, make_video
 
 import backends
 from backends.attention_math import causal_attention
-from backends.base import KVBackend
+from backends.base import KVBackend, Report
 from engine.errors import UserError
 from engine.media import load_image, load_video
 from engine.runtime.generate import Conversation
@@ -92,6 +92,26 @@ def test_registry_imports_every_method_and_describes_it():
         assert info["name"] == name and info["params"][0]["name"] == "budget"
         for p in info["params"]:
             assert p["help"], (name, p["name"])
+
+
+def test_every_method_reports_a_fresh_typed_report():
+    for name in backends.available():
+        cls = backends.backend_class(name)
+        assert issubclass(cls.report_type, Report) and dataclasses.is_dataclass(cls.report_type), name
+        first, second = backends.make_backend(name), backends.make_backend(name)
+        assert type(first.report) is cls.report_type and first.report is not second.report, name
+        assert first.report.to_dict() == {}, name  # nothing reported before a prompt
+        old = first.report
+        assert first.reset_report() is first.report is not old and type(first.report) is cls.report_type
+    assert backends.backend_class("zipvl").report_type.__name__ == "ZipVLReport"
+    report = Report(realised_fraction=0.5)
+    report.ensure_layers(3, "kept", "overlay")
+    report.ensure_layers(2, "layer_budgets", fill=1.0)
+    report.kept[1] = torch.tensor([4, 5])
+    report.ensure_layers(3, "kept")  # already sized: left as it is
+    assert report.kept[1].tolist() == [4, 5] and report.overlay == [None] * 3 and report.layer_budgets == [1.0, 1.0]
+    assert set(report.to_dict()) == {"kept", "layer_budgets", "overlay", "realised_fraction"}
+    assert report.to_dict()["kept"] is report.kept  # tensors and lists left to the caller's conversion
 
 
 def test_method_parameters_are_typed_dataclass_fields():

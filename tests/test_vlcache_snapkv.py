@@ -120,15 +120,15 @@ def test_vl_cache_allocates_by_sparsity_once_every_layer_is_known():
         assert layer.get_seq_length() == tokens  # nothing evicted before every layer is known
     method.after_forward(SimpleNamespace(layers=layers), prefill_call(tokens, 1, 2, layout))
     report = method.report
-    sparsity = report["sparsity"]
-    assert report["post_vision_tokens"] == 4 and sparsity[0] == 0.0 and sparsity[1] > 0.9
+    sparsity = report.sparsity
+    assert report.post_vision_tokens == 4 and sparsity[0] == 0.0 and sparsity[1] > 0.9
     density = [1 - s for s in sparsity]
     expected = [min(1.0, max(0.01, d / sum(density) * 0.5 * 2)) for d in density]
-    assert report["planned_budgets"] == pytest.approx(expected)
+    assert report.planned_budgets == pytest.approx(expected)
     kept = [layer.get_seq_length() for layer in layers]
     assert kept == [math.ceil(b * tokens) for b in expected] and kept[0] > kept[1]
-    assert report["layer_budgets"] == [k / tokens for k in kept]
-    assert report["realised_budget"] == sum(kept) / (2 * tokens)
+    assert report.layer_budgets == [k / tokens for k in kept]
+    assert report.realised_budget == sum(kept) / (2 * tokens)
     assert layers[1].positions[0].tolist() == list(range(tokens - kept[1], tokens))  # newest post-vision tokens
 
 
@@ -141,7 +141,7 @@ def test_vl_cache_realised_total_is_at_most_alpha_plus_one_token_per_layer():
     for i, (layer, query) in enumerate(zip(layers, queries)):  # one dense layer, three very sparse ones
         method.after_attention(prefill_call(tokens, i, layers_n, layout), layer, query, layer.keys, dim ** -0.5)
     method.after_forward(SimpleNamespace(layers=layers), prefill_call(tokens, layers_n - 1, layers_n, layout))
-    assert method.report["planned_budgets"][1:] == pytest.approx([0.01] * 3)  # at the floor
+    assert method.report.planned_budgets[1:] == pytest.approx([0.01] * 3)  # at the floor
     kept = sum(layer.get_seq_length() for layer in layers)
     assert kept <= alpha * layers_n * tokens + layers_n
 
@@ -240,11 +240,11 @@ def test_realised_bytes_match_realised_budgets(models, model):
         for budget in (0.1, 0.4):
             update, conv = answer(loaded, backends.make_backend(name, budget=budget), message, 1)
             report = conv.backend.report
-            realised = sum(report["layer_budgets"]) / len(report["layer_budgets"])
+            realised = sum(report.layer_budgets) / len(report.layer_budgets)
             ratio = update.metrics.kv_bytes_prefill / full.metrics.kv_bytes_prefill
             assert abs(ratio - realised) <= 0.02, (name, budget, ratio, realised)
             held = conv.cache.tokens_per_layer()
-            assert held == [round(b * conv.seen) for b in report["layer_budgets"]]
+            assert held == [round(b * conv.seen) for b in report.layer_budgets]
             if name != "vl_cache":  # VL-Cache may leave clipped budget unspent
                 assert abs(realised - budget) <= 0.02, (name, budget, realised)
             if name == "pyramidkv" and math.ceil(budget * conv.seen) > 32:  # a pyramid above the window
@@ -261,14 +261,14 @@ def test_vl_cache_layer_budgets_follow_each_layers_sparsity():
     message = Message(PROMPT, images=[make_image(0, (224, 224))])
     update, conv = answer(loaded, backends.make_backend("vl_cache", budget=0.3), message, 1)
     report = conv.backend.report
-    sparsity, planned = report["sparsity"], report["planned_budgets"]
+    sparsity, planned = report.sparsity, report.planned_budgets
     assert sparsity[1] > sparsity[3] > sparsity[0] and planned[1] < planned[3] < planned[0]
     assert abs(sum(planned) - 0.3 * 4) < 1e-4  # nothing clipped here: alpha x L
     assert len(set(conv.cache.tokens_per_layer())) > 1
     total = sum(conv.cache.tokens_per_layer()) / (4 * conv.seen)
-    assert report["realised_budget"] == pytest.approx(total)
+    assert report.realised_budget == pytest.approx(total)
     after_image = conv.layouts[0].post_vision
-    assert report["post_vision_tokens"] == after_image[1] - after_image[0] > len(PROMPT)
+    assert report.post_vision_tokens == after_image[1] - after_image[0] > len(PROMPT)
 
 
 @pytest.mark.parametrize("name", METHODS)

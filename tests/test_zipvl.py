@@ -137,8 +137,8 @@ def test_sparse_attention_runs_on_the_important_tokens_only():
     assert torch.allclose(out[:, :, mask], causal_attention(q[:, :, mask], k[:, :, mask], v[:, :, mask], DIM ** -0.5))
     assert (out[:, :, ~mask] == 0).all()
     zip_vl.after_attention(call, layer, q, k, DIM ** -0.5)
-    assert zip_vl.report["p"][0] == mask.sum() == zip_vl.report["important"][0].numel()  # Eq. 6's count
-    assert zip_vl.report["important_ratio"][0] == pytest.approx(mask.float().mean().item())
+    assert zip_vl.report.p[0] == mask.sum() == zip_vl.report.important[0].numel()  # Eq. 6's count
+    assert zip_vl.report.important_ratio[0] == pytest.approx(mask.float().mean().item())
 
 
 # --- on the tiny models ------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def test_tau_one_and_no_quantisation_equals_the_full_cache(models, name):
     conv = Conversation(loaded, backends.make_backend("zipvl", tau=1.0, bits_important=16, bits_other=16))
     got = conv.ask(message, max_new_tokens=10, ignore_eos=True)
     assert got.token_ids == ref.token_ids and got.metrics.kv_bytes == ref.metrics.kv_bytes
-    assert conv.backend.report["important_ratio"] == [1.0] * loaded.num_layers
+    assert conv.backend.report.important_ratio == [1.0] * loaded.num_layers
 
 
 @pytest.fixture(scope="module")
@@ -189,14 +189,14 @@ def test_mixed_precision_bytes_at_16_bits(bf16_qwen, tau, below):
     assert ratio < below
     # its point on the realised-bytes axis, as the runtime measures it after the prefill
     prefill_ratio = got.metrics.kv_bytes_prefill / full.metrics.kv_bytes_prefill
-    assert conv.backend.report["realised_fraction"] == pytest.approx(prefill_ratio)
+    assert conv.backend.report.realised_fraction == pytest.approx(prefill_ratio)
     report = conv.backend.report
     assert conv.cache.tokens_per_layer() == [conv.seen] * bf16_qwen.num_layers  # nothing evicted
     for i in range(bf16_qwen.num_layers):
-        important, other = report["important"][i], report["other"][i]
+        important, other = report.important[i], report.other[i]
         assert important.numel() + other.numel() == conv.seen - 5  # the 5 decoded tokens still buffered
-        assert report["important_ratio"][i] == important.numel() / (conv.seen - 5) < 1.0
-        assert sum(report["bytes"][i].values()) == conv.cache.layers[i].nbytes()
+        assert report.important_ratio[i] == important.numel() / (conv.seen - 5) < 1.0
+        assert sum(report.bytes[i].values()) == conv.cache.layers[i].nbytes()
 
 
 def test_generated_tokens_are_quantised_every_period(models):
@@ -219,8 +219,8 @@ def test_multi_turn_and_the_overlay_shows_the_important_tokens(models):
     assert second.metrics.prompt_tokens < first.metrics.prompt_tokens and len(second.token_ids) == 4
     assert conv.cache.tokens_per_layer() == [conv.seen] * loaded.num_layers
     report = conv.backend.report
-    important = report["important"][0]
-    assert important.numel() + report["other"][0].numel() == conv.seen - 3  # 3 decoded tokens still buffered
+    important = report.important[0]
+    assert important.numel() + report.other[0].numel() == conv.seen - 3  # 3 decoded tokens still buffered
     assert conv.seen - 3 - 1 in important.tolist()  # the second prompt's last token
     visuals = kept_visuals(conv, [Prepared(m, str(i)) for i, m in enumerate(messages)])
     assert len(visuals) == 2

@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             "kv_ratio_prefill": realised,
             "token_agreement": agreement(update.token_ids, full_update.token_ids),
             "tokens_held": m.tokens_held, "peak_memory_bytes": m.peak_memory_bytes,
-            "question_after": args.question_after, "report": backend.report,
+            "question_after": args.question_after, "report": backend.report.to_dict(),
         }))
     return rows
 

@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         for tau in taus:
             zip_s = statistics.median(times[tau])
             zipvl, zip_bytes = last[tau]
-            ratios = zipvl.report.get("important_ratio") or [1.0] * layers
+            ratios = zipvl.report.important_ratio or [1.0] * layers
             rows.append({"model": args.model, "layers": layers, "hidden_size": text.hidden_size, "device": str(device),
                          "dtype": dtype_name, "visual_tokens": visual, "prompt_tokens": embeds.shape[1], "tau": tau,
                          "params": zipvl.config, "repeats": args.repeats, "full_s": full_s, "zipvl_s": zip_s,

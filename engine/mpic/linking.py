@@ -23,7 +23,7 @@ from dataclasses import replace
 import torch
 
 import backends
-from backends.mpic import StoredMedia
+from backends.mpic import MPICReport, StoredMedia
 
 from ..media import Video, load_image, load_video
 from ..runtime.attention import active_run
@@ -231,8 +231,8 @@ class Linker:
         else:
             logits, overhead = conv._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
         chunk_positions = torch.arange(layout.start, layout.end)
-        conv.backend.report = {"reused": [chunk_positions[:length]] * len(conv.cache.layers),
-                               "recomputed": [chunk_positions[length:]] * len(conv.cache.layers)}
+        conv.backend.report = MPICReport(reused=[chunk_positions[:length]] * len(conv.cache.layers),
+                                         recomputed=[chunk_positions[length:]] * len(conv.cache.layers))
         if first_turn:
             kv = {}
             for i, layer in enumerate(conv.cache.layers):

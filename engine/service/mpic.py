@@ -43,7 +43,7 @@ def store_media(session_id: str, loaded: LoadedModel, prepared: Prepared) -> str
 def reuse_summary(state: ChatState, conv: Conversation, prompt_tokens: int, note: str) -> dict:
     """This prompt's reused and recomputed token counts (mean over layers), each visual's fate, and
     the chat's reused tokens so far (per layer) for the overlay."""
-    reused = conv.backend.report.get("reused") or []
+    reused = conv.backend.report.reused or []
     if len(state.reused) != len(conv.cache.layers):
         state.reused = [set() for _ in conv.cache.layers]
     for layer, positions in zip(state.reused, reused):

@@ -120,7 +120,7 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
     conv = state.conv
     yield {"progress": (0.7, f"Prefilling with {conv.backend.title}...")}
     if mpic:
-        conv.backend.report = {}  # a prompt without stored media must not show the last one's reuse
+        conv.backend.reset_report()  # a prompt without stored media must not show the last one's reuse
     for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
                               temperature=settings.temperature, should_stop=lambda: stopping(session_id)):
         view = {"text": update.text, "done": update.done, "new_chat": new_chat, "metrics": update.metrics.to_dict(),

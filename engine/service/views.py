@@ -16,7 +16,7 @@ def layer_figures(conv: Conversation) -> dict:
     """Per layer: tokens held, bytes held, and the method's planned budgets if it reports them."""
     report = conv.backend.report
     return {"tokens": conv.cache.tokens_per_layer(), "bytes": [layer.nbytes() for layer in conv.cache.layers],
-            "seen": conv.seen, "planned": [float(b) for b in report.get("layer_budgets", [])] or None}
+            "seen": conv.seen, "planned": [float(b) for b in report.layer_budgets or []] or None}
 
 
 def kept_visuals(conv: Conversation, history: list[Prepared], highlight: list | None = None,
@@ -29,7 +29,7 @@ def kept_visuals(conv: Conversation, history: list[Prepared], highlight: list | 
     """
     held = np.zeros((len(conv.cache.layers), conv.seen), dtype=np.float32)
     # a method that keeps every token may name the ones to highlight instead (ZipVL: its 4-bit tokens)
-    chosen = highlight if highlight is not None else conv.backend.report.get("overlay") or conv.cache.kept_positions()
+    chosen = highlight if highlight is not None else conv.backend.report.overlay or conv.cache.kept_positions()
     for i, positions in enumerate(chosen):
         if positions is None or positions.numel() == 0:
             continue
