@@ -1,11 +1,13 @@
-"""What tests build their inputs with: the offline tiny models' names, seeded synthetic media, and
-one chat turn under a method."""
+"""What tests build their inputs with: the offline tiny models' names, seeded synthetic media, one
+chat turn under a method, and the hand-made layers and attention calls the methods' unit tests feed."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 from PIL import Image
 
+from backends.base import AttentionCall, KVLayer, PromptLayout
 from engine.media import Video
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
@@ -28,3 +30,35 @@ def answer(loaded, backend, message: Message, max_new_tokens: int = 16):
     """Run one turn with ``backend``; returns (update, conversation)."""
     conv = Conversation(loaded, backend)
     return conv.ask(message, max_new_tokens=max_new_tokens), conv
+
+
+def fill_layer(layer: KVLayer, tokens: int, heads: int = 2, dim: int = 4, seed: int = 0) -> KVLayer:
+    """``layer`` holding ``tokens`` seeded random keys and values at positions 0..tokens-1."""
+    g = torch.Generator().manual_seed(seed)
+    layer.append(torch.randn(1, heads, tokens, dim, generator=g), torch.randn(1, heads, tokens, dim, generator=g),
+                 torch.arange(tokens))
+    return layer
+
+
+def random_layer(tokens: int, heads: int = 2, dim: int = 8, seed: int = 0) -> KVLayer:
+    return fill_layer(KVLayer(), tokens, heads, dim, seed)
+
+
+def attention_call(phase: str, seen: int, q: int, layer_idx: int = 0, num_layers: int = 1,
+                   layout: PromptLayout | None = None) -> AttentionCall:
+    """The runtime's description of one layer's attention: ``q`` new tokens, ``seen`` in all."""
+    positions = torch.arange(seen - q, seen)
+    return AttentionCall(layer_idx=layer_idx, num_layers=num_layers, phase=phase, positions=positions,
+                         rope_ids=positions[None], layout=layout, seen=seen, step=0)
+
+
+def prefill_call(tokens: int, layer_idx: int = 0, num_layers: int = 1, layout: PromptLayout | None = None):
+    return attention_call("prefill", tokens, tokens, layer_idx, num_layers, layout)
+
+
+def causal_probs(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
+    """The whole (H, T, T) causal softmax, as a test reference only."""
+    k = key[0].repeat_interleave(query.shape[1] // key.shape[1], dim=0)
+    scores = query[0] @ k.transpose(-1, -2) * scaling
+    mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+    return scores.masked_fill(~mask, float("-inf")).softmax(-1)

@@ -1,4 +1,4 @@
-"""The runtime: exact generation, layouts, metering, multi-turn, eviction end to end, bad input."""
+"""The runtime: exact generation, layouts, metering, multi-turn, the registry, bad input."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tests.support import TINY_MODELS, answer, make_image, make_video
 
 import backends
 from backends.attention_math import causal_attention
-from backends.base import KVBackend, Report
+from backends.base import Report
 from engine.errors import UserError
 from engine.media import load_image, load_video
 from engine.runtime.generate import Conversation
@@ -136,45 +136,6 @@ def test_method_parameters_are_typed_dataclass_fields():
     assert backends.make_backend("vl_cache", redistribute="true").redistribute is True
     with pytest.raises(ValueError, match="window_size"):
         backends.make_backend("snapkv", window_size="wide")
-
-
-class MaskedStreaming(KVBackend):
-    """Test reference: a full cache whose attention sees only what StreamingLLM would hold."""
-
-    name = "_masked_streaming_reference"
-
-    def __init__(self, budget, sinks=4):
-        super().__init__(budget)
-        self.sinks = sinks
-        self.allowed = None  # token indices visible to the next query (besides itself)
-
-    def attend(self, call, query, key, value, scaling):
-        if call.is_prefill:
-            return None
-        visible = torch.zeros(key.shape[-2], dtype=torch.bool)
-        visible[self.allowed] = True
-        visible[-1] = True
-        scores = torch.zeros(key.shape[-2]).masked_fill(~visible, float("-inf"))
-        return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=scores.to(query.dtype).view(1, 1, 1, -1), scale=scaling, enable_gqa=True)
-
-    def after_forward(self, cache, call):
-        keep = max(self.sinks + 1, math.ceil(self.budget * call.seen - 1e-9))
-        self.allowed = list(range(self.sinks)) + list(range(call.seen - (keep - self.sinks), call.seen))
-
-
-@pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-llava"])
-def test_streamingllm_keeps_counted_tokens_and_equals_masked_full_attention(models, name):
-    loaded = models(name)
-    message = Message("Describe.", images=[make_image(0)])
-    conv = Conversation(loaded, backends.make_backend("streamingllm", budget=0.5))
-    got = conv.ask(message, max_new_tokens=16, ignore_eos=True)
-    expected = math.ceil(0.5 * conv.seen)
-    assert conv.cache.tokens_per_layer() == [expected] * loaded.num_layers
-    positions = conv.cache.kept_positions()[0][0].tolist()
-    assert positions[:4] == [0, 1, 2, 3] and positions[4:] == list(range(conv.seen - expected + 4, conv.seen))
-    ref = Conversation(loaded, MaskedStreaming(0.5)).ask(message, max_new_tokens=16, ignore_eos=True)
-    assert got.token_ids == ref.token_ids
 
 
 def test_kv_bytes_are_the_bytes_of_the_tensors_held(models):

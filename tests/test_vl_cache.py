@@ -1,7 +1,5 @@
-"""VL-Cache, SnapKV and PyramidKV: the algorithms on hand-made tensors (sparsity, budget allocation,
-top-k, pooling, the pyramid), then the three backends on the tiny models (realised bytes that match
-the realised budgets, layer budgets that follow the attention; lossless at budget 1.0 is checked by
-test_runtime's registry-wide matrix)."""
+"""VL-Cache (backends/vl_cache.py): sparsity, per-layer budget allocation and the post-vision
+window on hand-made tensors, and layer budgets that follow each layer's sparsity on a tiny model."""
 
 from __future__ import annotations
 
@@ -10,50 +8,21 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tests.support import answer, make_image
+from tests.support import answer, causal_probs, make_image, prefill_call, random_layer
 
 import backends
-from backends.attention_math import kv_group_mean
-from backends.base import AttentionCall, KVLayer, PromptLayout, VisualSpan
-from backends.pyramidkv import pyramid_schedule
-from backends.snapkv import SnapKV, pool_votes, snapkv_scores, window_and_top_k
+from backends.base import KVLayer, PromptLayout, VisualSpan
 from backends.vl_cache import (
     VLCache,
     allocate_budgets,
     post_vision_statistics,
     threshold_sparsity,
 )
-from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
 from engine.runtime.models import load_model
 
-METHODS = ["vl_cache", "snapkv", "pyramidkv"]
+
 PROMPT = "Describe the image."
-
-
-def filled(tokens: int, heads: int = 2, dim: int = 8, seed: int = 0) -> KVLayer:
-    g = torch.Generator().manual_seed(seed)
-    layer = KVLayer()
-    layer.append(torch.randn(1, heads, tokens, dim, generator=g), torch.randn(1, heads, tokens, dim, generator=g),
-                 torch.arange(tokens))
-    return layer
-
-
-def prefill_call(tokens: int, layer_idx: int = 0, num_layers: int = 1, layout: PromptLayout | None = None):
-    positions = torch.arange(tokens)
-    return AttentionCall(layer_idx=layer_idx, num_layers=num_layers, phase="prefill", positions=positions,
-                         rope_ids=positions[None], layout=layout, seen=tokens, step=0)
-
-
-def causal_probs(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
-    """The whole (H, T, T) causal softmax, as a test reference only."""
-    k = key[0].repeat_interleave(query.shape[1] // key.shape[1], dim=0)
-    scores = query[0] @ k.transpose(-1, -2) * scaling
-    mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
-    return scores.masked_fill(~mask, float("-inf")).softmax(-1)
-
-
-# --- VL-Cache on hand-made tensors -----------------------------------------------------------------
 
 
 def test_threshold_sparsity_counts_zeros_among_causal_entries_only():
@@ -113,7 +82,7 @@ def test_vl_cache_allocates_by_sparsity_once_every_layer_is_known():
     tokens, dim = 24, 8
     layout = PromptLayout(0, tokens, visuals=[VisualSpan("image", (2, 20))])  # 4 post-vision tokens
     method = VLCache(budget=0.5)
-    layers = [filled(tokens, seed=i) for i in range(2)]
+    layers = [random_layer(tokens, seed=i) for i in range(2)]
     queries = [torch.zeros(1, 4, tokens, dim), sharp_query(layers[1], tokens, 7, 4)]  # dense, then sparse
     for i, (layer, query) in enumerate(zip(layers, queries)):
         method.after_attention(prefill_call(tokens, i, 2, layout), layer, query, layer.keys, dim ** -0.5)
@@ -136,7 +105,7 @@ def test_vl_cache_realised_total_is_at_most_alpha_plus_one_token_per_layer():
     tokens, dim, layers_n, alpha = 200, 8, 4, 0.05
     layout = PromptLayout(0, tokens, visuals=[VisualSpan("image", (2, 190))])  # 10 post-vision tokens
     method = VLCache(budget=alpha)
-    layers = [filled(tokens, seed=i) for i in range(layers_n)]
+    layers = [random_layer(tokens, seed=i) for i in range(layers_n)]
     queries = [torch.zeros(1, 4, tokens, dim)] + [sharp_query(layers[i], tokens, 7, 10) for i in range(1, layers_n)]
     for i, (layer, query) in enumerate(zip(layers, queries)):  # one dense layer, three very sparse ones
         method.after_attention(prefill_call(tokens, i, layers_n, layout), layer, query, layer.keys, dim ** -0.5)
@@ -150,7 +119,7 @@ def test_vl_cache_keeps_post_vision_tokens_then_the_most_attended():
     tokens, dim = 24, 8
     layout = PromptLayout(0, tokens, visuals=[VisualSpan("image", (2, 20))])
     method = VLCache(budget=0.3)
-    layers = [filled(tokens, seed=5)]
+    layers = [random_layer(tokens, seed=5)]
     query = sharp_query(layers[0], tokens, 7, 4)
     method.after_attention(prefill_call(tokens, 0, 1, layout), layers[0], query, layers[0].keys, dim ** -0.5)
     method.after_forward(SimpleNamespace(layers=layers), prefill_call(tokens, 0, 1, layout))
@@ -166,89 +135,6 @@ def test_vl_cache_falls_back_to_the_last_tokens_when_nothing_follows_the_image()
     text_first = PromptLayout(0, 30, visuals=[VisualSpan("image", (10, 27))])
     assert method.observed_rows(prefill_call(30, layout=text_first)) == 3
     assert method.observed_rows(prefill_call(30, layout=PromptLayout(0, 30))) == 30  # a text-only turn
-
-
-# --- SnapKV and PyramidKV on hand-made tensors -------------------------------------------------------
-
-
-def test_pooling_spreads_a_vote_to_its_neighbours():
-    votes = torch.tensor([[0.0, 0.0, 6.0, 0.0, 0.0, 0.0, 3.0]])
-    avg = pool_votes(votes, 3, "avgpool")  # zero padding counts, as F.avg_pool1d in the authors' code
-    torch.testing.assert_close(avg, torch.tensor([[0.0, 2.0, 2.0, 2.0, 0.0, 1.0, 1.0]]))
-    assert pool_votes(votes, 3, "maxpool").tolist() == [[0.0, 6.0, 6.0, 6.0, 0.0, 3.0, 3.0]]
-    assert pool_votes(votes, 1).tolist() == votes.tolist()
-    assert pool_votes(votes, 4).shape == votes.shape  # an even kernel keeps the length
-
-
-def test_window_and_top_k():
-    scores = torch.tensor([[5.0, 1.0, 4.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0, 5.0]])
-    assert window_and_top_k(scores, 8, 3, 5).tolist() == [[0, 2, 5, 6, 7], [3, 4, 5, 6, 7]]
-    assert window_and_top_k(scores, 8, 3, 2).tolist() == [[6, 7], [6, 7]]  # budget inside the window
-
-
-def test_snapkv_keeps_window_and_each_kv_heads_own_choice():
-    tokens, dim, window = 40, 8, 4
-    layer = filled(tokens, seed=3)
-    query = torch.zeros(1, 4, tokens, dim)
-    query[:, :2, -window:] = layer.keys[:, 0:1, 10:11] * 30  # KV head 0's group looks at token 10
-    query[:, 2:, -window:] = layer.keys[:, 1:2, 25:26] * 30  # KV head 1's group looks at token 25
-    SnapKV(budget=0.25, window_size=window, kernel_size=3).after_attention(
-        prefill_call(tokens), layer, query, layer.keys, dim ** -0.5)
-    kept = layer.positions.tolist()
-    assert [len(k) for k in kept] == [10, 10] and layer.nbytes() == 2 * 2 * 10 * dim * 4
-    assert all(k[-window:] == list(range(36, 40)) for k in kept)
-    assert 10 in kept[0] and 25 in kept[1] and kept[0] != kept[1]
-    assert {9, 11} <= set(kept[0]) and {24, 26} <= set(kept[1])  # pooled neighbours come along
-
-
-def test_snapkv_scores_average_window_rows_then_gqa_groups():
-    g = torch.Generator().manual_seed(1)
-    query, key = torch.randn(1, 4, 12, 8, generator=g), torch.randn(1, 2, 12, 8, generator=g)
-    scores = snapkv_scores(query, key, 0.3, 5, 1)
-    reference = causal_probs(query, key, 0.3)[:, -5:, :7].mean(dim=1)
-    torch.testing.assert_close(scores, kv_group_mean(reference, 2))
-
-
-def test_pyramid_schedule_is_linear_decreasing_with_snapkvs_total():
-    plan = pyramid_schedule(8, 1000, 200, 32, beta=20)
-    steps = [a - b for a, b in zip(plan, plan[1:])]
-    assert sum(plan) == 8 * 200 and all(s > 0 for s in steps) and max(steps) - min(steps) <= 1
-    assert plan[-1] == 32 + round(168 / 20) and plan[0] == 32 + round(2 * 168 - 168 / 20)
-    capped = pyramid_schedule(4, 300, 250, 32)  # the first layer cannot hold more than T
-    assert capped[0] == 300 and sum(capped) == 1000
-    assert pyramid_schedule(4, 300, 300, 32) == [300] * 4
-    assert pyramid_schedule(4, 300, 20, 32) == [20] * 4 and pyramid_schedule(1, 300, 100, 32) == [100]
-
-
-@pytest.mark.parametrize("name,bad", [("snapkv", {"pooling": "median"}), ("snapkv", {"kernel_size": 0}),
-                                      ("snapkv", {"window_size": 0}), ("pyramidkv", {"beta": 0.5}),
-                                      ("vl_cache", {"threshold": 0.9}), ("vl_cache", {"window_size": 32})])
-def test_bad_parameters_are_refused(name, bad):
-    with pytest.raises(ValueError):
-        backends.make_backend(name, budget=0.5, **bad)
-
-
-# --- on the tiny models -----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-llava"])  # M-RoPE and 1-D RoPE
-def test_realised_bytes_match_realised_budgets(models, model):
-    loaded = models(model)
-    message = Message(PROMPT, images=[make_image(0, (224, 224))])
-    full, _ = answer(loaded, backends.make_backend("full"), message, 1)  # one token: no decode step
-    for name in METHODS:
-        for budget in (0.1, 0.4):
-            update, conv = answer(loaded, backends.make_backend(name, budget=budget), message, 1)
-            report = conv.backend.report
-            realised = sum(report.layer_budgets) / len(report.layer_budgets)
-            ratio = update.metrics.kv_bytes_prefill / full.metrics.kv_bytes_prefill
-            assert abs(ratio - realised) <= 0.02, (name, budget, ratio, realised)
-            held = conv.cache.tokens_per_layer()
-            assert held == [round(b * conv.seen) for b in report.layer_budgets]
-            if name != "vl_cache":  # VL-Cache may leave clipped budget unspent
-                assert abs(realised - budget) <= 0.02, (name, budget, realised)
-            if name == "pyramidkv" and math.ceil(budget * conv.seen) > 32:  # a pyramid above the window
-                assert held == sorted(held, reverse=True) and held[0] > held[-1]
 
 
 def test_vl_cache_layer_budgets_follow_each_layers_sparsity():
@@ -269,17 +155,3 @@ def test_vl_cache_layer_budgets_follow_each_layers_sparsity():
     assert report.realised_budget == pytest.approx(total)
     after_image = conv.layouts[0].post_vision
     assert report.post_vision_tokens == after_image[1] - after_image[0] > len(PROMPT)
-
-
-@pytest.mark.parametrize("name", METHODS)
-def test_text_before_image_question_after_and_a_second_turn(models, name):
-    loaded = models("tiny-qwen2-vl")
-    conv = Conversation(loaded, backends.make_backend(name, budget=0.4))
-    conv.feed(Message("", images=[make_image(2, (224, 224))]))  # the question comes later
-    conv.ask(Message("Which colour dominates?"), max_new_tokens=3)
-    conv.ask(Message("Now this one.", images=[make_image(3, (224, 224))], media_first=False), max_new_tokens=3)
-    for kept in conv.cache.kept_positions():
-        assert (kept[:, 1:] > kept[:, :-1]).all()  # token order kept, no duplicates
-        assert (kept < conv.layouts[-1].start).any()  # the compressed history is still there
-    held = conv.cache.tokens_per_layer()
-    assert sum(held) <= 4 * math.ceil(0.4 * conv.seen) + 2 * 4  # two decoded tokens appended per layer
