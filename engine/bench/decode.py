@@ -21,7 +21,6 @@ through the runtime with stock attention (its ratios are runtime / stock). Exit 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ import backends
 from backends.base import AttentionCall
 
 from ..errors import UserError
+from .common import add_run_args, run_main
 from ..runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
 from ..runtime.cache import KVCache
 from ..runtime.models import pick_device
@@ -53,10 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="[METHOD.]NAME=VALUE", help="method parameter")
     p.add_argument("--steps", type=int, default=8, help="decode steps per measurement")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on CUDA)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true")
+    add_run_args(p)
     return p.parse_args(argv)
 
 
@@ -227,14 +224,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        rows = run(args)
-    except (UserError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(rows, indent=2, default=str) if args.json else table(rows))
-    return 0
+    return run_main(parse_args, run, table, argv)
 
 
 if __name__ == "__main__":

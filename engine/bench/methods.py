@@ -26,6 +26,7 @@ from PIL import Image
 import backends
 
 from ..errors import UserError
+from .common import aligned, run_main
 from ..media import load_image, load_video
 from ..runtime.generate import Conversation, agreement
 from ..runtime.inputs import Message
@@ -162,32 +163,29 @@ def table(rows: list[dict]) -> str:
             ("prefill_ratio", "{:.2f}"), ("overhead_s", "{:.4f}"), ("overhead_ratio", "{:.3f}"), ("decode_tok_s", "{:.1f}"),
             ("decode_ratio", "{:.2f}"), ("new_tokens", "{}"), ("token_agreement", "{:.2f}")]
     cells = [[c for c, _ in cols]] + [[fmt.format(r[c]) if r[c] is not None else "-" for c, fmt in cols] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    lines = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    lines = aligned(cells)
     budget = next((r["budget"] for r in rows if r["uses_budget"]), 1.0)  # methods with their own knob run at 1.0
     head = f"model {rows[0]['model']}, budget {budget}, " \
            f"{rows[0]['prompt_tokens']} prompt tokens ({rows[0]['visual_tokens']} visual); ratios are against the full cache"
     return "\n".join([head] + lines)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        if args.list:
-            listing = {"methods": [backends.backend_class(n).describe_class() for n in backends.available()],
-                       "models": list_models()}
-            if args.json:
-                print(json.dumps(listing, indent=2))
-            else:
-                print("methods:", ", ".join(backends.available()))
-                print("models: ", ", ".join(m["name"] for m in listing["models"]))
-            return 0
-        rows = run(args)
-    except (UserError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(rows, indent=2) if args.json else table(rows))
+def listing(args) -> int | None:
+    """``--list``: the methods and models (with ``--json``, everything the UI knows of them)."""
+    if not args.list:
+        return None
+    found = {"methods": [backends.backend_class(n).describe_class() for n in backends.available()],
+             "models": list_models()}
+    if args.json:
+        print(json.dumps(found, indent=2))
+    else:
+        print("methods:", ", ".join(backends.available()))
+        print("models: ", ", ".join(m["name"] for m in found["models"]))
     return 0
+
+
+def main(argv=None) -> int:
+    return run_main(parse_args, run, table, argv, before=listing)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ recompute, with whether the first token matches full recompute's. Exit code 2 on
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from dataclasses import replace
 import backends
 
 from ..errors import UserError
+from .common import add_run_args, aligned, run_main
 from ..mpic.kv_store import KVStore
 from ..mpic.linking import ingest
 from ..mpic.ttft import time_prompt
@@ -45,10 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="runs per point; the median TTFT is reported")
     p.add_argument("--store", default=None, help="store directory (default: a temporary one)")
     p.add_argument("--num-layers", type=int, default=None, help="override the decoder depth (random/tiny models)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_run_args(p)
     return p.parse_args(argv)
 
 
@@ -101,20 +98,12 @@ def table(rows: list[dict]) -> str:
     cells = [names] + [[str(r["images"]), str(r["prompt_tokens"]), f"{r['recompute_ttft_s']:.3f}"]
                        + [f"{r[m + '_ratio']:.2f}" + ("" if r[m + "_same_first_token"] else "*") for m in MODES[1:]]
                        for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(names))]
-    lines = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    lines = aligned(cells)
     return "\n".join([head] + lines + ["* first token differs from full recompute's"])
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        rows = run(args)
-    except (UserError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(rows, indent=2) if args.json else table(rows))
-    return 0
+    return run_main(parse_args, run, table, argv)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ Default sizes: 2k and 8k visual tokens, plus 32k on CUDA. Exit code 2 on bad inp
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -39,6 +38,7 @@ import backends
 from backends.base import AttentionCall, PromptLayout, VisualSpan
 
 from ..errors import UserError
+from .common import add_run_args, run_main
 from ..runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
 from ..runtime.cache import KVCache
 from ..runtime.models import (
@@ -62,10 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="ZipVL's tau, comma-separated for a sweep (paper: 0.975); --budget is the old name")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="ZipVL parameter (repeatable)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on CUDA)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true")
+    add_run_args(p)
     return p.parse_args(argv)
 
 
@@ -196,14 +193,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        rows = run(args)
-    except (UserError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(rows, indent=2) if args.json else table(rows))
-    return 0
+    return run_main(parse_args, run, table, argv)
 
 
 if __name__ == "__main__":
