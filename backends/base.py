@@ -14,9 +14,10 @@ runtime (``engine/``) calls; it never imports the runtime or the UI:
   (per-layer budgets), and decode-time eviction.
 
 Two optional read-side extensions keep scoring and compressed reads off a second pass:
-``needs_prefill_lse`` asks the runtime's prefill attention for each query row's log-sum-exp
-(``call.row_lse``), and a layer's ``attend(query, scaling)`` answers a decode query from its stored
-form (codes, factors) instead of rebuilding dense keys and values.
+``needs_prefill_column_sums`` asks the runtime's prefill attention for the attention each key
+received from the new queries (``call.column_sums``, computed in the same pass), and a layer's
+``attend(query, scaling)`` answers a decode query from its stored form (codes, factors) instead of
+rebuilding dense keys and values.
 
 Keys arrive post-RoPE, shape ``(1, H_kv, S, D)``; queries ``(1, H, q, D)``. Batch is always 1.
 """
@@ -168,9 +169,10 @@ class AttentionCall:
     seen: int  # tokens in the conversation including the new ones
     step: int  # decode step (0 during prefill)
     rotary: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None  # rope_ids -> (cos, sin)
-    # (H, q) float32 log-sum-exp of each new query's scaled scores, set by the runtime's prefill
-    # attention for backends with ``needs_prefill_lse`` (None otherwise, e.g. when ``attend`` took over)
-    row_lse: torch.Tensor | None = None
+    # (H, S) float32 attention each held key received from the new queries, set by the runtime's
+    # prefill attention for backends with ``needs_prefill_column_sums`` (None otherwise, e.g. when
+    # ``attend`` took over)
+    column_sums: torch.Tensor | None = None
 
     @property
     def is_prefill(self) -> bool:
@@ -317,8 +319,8 @@ class KVBackend:
     # True when ``after_attention`` needs the exact attention row of the decode query.
     needs_decode_attention: ClassVar[bool] = False
     # True when ``after_attention`` scores with the attention every prompt query gives each key:
-    # the runtime's prefill attention then also yields each row's log-sum-exp (``call.row_lse``).
-    needs_prefill_lse: ClassVar[bool] = False
+    # the runtime's prefill attention then sums it in the same pass (``call.column_sums``).
+    needs_prefill_column_sums: ClassVar[bool] = False
     # True: ``budget`` is the fraction of the full cache's bytes the method holds after the prompt,
     # everything its layers hold counted (factors, codes, scales, score buffers). False: the method
     # has its own knob as a named parameter (ZipVL's tau, MPIC's mode), is built with budget 1.0 and

@@ -49,7 +49,7 @@ from typing import ClassVar
 
 import torch
 
-from .attention_math import attention_column_sums
+from .attention_math import new_rows_column_sums
 from .base import AttentionCall, KVBackend, KVLayer, Report, param
 
 
@@ -95,12 +95,13 @@ class ElasticCache(KVBackend):
                                      "end of the merged prompt (Sec. 4.1: 25).", 1, 1024, 1)
     protected_tokens: int = param(1, "First tokens always kept as anchors (Sec. 4.1 protects the first one).", 1, 64, 1)
     holds_budget_while_decoding = True
-    needs_prefill_lse = True  # importance from the prefill attention's own log-sum-exp
+    needs_prefill_column_sums = True  # importance summed by the prefill attention itself, in its one pass
     report_type: ClassVar[type[Report]] = ElasticReport
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._cut: dict[int, int] = {}  # layer -> fixed truncation index N_tl
+        self.needs_prefill_column_sums = self.budget < 1.0  # the full cache merges nothing
 
     def target(self, seen: int) -> int:
         """Entries held for ``seen`` tokens: gamma x seen, never fewer than the forced anchors."""
@@ -119,10 +120,10 @@ class ElasticCache(KVBackend):
         i = call.layer_idx
         target = self.target(call.seen)
         if call.is_prefill:
-            held, q = key.shape[2], query.shape[2]
+            held = key.shape[2]
             if held > target:
-                rows = torch.arange(held - q, held, device=query.device)  # the new tokens' own indices
-                importance = attention_column_sums(query, key, scaling, rows, call.row_lse).mean(dim=0)  # (1/K) sum_j
+                received = call.column_sums if call.column_sums is not None else new_rows_column_sums(query, key, scaling)
+                importance = received.mean(dim=0)  # (1/K) sum_j
                 self.merge(layer, importance, target)
             self.report.merged[i] = max(0, held - target)
             self._cut[i] = self.truncation_index(layer.get_seq_length())

@@ -34,7 +34,7 @@ from typing import ClassVar
 
 import torch
 
-from .attention_math import attention_column_sums, kv_group_mean
+from .attention_math import kv_group_mean, new_rows_column_sums
 from .base import AttentionCall, KVBackend, KVLayer, Report, param
 
 
@@ -86,12 +86,13 @@ class H2O(KVBackend):
                                 "(10% of the budget, VL-Cache's setting for H2O).", 0.0, 1.0, 0.05)
     holds_budget_while_decoding = True
     needs_decode_attention = True
-    needs_prefill_lse = True  # column sums from the prefill attention's own log-sum-exp
+    needs_prefill_column_sums = True  # summed by the prefill attention itself, in its one pass
     report_type: ClassVar[type[Report]] = H2OReport
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.needs_decode_attention = self.budget < 1.0  # the full cache ranks nothing
+        self.needs_prefill_column_sums = self.budget < 1.0
 
     def new_layer(self, layer_idx: int) -> KVLayer:
         return ScoredLayer() if self.budget < 1.0 else KVLayer()  # nothing to evict: no scores to hold
@@ -107,9 +108,7 @@ class H2O(KVBackend):
             return
         self.report.ensure_layers(call.num_layers, "kept", "scores")
         if call.is_prefill:
-            held, q = key.shape[2], query.shape[2]
-            rows = torch.arange(held - q, held, device=query.device)  # the new tokens' own indices
-            received = attention_column_sums(query, key, scaling, rows, call.row_lse)  # no second softmax
+            received = call.column_sums if call.column_sums is not None else new_rows_column_sums(query, key, scaling)
         else:
             received = attn_row[:, 0]  # (H, S): the decode query's softmax row
         layer.scores += kv_group_mean(received, key.shape[1])

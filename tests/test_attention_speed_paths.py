@@ -1,5 +1,5 @@
-"""The fast paths of issue #20 against their dense references: log-sum-exp from the prefill
-attention, column sums without a second softmax, GQA without key copies, decode attention over
+"""The fast paths of issue #20 against their dense references: column sums summed by the prefill
+attention itself, column sums of chosen rows without a second softmax, GQA without key copies, decode attention over
 parts, the CPU meter, and ``--mode decode``'s command line."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from backends.attention_math import (
     attention_column_sums,
     attention_probs,
     causal_attention,
-    causal_attention_lse,
+    causal_attention_column_sums,
     decode_attention,
     dense_segment,
 )
@@ -42,24 +42,27 @@ def reference_probs(query, key):
     return scores.masked_fill(~visible, float("-inf")).softmax(-1), scores.masked_fill(~visible, float("-inf"))
 
 
-@pytest.mark.parametrize("tokens,new", [(300, 300), (300, 40), (300, 1)])
-def test_attention_with_lse_matches_dense_softmax(tokens, new):
+@pytest.mark.parametrize("tokens,new,chunk", [(300, 300, 64), (300, 40, 16), (300, 1, 64), (130, 130, 7)])
+def test_one_pass_attention_gives_the_output_and_the_column_sums(tokens, new, chunk):
     query, key, value = qkv(tokens, new)
-    probs, scores = reference_probs(query, key)
-    out, lse = causal_attention_lse(query, key, value, SCALE)
+    probs, _ = reference_probs(query, key)
+    out, sums = causal_attention_column_sums(query, key, value, SCALE, chunk=chunk)
     v = value.repeat_interleave(HEADS // KV_HEADS, dim=1)[0].double()
     assert torch.allclose(out[0].double(), probs @ v, atol=1e-5)
-    assert torch.allclose(out, causal_attention(query, key, value, SCALE), atol=1e-6)
-    assert torch.allclose(lse.double(), scores.logsumexp(-1), atol=1e-4)
+    assert torch.allclose(out, causal_attention(query, key, value, SCALE), atol=1e-5)
+    assert sums.dtype == torch.float32 and torch.allclose(sums.double(), probs.sum(1), atol=1e-5)
 
 
-@pytest.mark.parametrize("with_lse", [True, False])
-def test_column_sums_equal_the_dense_softmax_columns(with_lse):
+def test_column_sums_of_chosen_rows_equal_the_dense_softmax_columns():
     query, key, value = qkv(300, 120)
-    rows = torch.arange(180, 300)
-    lse = causal_attention_lse(query, key, value, SCALE)[1] if with_lse else None
-    sums = attention_column_sums(query, key, SCALE, rows, lse, chunk=32)
+    sums = attention_column_sums(query, key, SCALE, torch.arange(180, 300), chunk=32)
     assert torch.allclose(sums.double(), reference_probs(query, key)[0].sum(1), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["h2o", "elastic_cache"])
+def test_scoring_methods_take_their_sums_from_the_prefill_attention(name):
+    assert backends.make_backend(name, budget=0.5).needs_prefill_column_sums
+    assert not backends.make_backend(name, budget=1.0).needs_prefill_column_sums  # exact SDPA when nothing is ranked
 
 
 def test_probs_and_decode_attention_use_groups_without_copying_keys():

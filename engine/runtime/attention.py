@@ -13,7 +13,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from backends.attention_math import attention_probs, causal_attention, causal_attention_lse, decode_attention
+from backends.attention_math import attention_probs, causal_attention, causal_attention_column_sums, decode_attention
 from backends.base import AttentionCall
 
 from .cache import KVCache
@@ -95,10 +95,10 @@ def kv_arena_attention(module, query, key, value, attention_mask=None, dropout=0
 
 def exact_attention(backend, call: AttentionCall, layer, query, key, value, scaling: float):
     """The runtime's exact attention, computed so that it also yields what the backend scores
-    with: (output, decode softmax row or None); a prefill may set ``call.row_lse``."""
+    with: (output, decode softmax row or None); a prefill may set ``call.column_sums``."""
     if call.is_prefill:
-        if backend.needs_prefill_lse:
-            out, call.row_lse = causal_attention_lse(query, key, value, scaling)
+        if backend.needs_prefill_column_sums:
+            out, call.column_sums = causal_attention_column_sums(query, key, value, scaling)
             return out, None
         return causal_attention(query, key, value, scaling), None
     read = layer.attend(query, scaling)  # a compressed layer attends over its stored form
