@@ -12,7 +12,8 @@ shared machine hits every method alike; the figures are medians over repeats (a 
 time is the median of its steps).
 
 Printed per method: ``kv_ratio`` (bytes held after prefill / full's), ``scoring_ratio`` (time in the
-method's hooks during prefill / full's prefill), ``prefill_ratio`` and ``decode_ratio`` (step time /
+method's hooks during prefill / full's prefill; a method whose scores the prefill attention sums in
+its own pass, ``needs_prefill_column_sums``, pays inside the prefill: its ``prefill_ratio`` - 1), ``prefill_ratio`` and ``decode_ratio`` (step time /
 full's), and ``ideal`` = (W + KV_kept) / (W + KV_full): a batch-1 decode step reads the weights W
 and the cache, so that is the best a smaller cache can do. The ``sdpa`` row compares the full cache
 through the runtime with stock attention (its ratios are runtime / stock). Exit code 2 on bad input.
