@@ -1,6 +1,6 @@
-"""The app's event functions called directly: a chat turn, multi-turn, stop, new chat, the
-comparison, the overlay, session isolation, and every bad input (readable message, history kept,
-next request served)."""
+"""The chat's event functions called directly: a turn, multi-turn, stop, new chat, the overlay,
+session isolation, the panels, and every bad input (readable message, history kept, next request
+served)."""
 
 from __future__ import annotations
 
@@ -10,50 +10,16 @@ import gradio as gr
 import plotly.graph_objects as go
 import pytest
 import torch
+from tests.app_support import MODEL, ask, config, turn
 from tests.support import make_image
 
 import backends
 import engine.media
-from components import chat, compare, media_library, overlay, settings
+from components import chat, overlay, settings
 from engine import service
 from engine.errors import UserError
-from engine.mpic.kv_store import KVStore
 from engine.runtime.generate import Conversation
 from engine.service import model_pool
-from engine.service import store as service_store
-
-MODEL = "tiny-qwen2-vl"
-
-
-@pytest.fixture(scope="module")
-def media(tmp_path_factory):
-    """Small inputs: a 112 px image is 16 visual tokens, so a turn takes a fraction of a second."""
-    root = tmp_path_factory.mktemp("media")
-    paths = {"image": root / "a.png", "image2": root / "b.png", "corrupt": root / "corrupt.png",
-             "fake_video": root / "notes.mp4", "big_video": root / "big.mp4"}
-    make_image(1, (112, 112)).save(paths["image"])
-    make_image(2, (112, 84)).save(paths["image2"])
-    paths["corrupt"].write_bytes(b"\x89PNG\r\n\x1a\n this is not really a picture")
-    paths["fake_video"].write_text("plain text, not a video")
-    paths["big_video"].write_bytes(b"\0" * (2 * 2**20))
-    paths["video"] = chat.ASSETS / "bouncing_ball.mp4"  # the committed example: 2 s, 224 px
-    return {k: str(v) for k, v in paths.items()}
-
-
-def config(method="streamingllm", **kw):
-    return settings.settings_from(settings.control_values(model=kw.pop("model", MODEL), method=method,
-                                                          max_new_tokens=kw.pop("max_new_tokens", 5), **kw))
-
-
-def turn(session, message, history=(), method="streamingllm", **kw):
-    """All outputs of one chat event, and the message it refused with (or None)."""
-    outputs = list(chat.respond(message, list(history), session, config(method, **kw)))
-    status = outputs[-1][2] if outputs else ""
-    return outputs, status if isinstance(status, str) and status.startswith(chat.NOT_ANSWERED) else None
-
-
-def ask(text, *files):
-    return {"text": text, "files": list(files)}
 
 
 def test_settings_round_trip_every_registered_method():
@@ -227,37 +193,6 @@ def test_out_of_memory_frees_the_cache_and_keeps_serving(media, monkeypatch):
     assert error is None and outputs[-1][0][len(history)]["metadata"]["title"] == "New conversation"
 
 
-def test_compare_runs_full_then_each_method(media):
-    session = service.Session()
-    runs = list(compare.respond(ask("What is this?", media["image"]), ["streamingllm"], session, config(max_new_tokens=4)))
-    *boxes, table, status, memory, speed, layers, quality, gallery, _ = runs[-1]
-    assert boxes[0].label == "Full cache" and boxes[2].visible is False
-    assert re.fullmatch(r"StreamingLLM · holds 0\.\d\dx the full KV", boxes[1].label)
-    assert [row[0] for row in table] == ["Full cache", "StreamingLLM"]
-    assert all(re.fullmatch(r"\d+\.\d\dx|~ same", cell) for cell in (table[1][2], table[1][4], table[1][6]))
-    assert status.startswith("Done") and len(gallery) == 1 and gallery[0][1].startswith("StreamingLLM, ")
-    assert {t.name for t in memory.data} == {"Full cache", "StreamingLLM"}
-    held = float(boxes[1].label.split("holds ")[1].split("x")[0])
-    point = next(t for t in quality.data if t.name == "StreamingLLM")  # quality against the measured fraction
-    assert abs(point.x[0] - held) < 0.006 and f"{point.y[0]:.0%}" == table[1][7]
-    assert [t.name for t in quality.data][0] == "Full cache" and tuple(quality.data[0].x) == (1.0,)
-    again = list(compare.respond(ask("What is this?", media["image"]), ["streamingllm"], session, config(max_new_tokens=4)))
-    assert again[-1][compare.SLOTS][0][-1].startswith("cached")  # the table's full-cache row
-
-
-@pytest.mark.parametrize("methods", [[], ["streamingllm", "a", "b", "c", "d"]])
-def test_compare_rejects_a_bad_selection(media, methods):
-    outputs = list(compare.respond(ask("Hi", media["image"]), methods, service.Session(), config()))
-    (*kept, status, memory, speed, layers, quality, gallery, box), = outputs
-    assert status.startswith(chat.NOT_ANSWERED) and "Pick 1 to 4 methods" in status
-
-
-def test_compare_keeps_at_most_four_ticked():
-    kept, status = compare.limit_methods(["h2o", "snapkv", "zipvl", "mpic", "vl_cache"])
-    assert kept == ["h2o", "snapkv", "zipvl", "mpic"] and "at most 4" in status and "VL-Cache" in status
-    assert compare.limit_methods(["h2o"]) == (["h2o"], "")
-
-
 @pytest.mark.parametrize("name, value", [("budget", 5), ("budget", -1), ("budget", 0), ("max_new_tokens", 0),
                                          ("num_frames", 99)])
 def test_out_of_range_settings_are_said_not_clamped(media, name, value):
@@ -319,82 +254,6 @@ def test_overlay_shades_dropped_tokens():
     assert overlay.layer_index("layer 2") == 1 and overlay.layer_index(overlay.MEAN) is None
 
 
-# --- MPIC: the media store behind the chat --------------------------------------------------------
-
-
-@pytest.fixture
-def media_store(tmp_path, monkeypatch):
-    """A store of this test's own (the app keeps one per process)."""
-    def make(**caps):
-        store = KVStore(tmp_path / "kv", **caps)
-        monkeypatch.setattr(service_store, "_STORE", store)
-        return store
-    return make
-
-
-def test_mpic_stores_uploads_and_reuses_them_in_the_next_turn(media, media_store):
-    media_store()
-    session = service.Session()
-    k4 = {"mpic": {"k": 4}}  # a 112 px image is 16 tokens: MPIC-4 recomputes 4 of them and links the other 12
-    first, error = turn(session, ask("Two pictures.", media["image"], media["image2"]), method="mpic", params=k4)
-    assert error is None
-    rows = media_library.library_rows(session)
-    assert [r[0] for r in rows] == ["a.png", "b.png"] and all(r[1] == "image" and r[3] > 0 for r in rows)
-    assert all(r[2] > 0 and r[4] == "yes" for r in rows)
-    second, error = turn(session, ask("Which one is brighter?", media["image"], media["image2"]), first[-1][0],
-                         method="mpic", params=k4)
-    assert error is None and not any(m.get("metadata") for m in second[-1][0])  # the same conversation
-    status = second[-1][2]
-    reused = int(re.search(r"(\d+) prompt tokens reused from the media store", status).group(1))
-    assert reused > 0 and "recomputed (" not in status
-    assert len(media_library.library_rows(session)) == 2  # stored once, found again
-    gallery = second[-1][7]
-    assert len(gallery) == 4 and all("reused" in caption for _, caption in gallery)
-    table, figure = media_library.refresh(session)
-    assert len(table) == 2 and list(figure.data[0].x) == ["Full recompute", "Prefix caching", "MPIC-4"]
-    assert all(t > 0 for t in figure.data[0].y)
-    # the follow-up of a turn with another method lists the library and leaves the TTFT panel alone
-    assert media_library.after_turn(session, "streamingllm")[0] == table
-
-
-def test_a_second_session_cannot_see_or_link_the_first_sessions_media(media, media_store):
-    store = media_store()
-    a, b = service.Session(), service.Session()
-    turn(a, ask("Mine.", media["image"]), method="mpic")
-    key = service.media_library(a)[0]["key"]
-    assert service.media_library(b) == [] and media_library.library_rows(b) == []
-    assert store.get(b.id, MODEL, key) is None  # by content hash, from the other namespace
-    _, error = turn(b, ask("Theirs?"), method="mpic")
-    assert error is None and service.media_library(b) == []
-    assert a.id != b.id and service.Session().id not in (a.id, b.id)  # made by the server, per tab
-    a.use_model("another-model")  # entries of the previous model go when the model changes
-    assert service.media_library(a) == []
-    turn(a, ask("Again.", media["image"]), method="mpic")
-    store.flush()
-    assert (store.root / store.namespace(a.id)).is_dir()
-    service.track(a, "tab-mpic")
-    service.release("tab-mpic")  # and when the tab closes
-    assert store.library(a.id) == []
-    assert not (store.root / store.namespace(a.id)).exists()  # its folder too: none left per closed tab
-
-
-def test_a_damaged_store_file_does_not_break_a_turn(media, media_store):
-    store = media_store(memory_bytes=0)  # disk only, so the next turn reads the files
-    session = service.Session()
-    first, error = turn(session, ask("Stored.", media["image"]), method="mpic")
-    assert error is None
-    store.flush()
-    files = list((store.root).glob("**/*.safetensors"))
-    assert len(files) == 1
-    data = bytearray(files[0].read_bytes())
-    data[-64:] = bytes(64)  # same size, so only the checksums can tell
-    files[0].write_bytes(bytes(data))
-    outputs, error = turn(session, ask("Still there?", media["image"]), first[-1][0], method="mpic")
-    assert error is None and outputs[-1][0][-1]["content"]
-    # the damaged file is found (by the upload's lookup or by the linker), deleted and recomputed
-    assert re.search(r"image/video 1 recomputed \((damaged file|stored entry unusable|not stored)\)", outputs[-1][2])
-
-
 def test_projection_at_real_scale_is_plain_arithmetic_on_the_configs():
     from engine.service import at_scale
 
@@ -418,21 +277,6 @@ def test_examples_are_those_of_the_selected_model():
     assert len(general) == 4 and not any("arena_" in f for e in general for f in e[0]["files"])
     shown = chat.show_examples("tiny-arena-vl")
     assert shown[0].visible is True and shown[1].visible is False
-
-
-def test_mpic_default_k_suits_the_model_image_size(media_store):
-    assert service.mpic_default_k(MODEL) == 32  # 256 tokens for 448 px: the paper's 32
-    assert service.mpic_default_k("tiny-arena-vl") == 32
-    # the trained model reuses all but k of a stored scene's 100 tokens when it is sent again
-    media_store()
-    session = service.Session()
-    scene = str(chat.ASSETS / "arena_colour.png")
-    k = {"mpic": {"k": service.mpic_default_k("tiny-arena-vl")}}
-    first, _ = turn(session, ask("What colour is the circle?", scene), method="mpic", model="tiny-arena-vl", params=k)
-    second, error = turn(session, ask("What colour is the triangle?", scene), first[-1][0], method="mpic",
-                         model="tiny-arena-vl", params=k)
-    assert error is None
-    assert int(re.search(r"(\d+) prompt tokens reused", second[-1][2]).group(1)) >= 100 - 32
 
 
 def test_vs_full_is_one_unit_and_marks_noise():

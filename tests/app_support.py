@@ -1,0 +1,24 @@
+"""What the app's event tests share: the settings and one chat event called directly, as the UI
+calls it (their small media files are the ``media`` fixture, in conftest.py)."""
+
+from __future__ import annotations
+
+from components import chat, settings
+
+MODEL = "tiny-qwen2-vl"
+
+
+def config(method="streamingllm", **kw):
+    return settings.settings_from(settings.control_values(model=kw.pop("model", MODEL), method=method,
+                                                          max_new_tokens=kw.pop("max_new_tokens", 5), **kw))
+
+
+def turn(session, message, history=(), method="streamingllm", **kw):
+    """All outputs of one chat event, and the message it refused with (or None)."""
+    outputs = list(chat.respond(message, list(history), session, config(method, **kw)))
+    status = outputs[-1][2] if outputs else ""
+    return outputs, status if isinstance(status, str) and status.startswith(chat.NOT_ANSWERED) else None
+
+
+def ask(text, *files):
+    return {"text": text, "files": list(files)}
