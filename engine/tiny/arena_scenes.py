@@ -5,7 +5,7 @@ one visual token. Every cell is background (one of three plain or lightly textur
 in every cell of a scene) except 1 to 4 objects, each one cell: a shape in a colour. Within one
 item every object has its own shape and its own colour, so a shape or a colour names one object,
 and every question is answered by finding that object's token and copying a property of it
-(a lookup, which a tiny model learns; see training/train_arena_v2.py).
+(a lookup, which a tiny model learns; see training/train_arena.py).
 
 Question types (QUESTION_TYPES), with the media each is asked about:
   colour   one 10x10 image (100 visual tokens)   "What colour is the star?"   -> "red"
