@@ -114,17 +114,15 @@ def row_logsumexp(query: torch.Tensor, key: torch.Tensor, scaling: float, query_
     return torch.cat(parts, dim=1)
 
 
-def attention_column_sums(query: torch.Tensor, key: torch.Tensor, scaling: float,
-                          query_index: torch.Tensor | None = None, chunk: int = COLUMN_CHUNK) -> torch.Tensor:
+def attention_column_sums(query: torch.Tensor, key: torch.Tensor, scaling: float, query_index: torch.Tensor,
+                          chunk: int = COLUMN_CHUNK) -> torch.Tensor:
     """Attention each key receives, summed over the given query rows: (H, S), float32, chunked.
 
     For rows whose attention was not computed by :func:`causal_attention_column_sums` (a method's
     own ``attend``, or a unit test): each row's log-sum-exp first, then one ``exp(q k - lse)`` block
-    over the keys its rows can see.
+    over the keys its rows can see. ``query_index[i]`` is query i's own index among the keys.
     """
     held = key.shape[2]
-    if query_index is None:
-        query_index = torch.full((query.shape[2],), held - 1, device=key.device)
     lse = row_logsumexp(query, key, scaling, query_index, chunk)
     total = torch.zeros(query.shape[1], held, dtype=torch.float32, device=key.device)
     for start in range(0, query.shape[2], chunk):
@@ -138,8 +136,12 @@ def attention_column_sums(query: torch.Tensor, key: torch.Tensor, scaling: float
     return total
 
 
-def new_rows_column_sums(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
-    """:func:`attention_column_sums` of the new queries, which are the last keys (a prefill)."""
+def prompt_column_sums(query: torch.Tensor, key: torch.Tensor, scaling: float,
+                       computed: torch.Tensor | None = None) -> torch.Tensor:
+    """The attention each key received from a prefill's new queries (the last keys): ``computed``
+    when the prefill attention summed it (``call.column_sums``), else :func:`attention_column_sums`."""
+    if computed is not None:
+        return computed
     held, new = key.shape[2], query.shape[2]
     return attention_column_sums(query, key, scaling, torch.arange(held - new, held, device=query.device))
 

@@ -49,7 +49,7 @@ from typing import ClassVar
 
 import torch
 
-from .attention_math import new_rows_column_sums
+from .attention_math import prompt_column_sums
 from .base import AttentionCall, KVBackend, KVLayer, Report, param
 
 
@@ -122,7 +122,7 @@ class ElasticCache(KVBackend):
         if call.is_prefill:
             held = key.shape[2]
             if held > target:
-                received = call.column_sums if call.column_sums is not None else new_rows_column_sums(query, key, scaling)
+                received = prompt_column_sums(query, key, scaling, call.column_sums)
                 importance = received.mean(dim=0)  # (1/K) sum_j
                 self.merge(layer, importance, target)
             self.report.merged[i] = max(0, held - target)

@@ -34,7 +34,7 @@ from typing import ClassVar
 
 import torch
 
-from .attention_math import kv_group_mean, new_rows_column_sums
+from .attention_math import kv_group_mean, prompt_column_sums
 from .base import AttentionCall, KVBackend, KVLayer, Report, param
 
 
@@ -108,7 +108,7 @@ class H2O(KVBackend):
             return
         self.report.ensure_layers(call.num_layers, "kept", "scores")
         if call.is_prefill:
-            received = call.column_sums if call.column_sums is not None else new_rows_column_sums(query, key, scaling)
+            received = prompt_column_sums(query, key, scaling, call.column_sums)
         else:
             received = attn_row[:, 0]  # (H, S): the decode query's softmax row
         layer.scores += kv_group_mean(received, key.shape[1])

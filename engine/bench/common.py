@@ -18,6 +18,17 @@ def add_run_args(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+def visual_sizes(text: str) -> list[int]:
+    """``--visual-tokens``: comma-separated positive integers."""
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--visual-tokens expects comma-separated integers, got '{text}'") from None
+    if not sizes or min(sizes) < 1:
+        raise UserError("--visual-tokens needs positive sizes")
+    return sizes
+
+
 def aligned(cells: list[list[str]]) -> list[str]:
     """Rows of cells right-aligned in columns (the first row is the header)."""
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]

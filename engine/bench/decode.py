@@ -33,10 +33,10 @@ import backends
 from backends.base import AttentionCall
 
 from ..errors import UserError
-from .common import add_run_args, run_main
 from ..runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
 from ..runtime.cache import KVCache
-from ..runtime.models import pick_device
+from ..runtime.models import pick_device, pick_dtype
+from .common import add_run_args, run_main, visual_sizes
 from .methods import method_params
 from .prefill import build_decoder, synthetic_prompt
 
@@ -136,16 +136,6 @@ def _cache_bytes(cache) -> int:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise UserError(f"--visual-tokens expects comma-separated integers, got '{text}'") from None
-    if not sizes or min(sizes) < 1:
-        raise UserError("--visual-tokens needs positive sizes")
-    return sizes
-
-
 def run(args: argparse.Namespace) -> list[dict]:
     if args.repeats < 1 or args.steps < 1:
         raise UserError("--repeats and --steps must be at least 1")
@@ -158,11 +148,8 @@ def run(args: argparse.Namespace) -> list[dict]:
         make_backend(m, args.budget, params[m])
     device = pick_device(args.device)
     clock = Clock(device)
-    dtype_name = args.dtype or ("bfloat16" if clock.cuda else "float32")
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype_name)
-    if dtype is None:
-        raise UserError(f"unknown dtype '{dtype_name}'; use float32, bfloat16 or float16")
-    sizes = _sizes(args.visual_tokens)
+    dtype_name, dtype = pick_dtype(args.dtype, device)
+    sizes = visual_sizes(args.visual_tokens)
     model, text, rope_dims = build_decoder(args.model, args.num_layers, device, dtype, args.seed)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     session = Session(model, text, rope_dims, clock)

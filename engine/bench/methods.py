@@ -26,11 +26,11 @@ from PIL import Image
 import backends
 
 from ..errors import UserError
-from .common import aligned, run_main
 from ..media import load_image, load_video
 from ..runtime.generate import Conversation, agreement
 from ..runtime.inputs import Message
 from ..runtime.models import DEFAULT_MODEL, list_models, load_model
+from .common import aligned, run_main
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -20,12 +20,12 @@ from dataclasses import replace
 import backends
 
 from ..errors import UserError
-from .common import add_run_args, aligned, run_main
 from ..mpic.kv_store import KVStore
 from ..mpic.linking import ingest
 from ..mpic.ttft import time_prompt
 from ..runtime.inputs import Message
 from ..runtime.models import load_model
+from .common import add_run_args, aligned, run_main
 from .methods import synthetic_images
 
 MODES = ("recompute", "prefix", "full_reuse", "cacheblend", "mpic")

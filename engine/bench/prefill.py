@@ -38,16 +38,17 @@ import backends
 from backends.base import AttentionCall, PromptLayout, VisualSpan
 
 from ..errors import UserError
-from .common import add_run_args, run_main
 from ..runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
 from ..runtime.cache import KVCache
 from ..runtime.models import (
     _random_model,
     model_spec,
     pick_device,
+    pick_dtype,
     shipped_config,
 )
 from ..tiny.builtin import tiny_config
+from .common import add_run_args, run_main, visual_sizes
 from .methods import method_params
 
 PREFIX, QUESTION = 16, 32  # text tokens before and after the image (system prompt, question)
@@ -129,17 +130,8 @@ def run(args: argparse.Namespace) -> list[dict]:
         raise UserError("--repeats must be at least 1")
     device = pick_device(args.device)
     sync = device.type == "cuda"
-    dtype_name = args.dtype or ("bfloat16" if sync else "float32")
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype_name)
-    if dtype is None:
-        raise UserError(f"unknown dtype '{dtype_name}'; use float32, bfloat16 or float16")
-    sizes = args.visual_tokens or ("2048,8192,32768" if sync else "2048,8192")
-    try:
-        sizes = [int(s) for s in sizes.split(",") if s.strip()]
-    except ValueError:
-        raise UserError(f"--visual-tokens expects comma-separated integers, got '{args.visual_tokens}'") from None
-    if not sizes or min(sizes) < 1:
-        raise UserError("--visual-tokens needs positive sizes")
+    dtype_name, dtype = pick_dtype(args.dtype, device)
+    sizes = visual_sizes(args.visual_tokens or ("2048,8192,32768" if sync else "2048,8192"))
     try:
         taus = [float(t) for t in str(args.budget).split(",") if t.strip()]
     except ValueError:

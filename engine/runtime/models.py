@@ -163,16 +163,22 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def pick_dtype(name: str | None, device: torch.device) -> tuple[str, torch.dtype]:
+    """(name, dtype) for ``name``, else bfloat16 on CUDA and float32 elsewhere."""
+    name = name or ("bfloat16" if device.type == "cuda" else "float32")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(name)
+    if dtype is None:
+        raise UserError(f"unknown dtype '{name}'; use float32, bfloat16 or float16")
+    return name, dtype
+
+
 def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: str | None = None,
                num_layers: int | None = None, quantization: str | None = None, seed: int = 0,
                progress=None) -> LoadedModel:
     """Load a model by registry name. ``quantization``: None, "8bit" or "4bit" (hub models, CUDA)."""
     spec = model_spec(name)
     dev = pick_device(device)
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
-        dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
-    if torch_dtype is None:
-        raise UserError(f"unknown dtype '{dtype}'; use float32, bfloat16 or float16")
+    _, torch_dtype = pick_dtype(dtype, dev)
     say = progress or (lambda fraction, text: None)
     cls = _model_class(spec.family)
     if spec.source == "hub":
