@@ -1,16 +1,19 @@
 """AttentionPack (Ilhan et al., "Attention-aware Inference Optimizations for Large Vision-Language
 Models with Memory-efficient Decoding", CVPR 2026; Sec. 3-4 and Algorithm 1 in Sec. 6 of
-``../shared/papers/attention_pack.txt``): a low-rank visual KV cache rebuilt on every read.
+``../shared/papers/attention_pack.txt``): a low-rank visual KV cache, read from its factors.
 
 * Per layer, the visual tokens of a prompt form one T x W matrix for the pre-RoPE keys and one for
   the values, all KV heads side by side (W = H_kv * D, the paper's multi-head compression). Each is
   factorised by randomized SVD (``torch.svd_lowrank``) into a T x R factor and an R x W
   decompression matrix; only those are stored. Text tokens stay dense (Sec. 8.2: compressing them
   with the visual ones cost ~20% accuracy).
-* Every read rebuilds the key factors and re-rotates the keys with the model's own RoPE tables for
-  the stored rotary ids (1-D RoPE or M-RoPE); the dense tokens come after them. A prefill read
-  (``append``) rebuilds the values too; a decode query (``attend``) uses them in factor space,
-  (p U) W instead of p (U W), so a step never builds a dense value.
+* A prefill read (``append``) rebuilds the keys from their factors, re-rotates them with the
+  model's own RoPE tables for the stored rotary ids (1-D RoPE or M-RoPE) and rebuilds the values;
+  the dense tokens come after them. A decode query (``attend``) uses the values in factor space,
+  (p U) W instead of p (U W), so a step never builds a dense value; with M-RoPE it also scores the
+  keys from their factors, the query rotated back once per distinct time, row and column value
+  (``rotary_groups.py``: about sqrt(T) rotations for a picture of T tokens), so a step builds no
+  dense key either. With 1-D RoPE each token has its own angle and the keys are rebuilt.
 * Attention-aware decompression, F = 2 groups (Sec. 7.1.1): a per-token statistic, Eq. 1
   ``I <- a^Tq I + (1 - a^Tq) mean_rows(A)``, ranks the compressed tokens; the top r1 = 25% are rebuilt
   with all R components, the rest with the first R/4. The paper does this for the values only;
@@ -25,11 +28,12 @@ Models with Memory-efficient Decoding", CVPR 2026; Sec. 3-4 and Algorithm 1 in S
 
 Budget -> rank (METHODS.md: budget = fraction of the layer's full bytes held): the prompt's visual
 block gets the largest R whose factors fit what the budget leaves after everything else the layer
-holds (dense text, earlier blocks, the statistic, the block's rotary ids):
-``R = floor((budget * full_bytes - other_bytes) / (2 * (T + W) * itemsize))`` in [1, min(T, W)]
-(R = 1 when text alone outgrows the budget). A generated block of T_p tokens fits its own share.
+holds (dense text, earlier blocks, the statistic) and the block's scalars (rotary ids, groups):
+``R = floor((budget * full_bytes - other_bytes - scalars) / (2 * (T + W) * itemsize))`` in
+[1, min(T, W)] (R = 1 when text alone outgrows the budget). A generated block of T_p tokens fits
+its own share.
 ``rank_k`` / ``rank_v`` > 0 override it (the paper uses 64 for images, 128 for video). A block whose
-factors and rotary ids would not be smaller than its dense keys and values stays dense, and a layer
+factors and scalars would not be smaller than its dense keys and values stays dense, and a layer
 with no block to rank holds no statistic, so the layer never holds more than the full cache. Budget
 1.0 is the full cache whatever the ranks.
 
@@ -40,7 +44,7 @@ compound the error of the R/4-rebuilt tokens and mix modalities.
 
 Report (:class:`AttentionPackReport`, ``self.report``): per layer ``full_rank`` / ``reduced_rank``
 (token indices rebuilt at full and at reduced rank at the next read), ``ranks`` (R_k, R_v per block)
-and ``bytes`` (factors, dense, scalars: the statistic and rotary ids).
+and ``bytes`` (factors, dense, scalars: the statistic, rotary ids and groups).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ import torch
 from .attention_math import attend_segments, attention_probs, dense_segment
 from .base import KVBackend, KVLayer, Report, param
 from .rope import rotate, unrotate
+from .rotary_groups import RotaryGroups
 
 STAT_ROWS = 32  # prompt rows that seed the statistic: the question sits at the end of the prompt
 REDUCED = 4  # the low-attention group keeps R / 4 components (paper: R^(1) = 4 R^(2))
@@ -69,14 +74,21 @@ def factorise(matrix: torch.Tensor, rank: int, dtype: torch.dtype | None = None)
     return (u * s).to(dtype), v.T.contiguous().to(dtype)
 
 
-def factor_bytes(tokens: int, width: int, rank_k: int, rank_v: int, itemsize: int, rope_dims: int) -> int:
-    """Bytes of a block: both factor pairs in the cache dtype plus int32 rotary ids per token."""
-    return (rank_k + rank_v) * (tokens + width) * itemsize + rope_dims * tokens * 4
+def factor_bytes(tokens: int, width: int, rank_k: int, rank_v: int, itemsize: int, scalars: int) -> int:
+    """Bytes of a block: both factor pairs in the cache dtype plus ``scalars`` (rotary ids, groups)."""
+    return (rank_k + rank_v) * (tokens + width) * itemsize + scalars
 
 
-def fitted_rank(spare: float, tokens: int, width: int, itemsize: int, rope_dims: int) -> int:
-    """The largest R (at least 1) whose key and value factors and rotary ids fit ``spare`` bytes."""
-    return max(1, math.floor((spare - rope_dims * tokens * 4) / (2 * (tokens + width) * itemsize)))
+def fitted_rank(spare: float, tokens: int, width: int, itemsize: int, scalars: int) -> int:
+    """The largest R (at least 1) whose key and value factors fit ``spare`` bytes beside ``scalars``."""
+    return max(1, math.floor((spare - scalars) / (2 * (tokens + width) * itemsize)))
+
+
+def block_ranks(requested: tuple[int, int], spare: float, tokens: int, width: int, itemsize: int,
+                scalars: int) -> tuple[int, int]:
+    """(R_k, R_v): the requested ranks (0: the largest fitting ``spare`` bytes), at most min(T, W)."""
+    fitted = fitted_rank(spare, tokens, width, itemsize, scalars)
+    return tuple(max(1, min(r or fitted, tokens, width)) for r in requested)
 
 
 def rebuild(coef: torch.Tensor, basis: torch.Tensor, full: torch.Tensor | None, reduced: int) -> torch.Tensor:
@@ -115,10 +127,12 @@ class LowRankBlock:
     v_coef: torch.Tensor
     v_basis: torch.Tensor
     score: torch.Tensor  # (T,) float32 attention statistic (Eq. 1)
+    groups: RotaryGroups | None = None  # M-RoPE: a decode query is scored without rebuilding the keys
     full: torch.Tensor | None = None  # (T,) bool: rebuilt with every component at the next read
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.rope_ids, self.k_coef, self.k_basis, self.v_coef, self.v_basis, self.score]
+        held = [self.rope_ids, self.k_coef, self.k_basis, self.v_coef, self.v_basis, self.score]
+        return held + (self.groups.tensors() if self.groups is not None else [])
 
 
 class PackedLayer(KVLayer):
@@ -159,31 +173,47 @@ class PackedLayer(KVLayer):
         return b.full if self.partial_on in (which, "both") else None
 
     def block_keys(self, b: LowRankBlock, heads: int, dim: int) -> torch.Tensor:
-        """The block's keys rebuilt and re-rotated: (1, H_kv, T, D). Keys need this on every read:
-        RoPE rotates each token by its own angle, so a query cannot be scored in factor space."""
+        """The block's keys rebuilt and re-rotated: (1, H_kv, T, D), for a prefill read, or a decode
+        read when each token has its own rotation (1-D RoPE: no :class:`RotaryGroups`)."""
         k = rebuild(b.k_coef, b.k_basis, self._partial(b, "keys"), max(1, b.k_coef.shape[1] // REDUCED))
         cos, sin = self.rope_tables(b)
         return rotate(_heads(k, heads, dim), cos, sin)
 
-    def rope_tables(self, b: LowRankBlock) -> tuple[torch.Tensor, torch.Tensor]:
-        """The model's (cos, sin) for the block's rotary ids. Every layer packs the same tokens with
-        the same ids, so within one forward pass they are computed once (``tables``, emptied by the
-        backend after each pass) instead of once per layer."""
+    def rope_tables(self, b: LowRankBlock, kind: str = "tokens"):
+        """The model's (cos, sin) for the block's rotary ids (``kind`` "tokens"), or for one token per
+        value of each grouped component ("groups"). Every layer packs the same tokens with the same
+        ids, so within one forward pass they are computed once (``tables``, emptied by the backend
+        after each pass) instead of once per layer."""
+        compute = ((lambda: self.rotary(b.rope_ids)) if kind == "tokens" else
+                   (lambda: [self.rotary(ids) for ids in b.groups.representatives(b.rope_ids)]))
         if self.tables is None:
-            return self.rotary(b.rope_ids)
-        key = (int(b.positions[0]), b.positions.numel())  # a token sits in one block only
+            return compute()
+        key = (int(b.positions[0]), b.positions.numel(), kind)  # a token sits in one block only
         if key not in self.tables:
-            self.tables[key] = self.rotary(b.rope_ids)
+            self.tables[key] = compute()
         return self.tables[key]
 
+    def block_scores(self, b: LowRankBlock, query: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+        """Scores (H_kv, G, T) of the grouped, pre-scaled decode query against the block's keys: from
+        the factors per distinct rotation when the block has rotary groups (M-RoPE), else against
+        the rebuilt keys."""
+        if b.groups is None:
+            return torch.matmul(query, self.block_keys(b, heads, dim)[0].float().transpose(-1, -2))
+        coef, full, reduced = b.k_coef, self._partial(b, "keys"), max(1, b.k_coef.shape[1] // REDUCED)
+        if full is not None and reduced < coef.shape[1]:  # the reduced group meets only R/4 components
+            coef = coef.clone()
+            coef[~full, reduced:] = 0
+        return b.groups.scores(query, coef, b.k_basis, self.rope_tables(b, "groups"))
+
     def attend(self, query, scaling):
-        """Decode attention without rebuilding a value: keys are rebuilt (see ``block_keys``), values
-        are used in factor space, (p U) W instead of p (U W) (Sec. 4), the reduced group's
-        probabilities meeting only the first R/4 components."""
+        """Decode attention without rebuilding a value, and with M-RoPE without rebuilding a key:
+        scores come from the factors per distinct rotation (``block_scores``), values are used in
+        factor space, (p U) W instead of p (U W) (Sec. 4), the reduced group's probabilities meeting
+        only the first R/4 components."""
         if not self.blocks:
             return None
         heads, dim = self.keys.shape[1], self.keys.shape[3]
-        segments = [(lambda q, b=b: torch.matmul(q, self.block_keys(b, heads, dim)[0].float().transpose(-1, -2)),
+        segments = [(lambda q, b=b: self.block_scores(b, q, heads, dim),
                      lambda p, b=b: mix_factors(p, b.v_coef, b.v_basis, self._partial(b, "values"),
                                                 max(1, b.v_coef.shape[1] // REDUCED)))
                     for b in self.blocks]
@@ -205,24 +235,29 @@ class PackedLayer(KVLayer):
             b.score = keep * b.score + (1 - keep) * s
         self.score = keep * self.score + (1 - keep) * parts[-1]
 
-    def pack(self, index: torch.Tensor, rope_ids: torch.Tensor, rank_k: int, rank_v: int, rotary) -> bool:
-        """Factorise the dense entries at ``index`` (their rotary ids ``rope_ids``) into a block; a
-        block whose factors would not be smaller than its dense keys and values stays dense (False)."""
+    def pack(self, index: torch.Tensor, rope_ids: torch.Tensor, rotary, ranks: tuple[int, int], spare: float = 0.0,
+             query_heads: int | None = None) -> bool:
+        """Factorise the dense entries at ``index`` (their rotary ids ``rope_ids``) into a block at
+        ``ranks`` (0: the largest fitting ``spare`` bytes); a block whose factors would not be smaller
+        than its dense keys and values stays dense (False). ``query_heads`` (default: one per KV head)
+        decides whether scoring per distinct rotation pays (:class:`RotaryGroups`)."""
         width, tokens = self.keys.shape[1] * self.keys.shape[3], index.numel()
-        rank_k, rank_v = min(rank_k, tokens, width), min(rank_v, tokens, width)
         itemsize = self.keys.element_size()
-        if factor_bytes(tokens, width, rank_k, rank_v, itemsize, rope_ids.shape[0]) >= 2 * tokens * width * itemsize:
-            return False
-        self.rotary = rotary
         rope_ids = rope_ids.to(self.keys.device, torch.int32)
         cos, sin = rotary(rope_ids)
+        groups = RotaryGroups.build(rope_ids, cos, sin, query_heads or self.keys.shape[1], self.keys.shape[1])
+        scalars = _nbytes(rope_ids) + sum(_nbytes(t) for t in (groups.tensors() if groups else []))
+        rank_k, rank_v = block_ranks(ranks, spare, tokens, width, itemsize, scalars)
+        if factor_bytes(tokens, width, rank_k, rank_v, itemsize, scalars) >= 2 * tokens * width * itemsize:
+            return False
+        self.rotary = rotary
         keys = unrotate(self.keys[:, :, index].float(), cos, sin)  # float32: half precision would add error
         dtype = self.keys.dtype
         k_mat = keys[0].transpose(0, 1).reshape(-1, width)
         v_mat = self.values[0, :, index].transpose(0, 1).reshape(-1, width)
         self.blocks.append(LowRankBlock(self.positions[0, index], rope_ids,
                                         *factorise(k_mat, rank_k, dtype),
-                                        *factorise(v_mat, rank_v), self.score[index]))
+                                        *factorise(v_mat, rank_v), self.score[index], groups))
         rest = torch.ones(self.keys.shape[2], dtype=torch.bool, device=self.keys.device)
         rest[index] = False
         self.keys, self.values = self.keys[:, :, rest], self.values[:, :, rest]
@@ -235,8 +270,8 @@ class PackedLayer(KVLayer):
         self.buffer_rope = _cat(self.buffer_rope, rope_ids.to(self.keys.device, torch.int32), dim=1)
         return int(self.buffered.sum())
 
-    def pack_buffer(self, rank_k: int, rank_v: int, rotary) -> None:
-        if not self.pack(self.buffered.nonzero().squeeze(1), self.buffer_rope, rank_k, rank_v, rotary):
+    def pack_buffer(self, rotary, ranks: tuple[int, int], spare: float, query_heads: int) -> None:
+        if not self.pack(self.buffered.nonzero().squeeze(1), self.buffer_rope, rotary, ranks, spare, query_heads):
             self.buffered[:] = False  # too few tokens to pay: they stay dense for good
         self.buffer_rope = None
 
@@ -319,11 +354,6 @@ class AttentionPack(KVBackend):
     def after_forward(self, cache, call) -> None:
         self._tables.clear()  # RoPE tables live for one forward pass
 
-    def ranks(self, spare: float, tokens: int, width: int, itemsize: int, rope_dims: int) -> tuple[int, int]:
-        """(R_k, R_v) for a block of ``tokens``: the explicit ranks, else the largest fitting ``spare`` bytes."""
-        fitted = fitted_rank(spare, tokens, width, itemsize, rope_dims)
-        return tuple(max(1, min(r or fitted, tokens, width)) for r in (self.rank_k, self.rank_v))
-
     def after_attention(self, call, layer, query, key, scaling, attn_row=None) -> None:
         if not isinstance(layer, PackedLayer):
             return
@@ -340,16 +370,17 @@ class AttentionPack(KVBackend):
             own = torch.arange(total - rows, total, device=key.device)
             stat = attention_probs(query[:, :, -rows:], key, scaling, own).mean(dim=(0, 1))
         layer.observe(stat, rows, self.ema_alpha)
-        width, itemsize, rope_dims = key.shape[1] * key.shape[3], layer.keys.element_size(), call.rope_ids.shape[0]
+        width, itemsize = key.shape[1] * key.shape[3], layer.keys.element_size()
+        ranks, heads = (self.rank_k, self.rank_v), query.shape[1]
         if index.numel():
             dense = layer.positions[0]
             rope = call.rope_ids.to(dense.device)[:, dense[index] - int(call.positions[0])]
             # the budget is the layer's: what it leaves once everything else it holds is counted
             spare = self.budget * layer.full_bytes() - (layer.nbytes() - 2 * index.numel() * width * itemsize)
-            layer.pack(index, rope, *self.ranks(spare, index.numel(), width, itemsize, rope_dims), call.rotary)
+            layer.pack(index, rope, call.rotary, ranks, spare, heads)
         elif not call.is_prefill and self.period > 0 and layer.hold(call.rope_ids) >= self.period:
             spare = self.budget * 2 * self.period * width * itemsize  # the block's own share
-            layer.pack_buffer(*self.ranks(spare, self.period, width, itemsize, rope_dims), call.rotary)
+            layer.pack_buffer(call.rotary, ranks, spare, heads)
         if layer.blocks:  # the groups of the next read (Algorithm 1, line 6), from the updated statistic
             layer.choose_groups()
         elif self.period == 0:

@@ -25,7 +25,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 PACKED_BITS = (2, 4, 8)
 FULL_BITS = 16  # "quantisation off": the tensor is kept as it is
@@ -38,30 +37,28 @@ def check_bits(bits: int) -> int:
 
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Integer codes in [0, 2^bits) along the last dim -> uint8, 8 // bits codes per byte (low bits first)."""
+    """Integer codes in [0, 2^bits) along the last dim -> uint8, 8 // bits codes per byte.
+
+    Plane-major: with m bytes per row, byte b holds codes b, b + m, b + 2m... (low bits first), so
+    unpacking is one shift per plane and the planes side by side are the codes in order: a decode
+    step reads codes without a gather or an interleave."""
     per_byte = 8 // bits
     n = codes.shape[-1]
     pad = (-n) % per_byte
     codes = codes.to(torch.uint8)
     if pad:
         codes = torch.cat([codes, codes.new_zeros(*codes.shape[:-1], pad)], dim=-1)
-    codes = codes.view(*codes.shape[:-1], -1, per_byte)
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=codes.device)
-    return (codes << shifts).sum(dim=-1, dtype=torch.uint8)  # disjoint bits: the sum is an OR
+    planes = codes.view(*codes.shape[:-1], per_byte, -1)
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=codes.device)[:, None]
+    return (planes << shifts).sum(dim=-2, dtype=torch.uint8)  # disjoint bits: the sum is an OR
 
 
 def unpack(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     """Inverse of :func:`pack`: the first ``n`` codes of the last dim, as uint8."""
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
-    codes = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
-    return codes.flatten(-2)[..., :n]
-
-
-def unpack_float(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """:func:`unpack` straight to float32 through a 256-row lookup table (one gather, no shifts)."""
-    shifts = torch.arange(0, 8, bits, device=packed.device)
-    table = ((torch.arange(256, device=packed.device)[:, None] >> shifts) & ((1 << bits) - 1)).float()
-    return F.embedding(packed.long(), table).flatten(-2)[..., :n]
+    if bits == 8:
+        return packed[..., :n]
+    mask = (1 << bits) - 1
+    return torch.cat([(packed >> shift) & mask for shift in range(0, 8, bits)], dim=-1)[..., :n]
 
 
 def packed_nbytes(shape: tuple[int, ...], bits: int, groups: int, scale_size: int) -> int:
@@ -98,7 +95,7 @@ class QuantTensor:
         if self.dense is not None:
             return torch.matmul(query, self.dense[0].float().transpose(-1, -2))
         assert self.scale.shape[2] == 1, "per-channel scales (keys) expected"
-        codes = unpack_float(self.codes, self.bits, self.shape[-1])[0]
+        codes = unpack(self.codes, self.bits, self.shape[-1])[0].float()
         scale, zero = self.scale[0].float(), self.zero[0].float()  # (H_kv, 1, D)
         return torch.matmul(query * scale, codes.transpose(-1, -2)) + (query * zero).sum(-1, keepdim=True)
 
@@ -108,7 +105,7 @@ class QuantTensor:
         if self.dense is not None:
             return torch.matmul(probs, self.dense[0].float())
         assert self.scale.shape[3] == 1, "per-token scales (values) expected"
-        codes = unpack_float(self.codes, self.bits, self.shape[-1])[0]
+        codes = unpack(self.codes, self.bits, self.shape[-1])[0].float()
         scale, zero = self.scale[0, :, None, :, 0].float(), self.zero[0, :, None, :, 0].float()  # (H_kv, 1, n)
         return torch.matmul(probs * scale, codes) + (probs * zero).sum(-1, keepdim=True)
 

@@ -12,7 +12,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import backends
 from backends.attention_math import attention_probs, causal_attention
-from backends.attention_pack import AttentionPack, PackedLayer, factorise, fitted_rank
+from backends.attention_pack import AttentionPack, PackedLayer, block_ranks, factorise, fitted_rank
 from backends.rope import rotate, unrotate
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
@@ -88,7 +88,7 @@ def test_exact_rank_pack_rebuilds_the_cached_keys_and_values():
     cos, sin = synthetic_rotary(torch.arange(70)[None])
     post_rope = rotate(pre_rope[:, :, :70], cos, sin)  # what the runtime caches: keys after RoPE
     layer.keys, layer.values = torch.cat([post_rope, pre_rope[:, :, 70:]], dim=2), values.clone()
-    assert layer.pack(torch.arange(70), torch.arange(70)[None], 8, 8, synthetic_rotary)
+    assert layer.pack(torch.arange(70), torch.arange(70)[None], synthetic_rotary, (8, 8))
     assert layer.keys.shape[2] == 10 and layer.get_seq_length() == 80
     block = layer.blocks[0]  # the factors hold the pre-RoPE keys, all heads side by side
     assert torch.allclose(block.k_coef @ block.k_basis, pre_rope[0, :, :70].transpose(0, 1).reshape(70, WIDTH), atol=1e-4)
@@ -106,14 +106,14 @@ def test_a_block_whose_factors_would_be_larger_stays_dense():
     layer, keys, values = layer_with(70)
     before = layer.nbytes()
     # full width: (64 + 64) x (70 + 64) factor entries > 2 x 70 x 64 dense ones
-    assert not layer.pack(torch.arange(70), torch.arange(70)[None], WIDTH, WIDTH, synthetic_rotary)
+    assert not layer.pack(torch.arange(70), torch.arange(70)[None], synthetic_rotary, (WIDTH, WIDTH))
     assert not layer.blocks and layer.nbytes() == before
     assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
 
 
 def test_group_split_follows_the_statistic_and_the_ema():
     layer, _, _ = layer_with(16)
-    layer.pack(torch.arange(12), torch.arange(12)[None], 8, 8, synthetic_rotary)
+    layer.pack(torch.arange(12), torch.arange(12)[None], synthetic_rotary, (8, 8))
     stat = torch.zeros(16)
     stat[[2, 5, 9]] = torch.tensor([0.5, 0.3, 0.2])  # read order: the 12 packed tokens, then 4 dense
     layer.observe(stat, rows=1, alpha=0.25)
@@ -138,7 +138,7 @@ def test_group_split_follows_the_statistic_and_the_ema():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_bytes_are_the_factors_plus_scalars_in_the_storage_dtype(dtype):
     layer, _, _ = layer_with(100, dtype=dtype)
-    layer.pack(torch.arange(90), torch.arange(90)[None], 16, 12, synthetic_rotary)
+    layer.pack(torch.arange(90), torch.arange(90)[None], synthetic_rotary, (16, 12))
     block, size = layer.blocks[0], torch.empty(0, dtype=dtype).element_size()
     assert block.k_coef.dtype == block.v_basis.dtype == dtype
     assert block.k_coef.numel() + block.k_basis.numel() == 90 * 16 + 16 * WIDTH
@@ -151,12 +151,12 @@ def test_bytes_are_the_factors_plus_scalars_in_the_storage_dtype(dtype):
 
 def test_budget_maps_to_the_largest_rank_whose_bytes_fit():
     # 256 tokens, W = 64, float32, 1-D rotary ids: R factors of K and V cost 2R(256 + 64)4 bytes
-    spare = 0.5 * 2 * 256 * WIDTH * 4
-    r = fitted_rank(spare, 256, WIDTH, 4, 1)
-    assert 2 * r * (256 + WIDTH) * 4 + 256 * 4 <= spare < 2 * (r + 1) * (256 + WIDTH) * 4 + 256 * 4
-    assert AttentionPack(budget=0.5).ranks(spare, 256, WIDTH, 4, 1) == (r, r)
-    assert AttentionPack(budget=0.5, rank_k=64, rank_v=48).ranks(spare, 256, WIDTH, 4, 1) == (64, 48)
-    assert AttentionPack(budget=0.01).ranks(-1000.0, 8, WIDTH, 4, 1) == (1, 1)  # text alone over budget
+    spare, ids = 0.5 * 2 * 256 * WIDTH * 4, 256 * 4
+    r = fitted_rank(spare, 256, WIDTH, 4, ids)
+    assert 2 * r * (256 + WIDTH) * 4 + ids <= spare < 2 * (r + 1) * (256 + WIDTH) * 4 + ids
+    assert block_ranks((0, 0), spare, 256, WIDTH, 4, ids) == (r, r)
+    assert block_ranks((64, 48), spare, 256, WIDTH, 4, ids) == (64, 48)
+    assert block_ranks((0, 0), -1000.0, 8, WIDTH, 4, 32) == (1, 1)  # text alone over budget
 
 
 def test_bad_parameters_are_errors():
@@ -270,7 +270,7 @@ def test_question_after_and_a_second_image(models, image):
 def test_decode_attend_in_factor_space_equals_attention_over_the_rebuilt_cache(partial_on):
     layer, _, _ = layer_with(50, partial_on=partial_on)
     layer.observe(torch.rand(50), rows=1, alpha=0.25)
-    layer.pack(torch.arange(5, 45), torch.arange(5, 45)[None], 6, 6, synthetic_rotary)
+    layer.pack(torch.arange(5, 45), torch.arange(5, 45)[None], synthetic_rotary, (6, 6))
     layer.choose_groups()
     assert 0 < int(layer.blocks[0].full.sum()) < 40  # both groups are read
     layer.append(torch.randn(1, HEADS, 3, DIM), torch.randn(1, HEADS, 3, DIM), torch.arange(50, 53))
@@ -283,7 +283,7 @@ def test_decode_attend_in_factor_space_equals_attention_over_the_rebuilt_cache(p
 
 def test_decode_append_stores_without_rebuilding():
     layer, _, _ = layer_with(20)
-    layer.pack(torch.arange(16), torch.arange(16)[None], 4, 4, synthetic_rotary)
+    layer.pack(torch.arange(16), torch.arange(16)[None], synthetic_rotary, (4, 4))
     new_k = torch.randn(1, HEADS, 1, DIM)
     dense_k, _ = layer.append_decode(new_k, torch.randn(1, HEADS, 1, DIM), torch.tensor([20]))
     assert dense_k.shape[2] == 5 and torch.equal(dense_k[:, :, -1:], new_k)  # the dense part only
@@ -302,10 +302,64 @@ def test_layers_share_one_forward_pass_of_rope_tables():
     torch.manual_seed(0)
     for layer in layers:
         layer.append(torch.randn(1, HEADS, 20, DIM), torch.randn(1, HEADS, 20, DIM), torch.arange(20))
-        layer.pack(torch.arange(16), torch.arange(16)[None], 4, 4, counting_rotary)
+        layer.pack(torch.arange(16), torch.arange(16)[None], counting_rotary, (4, 4))
     calls.clear()
     keys = [layer.block_keys(layer.blocks[0], HEADS, DIM) for layer in layers]
     assert calls == [16] and not torch.equal(keys[0], keys[1])  # one table for both layers' own factors
     backend.after_forward(None, None)
     layers[0].block_keys(layers[0].blocks[0], HEADS, DIM)
     assert calls == [16, 16]  # a new forward pass computes them again
+
+
+def visual_rope_ids() -> torch.Tensor:
+    """M-RoPE ids of a 2-frame 4 x 8 video, then a 4 x 8 image, placed as Qwen2-VL places them."""
+    video = torch.stack([torch.arange(64) // 32, 3 + torch.arange(64) % 32 // 8, 3 + torch.arange(64) % 8])
+    image = torch.stack([torch.full((32,), 11), 11 + torch.arange(32) // 8, 11 + torch.arange(32) % 8])
+    return torch.cat([video, image], dim=1)
+
+
+def image_rope_ids() -> torch.Tensor:
+    """M-RoPE ids of one 8 x 12 picture: one time value, its rows, its columns."""
+    return torch.stack([torch.full((96,), 5), 5 + torch.arange(96) // 12, 5 + torch.arange(96) % 12])
+
+
+@pytest.mark.parametrize("partial_on", ["values", "keys"])
+@pytest.mark.parametrize("media, layouts", [
+    ("video and image", [("runs", 3), ("gather", 8), ("gather", 16)]),  # frames are runs; rows, columns gathered
+    ("image", [("runs", 1), ("runs", 8), ("strided", 12)]),  # one time value; rows are runs, columns strided
+])
+def test_mrope_blocks_score_the_query_per_distinct_rotation(models, partial_on, media, layouts):
+    """With M-RoPE a block's tokens share a few rotations per component (time, row, column): the
+    decode query is scored from the factors once per distinct value, and equals attention over the
+    rebuilt keys."""
+    rotary = Conversation(models("tiny-qwen2-vl"), backends.make_backend("full")).rotary
+    layer, _, _ = layer_with(100, partial_on=partial_on)
+    layer.observe(torch.rand(100), rows=1, alpha=0.25)
+    ids = visual_rope_ids() if media == "video and image" else image_rope_ids()
+    assert layer.pack(torch.arange(2, 98), ids, rotary, (6, 6), query_heads=2 * HEADS)
+    groups = layer.blocks[0].groups
+    assert [(c.layout, c.first.numel()) for c in groups.components] == layouts  # fewest values first
+    assert sorted(torch.cat([c.channels for c in groups.components]).tolist()) == list(range(DIM))
+    layer.choose_groups()
+    keys, values = layer.append(torch.randn(1, HEADS, 1, DIM), torch.randn(1, HEADS, 1, DIM), torch.tensor([100]))
+    query, scaling = torch.randn(1, 2 * HEADS, 1, DIM), DIM ** -0.5
+    out, row = layer.attend(query, scaling)
+    assert torch.allclose(row, attention_probs(query, keys, scaling), atol=1e-6)
+    assert torch.allclose(out, causal_attention(query, keys, values, scaling), atol=1e-5)
+
+
+def test_one_d_rope_gives_every_token_its_own_rotation_so_keys_are_rebuilt():
+    layer, _, _ = layer_with(50)
+    assert layer.pack(torch.arange(40), torch.arange(40)[None], synthetic_rotary, (6, 6), query_heads=2 * HEADS)
+    assert layer.blocks[0].groups is None
+
+
+def test_rotary_groups_are_counted_in_the_bytes(models):
+    rotary = Conversation(models("tiny-qwen2-vl"), backends.make_backend("full")).rotary
+    layer, _, _ = layer_with(100)
+    layer.pack(torch.arange(2, 98), visual_rope_ids(), rotary, (6, 6))
+    factors = 2 * (96 * 6 + 6 * WIDTH) * 4
+    dense, statistic, rope_ids = 2 * 4 * WIDTH * 4, 100 * 4, 3 * 96 * 4
+    # channel indices (int64), one first token per value (int32), the gathered rows' and columns' members
+    groups = DIM * 8 + (3 + 8 + 16) * 4 + (8 * 16 + 16 * 8) * 4
+    assert layer.nbytes() == factors + dense + statistic + rope_ids + groups

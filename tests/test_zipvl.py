@@ -11,7 +11,7 @@ from tests.support import make_image
 
 import backends
 from backends.attention_math import attention_probs, causal_attention
-from backends.quant import pack, packed_nbytes, quantize, unpack, unpack_float
+from backends.quant import pack, packed_nbytes, quantize, unpack
 from backends.zipvl import ZipVL, ZipVLLayer, adaptive_count, important_mask, probe_rows
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
@@ -277,10 +277,3 @@ def test_decode_attend_from_codes_equals_attention_over_the_dequantised_cache():
     assert torch.allclose(row, attention_probs(query, keys, scaling), atol=1e-6)
     dense_k, _ = layer.append_decode(torch.randn(1, HEADS, 1, DIM), torch.randn(1, HEADS, 1, DIM), torch.tensor([34]))
     assert dense_k.shape[2] == 5 and layer.get_seq_length() == 35  # stored; only the buffer returned
-
-
-@pytest.mark.parametrize("bits", [2, 4, 8])
-def test_unpack_float_equals_unpack(bits):
-    codes = torch.randint(0, 1 << bits, (2, 3, 37))
-    packed = pack(codes, bits)
-    assert torch.equal(unpack_float(packed, bits, 37), unpack(packed, bits, 37).float())

@@ -7,9 +7,10 @@ against transformers' stock ``sdpa``: same weights, same inputs, one run.
 What runs: the decoder alone at its real width with random weights, fed random visual embeddings
 between a short prefix and a question (``engine.bench.prefill``'s synthetic prompt), then
 ``--steps`` decode steps of one random embedding each. Per repeat, every method (and stock
-``sdpa`` without our seam) prefills and decodes once, in an order rotated per repeat so drift on a
-shared machine hits every method alike; the figures are medians over repeats (a repeat's step
-time is the median of its steps).
+``sdpa`` without our seam) prefills once, in an order rotated per repeat; then the methods take
+their decode steps in turns (step 1 of each, step 2 of each...), so drift on a shared machine hits
+every method's steps alike. The figures are medians over repeats (a repeat's step time is the
+median of its steps).
 
 Printed per method: ``kv_ratio`` (bytes held after prefill / full's), ``scoring_ratio`` (time in the
 method's hooks during prefill / full's prefill; a method whose scores the prefill attention sums in
@@ -25,6 +26,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -83,28 +85,27 @@ class Session:
     def rotary(self, rope: torch.Tensor):
         return self.model.rotary_emb(self.dummy, self.position_ids(rope.to(self.model.device)))
 
-    def run(self, method: str, budget: float, params: dict, embeds, rope, layout, steps: int) -> dict:
-        stock = method == STOCK
-        self.text._attn_implementation = "sdpa" if stock else ATTENTION_NAME
-        backend = None if stock else make_backend(method, budget, params)
-        cache = DynamicCache(config=self.text) if stock else KVCache(backend, self.text.num_hidden_layers)
+    def prefill(self, method: str, budget: float, params: dict, embeds, rope, layout) -> "Decoding":
+        """One timed prefill of ``method`` (or stock sdpa); the returned state takes the decode steps."""
+        backend = None if method == STOCK else make_backend(method, budget, params)
+        cache = DynamicCache(config=self.text) if backend is None else KVCache(backend, self.text.num_hidden_layers)
         total = embeds.shape[1]
-        prefill_s, overhead = self.forward(backend, cache, embeds, rope, layout, torch.arange(total), total, 0)
-        kv_bytes = _cache_bytes(cache)
-        generator = torch.Generator().manual_seed(1)
-        next_rope, step_s = int(rope.max()) + 1, []
-        for step in range(1, steps + 1):
-            token = torch.randn(1, 1, embeds.shape[2], generator=generator).to(embeds.device, embeds.dtype)
-            ids = torch.full((rope.shape[0], 1), next_rope + step - 1, device=rope.device)
-            seconds, _ = self.forward(backend, cache, token, ids, None, torch.tensor([total + step - 1]),
-                                      total + step, step)
-            step_s.append(seconds)
-        self.text._attn_implementation = ATTENTION_NAME
-        return {"prefill_s": prefill_s, "overhead_s": overhead, "step_s": statistics.median(step_s), "kv_bytes": kv_bytes}
+        seconds, overhead = self.forward(backend, cache, embeds, rope, layout, torch.arange(total), total, 0)
+        return Decoding(backend, cache, total, int(rope.max()) + 1, seconds, overhead, _cache_bytes(cache))
+
+    def step(self, state: "Decoding", token: torch.Tensor) -> None:
+        """One timed decode step of ``token`` (1, 1, hidden) on ``state``'s cache."""
+        state.steps += 1
+        ids = torch.full((self.rope_dims, 1), state.next_rope + state.steps - 1, device=token.device)
+        position = torch.tensor([state.total + state.steps - 1])
+        seconds, _ = self.forward(state.backend, state.cache, token, ids, None, position,
+                                  state.total + state.steps, state.steps)
+        state.step_s.append(seconds)
 
     def forward(self, backend, cache, embeds, rope, layout, positions, seen: int, step: int) -> tuple[float, float]:
         """One timed forward pass: (seconds, seconds inside the method's hooks)."""
         position_ids = self.position_ids(rope)
+        self.text._attn_implementation = "sdpa" if backend is None else ATTENTION_NAME
         if backend is None:
             start = self.clock()
             with torch.inference_mode():
@@ -121,6 +122,25 @@ class Session:
             self.model(inputs_embeds=embeds, position_ids=position_ids, past_key_values=cache, use_cache=True)
             run.timed(backend.after_forward, cache, call)
         return self.clock() - start, run.settle()
+
+
+@dataclass
+class Decoding:
+    """A prefilled cache and what was measured on it so far."""
+
+    backend: object  # None: stock sdpa
+    cache: object
+    total: int  # prompt tokens
+    next_rope: int  # rotary id of the first generated token
+    prefill_s: float
+    overhead_s: float
+    kv_bytes: int  # held after the prefill
+    steps: int = 0
+    step_s: list = field(default_factory=list)
+
+    def figures(self) -> dict:
+        return {"prefill_s": self.prefill_s, "overhead_s": self.overhead_s, "kv_bytes": self.kv_bytes,
+                "step_s": statistics.median(self.step_s)}
 
 
 def make_backend(name: str, budget: float, params: dict):
@@ -155,18 +175,26 @@ def run(args: argparse.Namespace) -> list[dict]:
     session = Session(model, text, rope_dims, clock)
     names = methods + [STOCK]
 
-    def measure(name: str, visual: int, steps: int) -> dict:
+    def measure(visual: int, order: list[str], steps: int) -> dict[str, dict]:
+        """Each method's prefill in ``order``, then ``steps`` decode steps taken in turns."""
         embeds, rope, layout = synthetic_prompt(visual, rope_dims, text.hidden_size, device, dtype, args.seed)
-        return session.run(name, args.budget, params.get(name, {}), embeds, rope, layout, steps)
+        states = {name: session.prefill(name, args.budget, params.get(name, {}), embeds, rope, layout)
+                  for name in order}
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(steps):
+            token = torch.randn(1, 1, embeds.shape[2], generator=generator).to(device, dtype)
+            for name in order:
+                session.step(states[name], token)
+        return {name: state.figures() for name, state in states.items()}
 
-    for name in names:  # warm-up on a short prompt
-        measure(name, WARMUP_VISUAL, 2)
+    for name in names:  # warm-up on a short prompt, one method at a time
+        measure(WARMUP_VISUAL, [name], 2)
     rows = []
     for visual in sizes:
         runs = {name: [] for name in names}
         for r in range(args.repeats):
-            for name in names[r % len(names):] + names[: r % len(names)]:
-                runs[name].append(measure(name, visual, args.steps))
+            for name, figures in measure(visual, names[r % len(names):] + names[: r % len(names)], args.steps).items():
+                runs[name].append(figures)
         med = {name: {k: statistics.median(x[k] for x in runs[name]) for k in runs[name][0]} for name in names}
         full = med["full"]
         common = {"model": args.model, "layers": text.num_hidden_layers, "hidden_size": text.hidden_size,
@@ -192,8 +220,8 @@ def run(args: argparse.Namespace) -> list[dict]:
 def table(rows: list[dict]) -> str:
     r0 = rows[0]
     lines = [f"{r0['model']}, {r0['layers']} layers x {r0['hidden_size']}, {r0['device']} {r0['dtype']}, "
-             f"{r0['threads']} thread(s), budget {r0['budget']}, median of {r0['repeats']} interleaved repeats, "
-             f"{r0['steps']} decode steps each; ratios against the full cache through the runtime"]
+             f"{r0['threads']} thread(s), budget {r0['budget']}, median of {r0['repeats']} repeats, "
+             f"{r0['steps']} decode steps each taken in turns; ratios against the full cache through the runtime"]
     head = (f"{'visual':>7} {'method':>15} {'kv':>6} {'scoring':>8} {'prefill':>8} {'decode':>7} {'ideal':>6} "
             f"{'full_prefill_s':>14} {'full_step_ms':>12}")
     for visual in dict.fromkeys(r["visual_tokens"] for r in rows):
