@@ -326,8 +326,8 @@ class AttentionPack(KVBackend):
     name = "attention_pack"
     title = "AttentionPack"
     paper = "https://arxiv.org/abs/2603.23914"
-    summary = ("Stores the image tokens' keys and values as low-rank factors (all heads together) and "
-               "rebuilds them at every step: full rank for the most-attended 25%, a quarter of it for the rest.")
+    summary = ("Stores the image tokens' keys and values as low-rank factors (all heads together) and reads "
+               "them from the factors at every step: full rank for the most-attended 25%, a quarter of it for the rest.")
     rank_k: int = param(0, "Rank of the key factors; 0 derives it from the budget (paper: 64 images, 128 video).", 0, 4096, 1)
     rank_v: int = param(0, "Rank of the value factors; 0 derives it from the budget.", 0, 4096, 1)
     full_share: float = param(0.25, "Share of compressed tokens, by attention, rebuilt at full rank (the rest at R/4).", 0.0, 1.0, 0.05)

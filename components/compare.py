@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-import backends
 from engine import service
 from engine.errors import UserError
 
@@ -106,13 +105,13 @@ def limit_methods(chosen: list[str]) -> tuple[list[str], str]:
     """At most MAX_COMPARE ticked: the later ticks are undone, and the status says which."""
     if len(chosen or []) <= service.MAX_COMPARE:
         return chosen, ""
-    dropped = ", ".join(backends.backend_class(n).title for n in chosen[service.MAX_COMPARE:])
+    dropped = ", ".join(service.method_spec(n)["title"] for n in chosen[service.MAX_COMPARE:])
     return chosen[:service.MAX_COMPARE], (f"Compare runs at most {service.MAX_COMPARE} methods besides the full "
                                           f"cache: {dropped} not added. Untick one first.")
 
 
 def choices() -> list[tuple[str, str]]:
-    return [(backends.backend_class(n).title, n) for n in backends.available() if n != "full"]
+    return [(spec["title"], spec["name"]) for spec in service.method_specs() if spec["name"] != "full"]
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """The settings column: model, method, budget, the method's own parameters, generation length.
 
-Methods and their parameter controls come from the backend registry, so a method added to
-``backends/`` appears here without touching the UI. Every event receives the controls' values
-positionally (``SettingsPanel.inputs``); :func:`settings_from` turns them back into
-:class:`engine.service.Settings`, and :func:`control_values` builds them for tests.
+Methods and their parameter controls come from the backend registry, described by the facade
+(``service.method_specs``), so a method added to ``backends/`` appears here without touching the
+UI. Every event receives the controls' values positionally (``SettingsPanel.inputs``);
+:func:`settings_from` turns them back into :class:`engine.service.Settings`, and
+:func:`control_values` builds them for tests.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-import backends
 from engine import service
 from engine.errors import UserError
 
@@ -37,7 +37,7 @@ def checked(name: str, value) -> float:
 
 def method_specs() -> list[dict]:
     """Every registered method as ``describe_class()`` describes it, the full cache first."""
-    return [backends.backend_class(name).describe_class() for name in backends.available()]
+    return service.method_specs()
 
 
 def own_params(spec: dict) -> list[dict]:
@@ -92,7 +92,7 @@ def control_values(model: str | None = None, method: str = "full", params: dict[
 
 def method_card(name: str) -> str:
     """One paragraph on the chosen method, with its paper."""
-    spec = backends.backend_class(name).describe_class()
+    spec = service.method_spec(name)
     paper = f" [Paper]({spec['paper']})" if spec["paper"] else ""
     return f"**{spec['title']}**: {spec['summary']}{paper}"
 
@@ -163,7 +163,7 @@ def realised_note(method: str, fraction: float | None) -> str:
 def on_method(name: str):
     """Method picked: its card, the budget slider (hidden for methods without a budget, a note
     instead, later the fraction they really hold), its fold."""
-    spec = backends.backend_class(name).describe_class()
+    spec = service.method_spec(name)
     budget = gr.Slider(visible=spec["uses_budget"], interactive=spec["uses_budget"])
     groups = [gr.Group(visible=s["name"] == name) for s in method_specs() if own_params(s)]
     return [method_card(name), budget, budget_note(spec), *groups]

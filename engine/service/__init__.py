@@ -21,6 +21,7 @@ tensor and never imports torch. The app imports this package only; its modules, 
   sends), are stored when an MPIC turn adds media, listed by :func:`media_library` and dropped when
   the session closes or its model changes.
 * :mod:`.uploads`: which uploaded files a session may use.
+* :mod:`.methods`: the KV-cache methods described in plain values (titles, papers, parameters).
 """
 
 from ..media import MAX_VIDEO_BYTES  # the largest upload the app takes
@@ -36,6 +37,7 @@ from .model_pool import (
     model_description,
     mpic_default_k,
 )
+from .methods import method_spec, method_specs
 from .mpic import media_library, mpic_ttft
 from .sessions import Session, close_session, release, track
 from .state import ChatState
@@ -46,6 +48,6 @@ from .views import kept_visuals
 __all__ = [
     "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_VIDEO_BYTES", "ChatState", "Prepared", "Session", "Settings", "chat_on_gpu",
     "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
-    "is_trained_here", "kept_visuals", "media_hint", "media_library", "model_choices", "model_description",
+    "is_trained_here", "kept_visuals", "media_hint", "media_library", "method_spec", "method_specs", "model_choices", "model_description",
     "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release", "track",
 ]
