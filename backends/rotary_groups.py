@@ -9,8 +9,9 @@ rebuilt D-vector per token.
 M-RoPE (Qwen2-VL, Qwen2.5-VL) turns each channel by one component of the token's rotary id: time,
 row or column. A picture of T tokens has one time value and about sqrt(T) rows and columns, so per
 component the query is rotated once per distinct value (``P_s[u] = B rotate^T_s(q, u)``, tiny) and
-token j's score is ``sum_s c_j . P_s[u_s(j)]``: T x R x H multiply-adds for H query heads instead
-of T x R x W to rebuild the keys plus the rotation (W = H_kv x D). With 1-D RoPE every token has its
+token j's score is ``sum_s c_j . P_s[u_s(j)]``: T x R x H multiply-adds per component for H query
+heads (a component with one value, the time of a picture, is folded into another), instead of
+T x R x W to rebuild the keys plus the rotation (W = H_kv x D). With 1-D RoPE every token has its
 own angle, so :meth:`RotaryGroups.build` declines and the keys are rebuilt.
 
 The grouping is read from the block's own RoPE tables, not from the model's config: a channel

@@ -234,6 +234,7 @@ def test_default_rank_compresses_visual_tokens_and_reports_groups(models, image)
         (block,) = layer.blocks
         rank = block.k_coef.shape[1]
         assert torch.equal(block.positions, torch.arange(*visual.span))
+        assert block.groups is not None  # M-RoPE: decode queries are scored per distinct rotation
         full_rank, reduced = backend.report.full_rank[i], backend.report.reduced_rank[i]
         assert len(full_rank) == math.ceil(0.25 * visual.length) and len(full_rank) + len(reduced) == visual.length
         assert backend.report.bytes[i]["factors"] == 2 * (256 * rank + rank * WIDTH) * 4
