@@ -113,6 +113,7 @@ class RotaryGroups:
             if i != many[0]:
                 projected[many[0]] = projected[many[0]] + projected[i]
         out = torch.zeros(tokens + 1, kv_heads * groups, device=query.device)  # row T: the padding's
+        padded = None  # the coefficients and a zero row for the padding, once per call if a component gathers
         for i in many:
             c, p = self.components[i], projected[i].transpose(1, 2)  # (n_u, R, H)
             count = p.shape[0]
@@ -122,7 +123,8 @@ class RotaryGroups:
                 part = torch.bmm(coef.view(c.width, count, rank).transpose(0, 1), p)  # (n_u, m, H)
                 out[:tokens].view(c.width, count, -1).add_(part.transpose(0, 1))
             else:
-                padded = torch.cat([coef, coef.new_zeros(1, rank)])
+                if padded is None:
+                    padded = torch.cat([coef, coef.new_zeros(1, rank)])
                 index = c.members.flatten().long()
                 part = torch.bmm(padded.index_select(0, index).view(count, c.width, rank), p)
                 out.index_add_(0, index, part.view(count * c.width, -1))

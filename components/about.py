@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .settings import method_specs
+from engine import service
 
 INTRO = """
 ### What is the KV cache?
@@ -60,7 +60,7 @@ their answers are nonsense text. Every memory and speed figure is measured, not 
 
 def methods_table() -> str:
     rows = ["| Method (links to its paper) | What it does |", "|---|---|"]
-    for spec in method_specs():
+    for spec in service.method_specs():
         name = f"[{spec['title']}]({spec['paper']})" if spec["paper"] else spec["title"]
         rows.append(f"| {name} | {spec['summary']} |")
     return "\n".join(rows)

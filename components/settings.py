@@ -35,11 +35,6 @@ def checked(name: str, value) -> float:
     return number
 
 
-def method_specs() -> list[dict]:
-    """Every registered method as ``describe_class()`` describes it, the full cache first."""
-    return service.method_specs()
-
-
 def own_params(spec: dict) -> list[dict]:
     """A method's parameters besides the budget (which has its own slider)."""
     return [p for p in spec["params"] if p["name"] != "budget"]
@@ -47,7 +42,7 @@ def own_params(spec: dict) -> list[dict]:
 
 def param_order() -> list[tuple[str, dict]]:
     """(method, param spec) of every method parameter, in the order the controls are built."""
-    return [(spec["name"], p) for spec in method_specs() for p in own_params(spec)]
+    return [(spec["name"], p) for spec in service.method_specs() for p in own_params(spec)]
 
 
 def control_names() -> list[str]:
@@ -165,7 +160,7 @@ def on_method(name: str):
     instead, later the fraction they really hold), its fold."""
     spec = service.method_spec(name)
     budget = gr.Slider(visible=spec["uses_budget"], interactive=spec["uses_budget"])
-    groups = [gr.Group(visible=s["name"] == name) for s in method_specs() if own_params(s)]
+    groups = [gr.Group(visible=s["name"] == name) for s in service.method_specs() if own_params(s)]
     return [method_card(name), budget, budget_note(spec), *groups]
 
 
@@ -193,7 +188,7 @@ def on_model(name: str, previous: str, progress=gr.Progress()):
 
 
 def build_settings() -> SettingsPanel:
-    specs = method_specs()
+    specs = service.method_specs()
     first = service.default_model()
     model = gr.Dropdown(choices=service.model_choices(), value=first, label="Model", elem_id="model")
     card = gr.Markdown(model_card(first), elem_id="model-card")

@@ -23,7 +23,7 @@ from engine.service import model_pool
 
 
 def test_settings_round_trip_every_registered_method():
-    names = [s["name"] for s in settings.method_specs()]
+    names = [s["name"] for s in service.method_specs()]
     assert names[0] == "full" and "streamingllm" in names
     values = settings.control_values(model=MODEL, method="streamingllm", budget=0.3,
                                      params={"streamingllm": {"sink_tokens": 2}})
