@@ -248,3 +248,11 @@ def examples() -> dict[str, tuple[Item, list[str]]]:
                  [f"arena_{kind}_{i}.png" for i in range(1, len(it.pictures) + 1)])
         out[kind] = (it, files)
     return out
+
+
+def fresh(kind: str, turns: int = 2, seed: int | None = None) -> Item:
+    """A new scene of ``kind`` with its true answers, for the app's "new scene" button: a seed
+    above every training, held-out and example seed (random when none is given)."""
+    if seed is None:
+        seed = int(np.random.default_rng().integers(2**31))
+    return item(30_000_000 + seed, kind, turns)

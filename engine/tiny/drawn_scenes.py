@@ -1,0 +1,460 @@
+"""Seeded drawings for tiny-arena-vl v3: shapes anywhere on any background, answers of several words.
+
+Unlike v2's pixel-exact tiles, a v3 scene is a *drawing*: objects at any position (not aligned with
+the 28 px token grid), 0.6 to 2.2 token cells across, on a background of any colour (dark ones
+too) with one of several textures, rendered at a random resolution, resized (as a user's picture
+is) and sometimes JPEG-compressed. Geometry is kept in fractions of the picture, so the visual
+tokens an object covers are computed on the grid the image processor really produces.
+
+Every object in one item has its own colour and its own shape, so a colour or a shape names one
+object. Question types (QUESTION_TYPES):
+  colour   one image (22-30 cells a side)       "What colour is the star?"       -> "red"
+  shape    one image                            "Which shape is red?"            -> "star"
+  images   4 to 8 images (10-16 cells a side)   "What colour is the star?"       -> "red" (in one of them)
+  moving   a video of 16 to 32 frames (12 cells) "Which shape moves?"           -> "star"
+  objects  one image                            "What is in the picture?"        -> "red star blue ring"
+  pair     one image                            "What colours are the star and the ring?" -> "red blue"
+"objects" lists every object as colour then shape, in the fixed order of COLOURS (red, green,
+blue, yellow, purple, orange), so each pair of words is read from another object's tokens.
+Follow-up turns ask colour or shape questions about other objects of the same media.
+
+Out of scope (``out_of_scope``): noise, blank or gradient images, photo-like blobs and bar charts,
+asked any of the questions, are answered UNKNOWN.
+
+``Item`` and ``Question`` keep v2's fields (``turns``, ``tokens``, ``informative``, ``media()``),
+so the accuracy benchmark and the app read both generations alike.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+CELL = 28  # px of one visual token (14 px patches merged 2x2) at the processed resolution
+COLOURS = {"red": (215, 35, 35), "green": (30, 160, 50), "blue": (35, 75, 215), "yellow": (240, 200, 20),
+           "purple": (140, 45, 170), "orange": (245, 125, 20)}
+SHAPES = ("square", "circle", "triangle", "cross", "ring")
+UNKNOWN = "unknown"
+QUESTION_TYPES = ("colour", "shape", "images", "moving", "objects", "pair")
+MAX_TURNS = 3
+# The processor's bounds in cells (tokens): smaller pictures are upscaled, larger ones downscaled.
+MIN_CELLS, MAX_CELLS = 8 * 8, 48 * 48
+OBJECT_CELLS = (0.6, 2.2)  # an object's side, in cells of the processed picture
+WORDS = ("what", "colour", "colours", "is", "are", "the", "which", "shape", "moves", "in", "picture", "and", "?",
+         UNKNOWN) + tuple(COLOURS) + SHAPES
+# (sides of one picture in cells at full size, pictures per item or frames per video)
+SIZES = {"single": ((22, 30), (1, 1)), "images": ((10, 16), (4, 8)), "moving": ((10, 12), (16, 32))}
+
+
+@dataclass(frozen=True)
+class Thing:
+    """One object: shape and colour name, centre (x, y) and side, all in fractions of the picture."""
+
+    shape: str
+    colour: str
+    x: float
+    y: float
+    size: float
+
+
+@dataclass
+class Picture:
+    """One image or video frame: its processed grid (cells), background and objects."""
+
+    cols: int
+    rows: int
+    background: dict
+    things: list[Thing] = field(default_factory=list)
+    render: dict = field(default_factory=dict)  # resolution, resampling and JPEG of the drawing
+
+    def cells_of(self, thing: Thing) -> list[int]:
+        """Indices (row-major on this picture's grid) of the cells the object's box overlaps."""
+        half = thing.size / 2
+        c0, c1 = _span(thing.x - half * self.rows / self.cols, thing.x + half * self.rows / self.cols, self.cols)
+        r0, r1 = _span(thing.y - half, thing.y + half, self.rows)
+        return [r * self.cols + c for r in range(r0, r1) for c in range(c0, c1)]
+
+    def image(self) -> Image.Image:
+        return draw(self)
+
+
+def _span(lo: float, hi: float, n: int) -> tuple[int, int]:
+    """Cells [a, b) that the interval [lo, hi] (fractions) overlaps by more than 5% of a cell."""
+    a = max(0, int(math.floor(lo * n + 0.05)))
+    b = min(n, int(math.ceil(hi * n - 0.05)))
+    return a, max(a + 1, b)
+
+
+@dataclass(frozen=True)
+class Question:
+    kind: str  # colour / shape / objects / pair / unknown (what is asked)
+    text: str
+    answer: str
+    tokens: tuple[int, ...]  # visual tokens the answer depends on
+
+
+@dataclass
+class Item:
+    """Media and a conversation about them: ``turns`` are asked one after another in one chat."""
+
+    kind: str
+    turns: list[Question]
+    pictures: list[Picture] = field(default_factory=list)  # images, or the frames of one video
+    video: bool = False
+    informative: tuple[int, ...] = ()  # every object token
+    fps: float = 2.0
+
+    @property
+    def question(self) -> Question:
+        return self.turns[0]
+
+    def images(self) -> list[Image.Image]:
+        return [p.image() for p in self.pictures]
+
+    def frames(self) -> np.ndarray:
+        return np.stack([np.asarray(im) for im in self.images()])
+
+    def media(self) -> dict:
+        """Keyword arguments for :class:`engine.runtime.inputs.Message`."""
+        if self.video:
+            from ..media import Video
+
+            frames = self.frames()
+            return {"videos": [Video(frames, [i / self.fps for i in range(len(frames))], fps=self.fps)],
+                    "num_frames": len(frames)}
+        return {"images": self.images()}
+
+    def visual_tokens(self) -> int:
+        per = [p.rows * p.cols for p in self.pictures]
+        return sum(per) // 2 if self.video else sum(per)
+
+
+# --- drawing ----------------------------------------------------------------------------------------
+def _jitter(rng, rgb, amount=22) -> tuple[int, int, int]:
+    return tuple(int(np.clip(v + rng.integers(-amount, amount + 1), 0, 255)) for v in rgb)
+
+
+def _far_from_objects(rgb) -> bool:
+    """A background no object colour could be mistaken for."""
+    return min(sum((a - b) ** 2 for a, b in zip(rgb, c)) for c in COLOURS.values()) > 70 ** 2
+
+
+def background(rng) -> dict:
+    """Any colour far enough from the object colours (greys, darks, pastels), and a texture."""
+    while True:
+        if rng.random() < 0.5:
+            v = int(rng.integers(0, 256))
+            base = _jitter(rng, (v, v, v), 12)
+        else:
+            base = tuple(int(v) for v in rng.integers(0, 256, 3))
+        if _far_from_objects(base):
+            break
+    texture = ("plain", "noise", "dots", "lines", "checker", "gradient")[int(rng.integers(6))]
+    return {"base": base, "texture": texture, "seed": int(rng.integers(2**31)), "strength": int(rng.integers(8, 26))}
+
+
+def _paint_background(size: tuple[int, int], bg: dict) -> Image.Image:
+    w, h = size
+    base = np.array(bg["base"], np.float32)
+    rng = np.random.default_rng(bg["seed"])
+    s = bg["strength"]
+    t = bg["texture"]
+    img = np.broadcast_to(base, (h, w, 3)).copy()
+    if t == "noise":
+        img += rng.normal(0, s / 2, (h, w, 1))
+    elif t == "gradient":
+        img += np.linspace(-s, s, w, dtype=np.float32)[None, :, None] * rng.choice([-1, 1])
+    elif t in ("dots", "lines", "checker"):
+        period = max(4, int(min(w, h) / rng.uniform(12, 40)))
+        yy, xx = np.mgrid[0:h, 0:w]
+        if t == "dots":
+            mark = ((yy % period) < period / 5) & ((xx % period) < period / 5)
+        elif t == "lines":
+            mark = ((xx + yy) % period) < max(1, period / 6)
+        else:
+            mark = ((yy // period + xx // period) % 2) == 1
+        img[mark] -= s * np.sign(base.mean() - 128 + 0.5)
+    return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
+
+
+def _paint_thing(d: ImageDraw.ImageDraw, t: Thing, w: int, h: int, rgb) -> None:
+    cx, cy, r = t.x * w, t.y * h, t.size * h / 2  # size is a fraction of the height; cells are square
+    box = (cx - r, cy - r, cx + r, cy + r)
+    if t.shape == "square":
+        d.rectangle((cx - 0.85 * r, cy - 0.85 * r, cx + 0.85 * r, cy + 0.85 * r), fill=rgb)
+    elif t.shape == "circle":
+        d.ellipse(box, fill=rgb)
+    elif t.shape == "triangle":
+        d.polygon([(cx, cy - r), (cx - r, cy + 0.8 * r), (cx + r, cy + 0.8 * r)], fill=rgb)
+    elif t.shape == "cross":
+        a = 0.28 * r
+        d.rectangle((cx - r, cy - a, cx + r, cy + a), fill=rgb)
+        d.rectangle((cx - a, cy - r, cx + a, cy + r), fill=rgb)
+    else:  # ring
+        d.ellipse(box, outline=rgb, width=max(2, round(0.32 * r)))
+
+
+def draw(p: Picture) -> Image.Image:
+    """The picture as a user's file would hold it: drawn at ``render['scale']`` times the processed
+    size (so the processor, or our own resize, changes its resolution), ``render['jpeg']`` quality."""
+    rd = p.render
+    scale = rd.get("scale", 1.0)
+    w, h = max(16, round(p.cols * CELL * scale)), max(16, round(p.rows * CELL * scale))
+    img = _paint_background((w, h), p.background)
+    d = ImageDraw.Draw(img)
+    shade = np.random.default_rng(p.background["seed"] + 1)
+    for t in p.things:
+        _paint_thing(d, t, w, h, _jitter(shade, COLOURS[t.colour], rd.get("colour_jitter", 0)))
+    if rd.get("blur"):
+        img = img.filter(ImageFilter.GaussianBlur(rd["blur"] * scale))
+    if rd.get("resize_to"):
+        img = img.resize(tuple(rd["resize_to"]), rd.get("resample", Image.BICUBIC))
+    if rd.get("jpeg"):
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=rd["jpeg"])
+        img = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+    return img
+
+
+def _render(rng, cols: int, rows: int, still: bool = True) -> dict:
+    """How a picture reaches the model: drawn at 0.5-2.5x and resized to the processed size by the
+    processor (out of bounds) or by us (a user's resize), sometimes blurred, sometimes JPEG."""
+    out = {"colour_jitter": 25}
+    if still:
+        scale = float(np.exp(rng.uniform(np.log(0.5), np.log(2.5))))
+        if max(cols, rows) * CELL * scale > 2400:
+            scale = 2400 / (max(cols, rows) * CELL)
+        out["scale"] = scale
+        out["resize_to"] = (cols * CELL, rows * CELL)
+        out["resample"] = (Image.NEAREST, Image.BILINEAR, Image.BICUBIC, Image.LANCZOS)[int(rng.integers(4))]
+    if rng.random() < 0.2:
+        out["blur"] = float(rng.uniform(0.3, 1.2))
+    if rng.random() < 0.4:
+        out["jpeg"] = int(rng.integers(30, 95))
+    return out
+
+
+# --- scenes --------------------------------------------------------------------------------------
+def _kinds(rng, count: int) -> list[tuple[str, str]]:
+    shapes = rng.choice(len(SHAPES), size=count, replace=False)
+    colours = rng.choice(len(COLOURS), size=count, replace=False)
+    return [(SHAPES[s], list(COLOURS)[c]) for s, c in zip(shapes, colours)]
+
+
+def _place(rng, p: Picture, shape: str, colour: str, tries: int = 200, size=None, avoid=()) -> Thing | None:
+    """An object somewhere in ``p`` not touching the others (nor the boxes in ``avoid``)."""
+    for _ in range(tries):
+        side = size if size is not None else float(rng.uniform(*OBJECT_CELLS)) / p.rows
+        half_x, half_y = side / 2 * p.rows / p.cols, side / 2
+        x, y = float(rng.uniform(half_x, 1 - half_x)), float(rng.uniform(half_y, 1 - half_y))
+        clash = any(abs(x - o.x) < (o.size / 2 + side / 2) * p.rows / p.cols + 0.5 / p.cols
+                    and abs(y - o.y) < o.size / 2 + side / 2 + 0.5 / p.rows for o in list(p.things) + list(avoid))
+        if not clash:
+            return Thing(shape, colour, x, y, side)
+    return None
+
+
+def _sides(rng, key: str, scale: float) -> tuple[int, int]:
+    (lo, hi), _ = SIZES[key]
+    side = max(6, round(rng.integers(lo, hi + 1) * scale))
+    aspect = float(rng.uniform(0.75, 1.33)) if key != "moving" else 1.0
+    cols = max(6, round(side * math.sqrt(aspect)))
+    return cols, max(6, round(side * side / cols))
+
+
+def colour_question(shape: str, colour: str, tokens) -> Question:
+    return Question("colour", f"What colour is the {shape}?", colour, tuple(tokens))
+
+
+def shape_question(shape: str, colour: str, tokens) -> Question:
+    return Question("shape", f"Which shape is {colour}?", shape, tuple(tokens))
+
+
+def _follow_ups(rng, objects, first: set[int], turns: int) -> list[Question]:
+    others = [o for i, o in enumerate(objects) if i not in first]
+    out = []
+    for i in rng.permutation(len(others))[: turns - 1]:
+        shape, colour, tokens = others[i]
+        out.append((colour_question if rng.random() < 0.5 else shape_question)(shape, colour, tokens))
+    return out
+
+
+def _pictures_item(rng, kind: str, turns: int, scale: float) -> Item:
+    single = kind != "images"
+    n = 1 if single else int(rng.integers(SIZES["images"][1][0], SIZES["images"][1][1] + 1))
+    bg = background(rng)
+    pictures = []
+    for _ in range(n):
+        cols, rows = _sides(rng, "single" if single else "images", scale)
+        pictures.append(Picture(cols, rows, bg if rng.random() < 0.7 else background(rng), [], _render(rng, cols, rows)))
+    need = {"pair": 2, "objects": 1}.get(kind, 1)
+    low = max(need, min(turns + (1 if kind == "pair" else 0), 5))
+    count = int(rng.integers(low, 6))
+    objects, offset = [], np.cumsum([0] + [p.rows * p.cols for p in pictures])
+    for shape, colour in _kinds(rng, count):
+        for _ in range(10):
+            i = int(rng.integers(n))
+            thing = _place(rng, pictures[i], shape, colour)
+            if thing is not None:
+                pictures[i].things.append(thing)
+                objects.append((shape, colour, tuple(int(offset[i] + k) for k in pictures[i].cells_of(thing))))
+                break
+    order = [i for c in COLOURS for i, o in enumerate(objects) if o[1] == c]
+    if kind == "objects":
+        words = " ".join(f"{objects[i][1]} {objects[i][0]}" for i in order)
+        first = Question("objects", "What is in the picture?", words, tuple(sorted(k for o in objects for k in o[2])))
+        asked = set(range(len(objects)))
+    elif kind == "pair":
+        a, b = (int(v) for v in rng.choice(len(objects), size=2, replace=False))
+        (sa, ca, ta), (sb, cb, tb) = objects[a], objects[b]
+        first = Question("pair", f"What colours are the {sa} and the {sb}?", f"{ca} {cb}", tuple(sorted(ta + tb)))
+        asked = {a, b}
+    else:
+        a = int(rng.integers(len(objects)))
+        first = (shape_question if kind == "shape" else colour_question)(*objects[a])
+        asked = {a}
+    follow = _follow_ups(rng, objects, asked, turns) if kind != "objects" else _follow_ups(rng, objects, set(), turns)
+    return Item(kind, [first] + follow, pictures, informative=tuple(sorted({k for o in objects for k in o[2]})))
+
+
+def _moving_item(rng, turns: int, scale: float) -> Item:
+    """One object moves about a cell per frame in a straight line (any direction); 1 to 4 stay put."""
+    lo, hi = SIZES["moving"][1]
+    frames = 2 * int(rng.integers(max(2, round(lo * scale) // 2), max(3, round(hi * scale) // 2) + 1))
+    cols, rows = _sides(rng, "moving", min(1.0, scale + 0.3))
+    bg = background(rng)
+    kinds = _kinds(rng, int(rng.integers(max(2, turns), 6)))
+    (mshape, mcolour), rest = kinds[0], kinds[1:]
+    size = float(rng.uniform(*OBJECT_CELLS)) / rows
+    speed = float(rng.uniform(0.8, 1.3)) / rows  # cells per frame, as a fraction of the height
+    for _ in range(100):  # a straight path that stays inside the frame
+        angle = float(rng.uniform(0, 2 * math.pi))
+        dx, dy = speed * math.cos(angle) * rows / cols, speed * math.sin(angle)
+        span_x, span_y = abs(dx) * (frames - 1), abs(dy) * (frames - 1)
+        hx, hy = size / 2 * rows / cols, size / 2
+        if span_x < 1 - 2 * hx and span_y < 1 - 2 * hy:
+            break
+    else:
+        dx, dy, span_x, span_y = 0.0, 0.0, 0.0, 0.0
+    x0 = float(rng.uniform(hx, 1 - hx - span_x)) + (span_x if dx < 0 else 0)
+    y0 = float(rng.uniform(hy, 1 - hy - span_y)) + (span_y if dy < 0 else 0)
+    path = [Thing(mshape, mcolour, x0 + f * dx, y0 + f * dy, size) for f in range(frames)]
+    canvas = Picture(cols, rows, bg)
+    statics = []
+    for shape, colour in rest:
+        t = _place(rng, canvas, shape, colour, avoid=path)
+        if t is not None:
+            canvas.things.append(t)
+            statics.append(t)
+    jpeg = int(rng.integers(40, 95)) if rng.random() < 0.4 else 0
+    pictures = [Picture(cols, rows, bg, statics + [path[f]], {"colour_jitter": 25, "jpeg": jpeg}) for f in range(frames)]
+    per = cols * rows
+
+    def tokens_of(things_by_frame):  # a video token spans frames 2g and 2g+1
+        out = set()
+        for g in range(frames // 2):
+            for t in things_by_frame(g):
+                out.update(g * per + k for k in canvas.cells_of(t))
+        return tuple(sorted(out))
+
+    objects = [(mshape, mcolour, tokens_of(lambda g: [path[2 * g], path[2 * g + 1]]))]
+    objects += [(t.shape, t.colour, tokens_of(lambda g, t=t: [t])) for t in statics]
+    first = Question("shape", "Which shape moves?", mshape, objects[0][2])
+    questions = [first] + _follow_ups(rng, objects, {0}, turns)
+    fps = float(rng.choice([1.0, 2.0, 2.0, 3.0]))
+    return Item("moving", questions, pictures, video=True,
+                informative=tuple(sorted({k for o in objects for k in o[2]})), fps=fps)
+
+
+def item(seed: int, kind: str, turns: int = 1, scale: float = 1.0) -> Item:
+    """One conversation of ``turns`` questions about seeded media of type ``kind``; ``scale`` < 1
+    draws smaller pictures and shorter videos (the training curriculum; the app and the benchmarks
+    use 1)."""
+    if kind not in QUESTION_TYPES:
+        raise ValueError(f"unknown question type '{kind}'; choose from: {', '.join(QUESTION_TYPES)}")
+    if not 1 <= turns <= MAX_TURNS:
+        raise ValueError(f"turns must lie in [1, {MAX_TURNS}], got {turns}")
+    rng = np.random.default_rng([seed, QUESTION_TYPES.index(kind), turns, round(scale * 1000)])
+    return _moving_item(rng, turns, scale) if kind == "moving" else _pictures_item(rng, kind, turns, scale)
+
+
+# --- out of scope --------------------------------------------------------------------------------
+def _odd_image(rng, w: int, h: int) -> Image.Image:
+    """Noise, a blank or gradient image, soft photo-like blobs, or a bar chart."""
+    kind = int(rng.integers(5))
+    if kind == 0:
+        arr = rng.integers(0, 256, (h, w, 3)).astype(np.uint8)
+        return Image.fromarray(arr).filter(ImageFilter.GaussianBlur(float(rng.uniform(0, 2))))
+    if kind == 1:
+        return Image.new("RGB", (w, h), tuple(int(v) for v in rng.integers(0, 256, 3)))
+    if kind == 2:
+        a, b = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
+        t = np.linspace(0, 1, w)[None, :, None] if rng.random() < 0.5 else np.linspace(0, 1, h)[:, None, None]
+        return Image.fromarray((a + (b - a) * np.broadcast_to(t, (h, w, 1))).astype(np.uint8))
+    if kind == 3:  # many soft overlapping blobs of every colour: a stand-in for a photo
+        img = Image.new("RGB", (w, h), tuple(int(v) for v in rng.integers(0, 256, 3)))
+        d = ImageDraw.Draw(img)
+        for _ in range(int(rng.integers(15, 60))):
+            x, y, r = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(0.05, 0.4) * min(w, h)
+            d.ellipse((x - r, y - r * rng.uniform(0.3, 1.5), x + r, y + r), fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+        return img.filter(ImageFilter.GaussianBlur(float(rng.uniform(1, 6))))
+    img = Image.new("RGB", (w, h), (255, 255, 255))  # a bar chart with axes
+    d = ImageDraw.Draw(img)
+    bars = int(rng.integers(3, 9))
+    x0, y0 = 0.12 * w, 0.9 * h
+    d.line((x0, 0.05 * h, x0, y0), fill=(0, 0, 0), width=2)
+    d.line((x0, y0, 0.97 * w, y0), fill=(0, 0, 0), width=2)
+    step = (0.85 * w) / bars
+    for i in range(bars):
+        top = y0 - rng.uniform(0.1, 0.8) * h
+        d.rectangle((x0 + i * step + 0.15 * step, top, x0 + (i + 0.85) * step, y0 - 1),
+                    fill=tuple(int(v) for v in rng.integers(0, 200, 3)))
+    return img
+
+
+class OddPicture(Picture):
+    """A picture outside the scenes (``background['odd']`` seeds it)."""
+
+    def image(self) -> Image.Image:
+        rng = np.random.default_rng(self.background["odd"])
+        img = _odd_image(rng, self.cols * CELL, self.rows * CELL)
+        if self.render.get("jpeg"):
+            buf = io.BytesIO()
+            img.save(buf, "JPEG", quality=self.render["jpeg"])
+            img = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+        return img
+
+
+def out_of_scope(seed: int, turns: int = 1, scale: float = 1.0) -> Item:
+    """Media the model was not made for, asked any question of the scene types: answered UNKNOWN."""
+    rng = np.random.default_rng([seed, 99, turns, round(scale * 1000)])
+    n = 1 if rng.random() < 0.7 else int(rng.integers(2, 5))
+    pictures = []
+    for _ in range(n):
+        cols, rows = _sides(rng, "single" if n == 1 else "images", scale)
+        pictures.append(OddPicture(cols, rows, {"odd": int(rng.integers(2**31))}, [],
+                                   {"jpeg": int(rng.integers(40, 95)) if rng.random() < 0.3 else 0}))
+    shapes, colours = list(SHAPES), list(COLOURS)
+    asks = [f"What colour is the {shapes[int(rng.integers(5))]}?", f"Which shape is {colours[int(rng.integers(6))]}?",
+            "What is in the picture?", f"What colours are the {shapes[0]} and the {shapes[int(rng.integers(1, 5))]}?"]
+    questions = [Question("unknown", asks[int(rng.integers(len(asks)))], UNKNOWN, ()) for _ in range(turns)]
+    return Item("unknown", questions, pictures)
+
+
+def held_out(kind: str, count: int, turns: int = 1, offset: int = 10_000_000) -> list[Item]:
+    """Evaluation items: seeds far above any training seed (training draws from [0, offset))."""
+    if kind == "unknown":
+        return [out_of_scope(offset + i, turns) for i in range(count)]
+    return [item(offset + i, kind, turns) for i in range(count)]
+
+
+def fresh(kind: str, turns: int = 2, seed: int | None = None) -> Item:
+    """A new scene of ``kind`` with its true answers, for the app's "new scene" button: a seed
+    above every training and held-out seed (random when none is given)."""
+    if seed is None:
+        seed = int(np.random.default_rng().integers(2**31))
+    return item(30_000_000 + seed, kind, turns)

@@ -1,0 +1,291 @@
+"""Train tiny-arena-vl v3 on the drawings of engine/tiny/drawn_scenes.py.
+
+    python training/train_arena_v3.py --threads 1          # writes runs/tiny-arena-vl-v3
+
+Seeded and resumable like v2's script: every batch is drawn from (--seed, step), and a run stopped
+at any point and rerun with the same flags goes on from the last checkpoint in --out exactly as it
+would have. Every --eval-every steps it prints held-out whole-answer accuracy per question type
+(first question and follow-up of two-turn chats, full-size scenes) and the share of out-of-scope
+pictures answered "unknown", to the log and to training_curve.json.
+
+Unlike v2 nothing is looked up: every item goes the app's way (QwenVLAdapter.encode_turn: the
+image processor, video patches, M-RoPE positions), and the vision tower sees real pixels. What
+v2 taught, kept here:
+- The vision tower's window is one token, so a token reads its own 28 px square (and, in a video,
+  its two frames: a moving object differs between them, a still one does not); its transformer
+  blocks stay at their random init (trained at this size they collapse), the patch embedding and
+  the merger learn at --vision-lr-scale of the rate. The decoder puts an object together from the
+  tokens of its colour (every object of an item has its own colour).
+- Evictions in training so that missing unrelated tokens do not hurt: from --evict-from on, a
+  share of the items hide, from the question on, a random part (sometimes all) of the background
+  tokens and of the system prompt (never its first token), as an attention mask: what a method's
+  eviction after the prefill does.
+New: a size curriculum (--scale-from: pictures and videos start smaller and reach the full sizes
+at --scale-until, cheaper steps while the basics are learnt), batches of about --tokens tokens,
+and out-of-scope pictures (--odd-share of every batch) taught to answer "unknown".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "training"))
+
+from engine.runtime.inputs import DEFAULT_SYSTEM, Message, QwenVLAdapter  # noqa: E402
+from engine.tiny import drawn_scenes as scenes  # noqa: E402
+from engine.tiny.arena_model import arena_image_processor, build_arena_model, tokenizer  # noqa: E402
+from checkpoints import lr_at, record, resume, update  # noqa: E402
+
+VERSION = 3
+
+
+@dataclass
+class Sequence:
+    """One training conversation: token ids, M-RoPE positions, pixels, answers."""
+
+    ids: list[int]
+    positions: torch.Tensor  # (3, L)
+    pixels: dict  # the chunk's model kwargs (pixel_values, image_grid_thw, ...)
+    answers: list[list[tuple[int, int]]]  # per turn: (index that predicts, token), answer and end of turn
+    visual_at: list[int]  # sequence index of each visual token, in order
+    after: int  # first index after the media: hidden keys are hidden from here on
+    system: tuple[int, int]
+    item: scenes.Item
+    hidden: list[int] = field(default_factory=list)
+
+
+def encode(adapter: QwenVLAdapter, it: scenes.Item) -> Sequence:
+    """The conversation exactly as the app feeds it: the first turn with its media, each answer,
+    then each follow-up turn opened by the previous answer's end-of-turn token."""
+    eos = adapter.tokenizer.eos_token_id
+    first = adapter.encode_turn(Message(it.turns[0].text, **it.media()), 0, 0, DEFAULT_SYSTEM)
+    ids = first.input_ids[0].tolist()
+    pos = [first.rope_ids]
+    nxt = first.next_position
+    answers = []
+    for k, q in enumerate(it.turns):
+        if k:
+            chunk = adapter.encode_turn(Message(q.text), len(ids), nxt, None, prefix_ids=[eos])
+            ids += chunk.input_ids[0].tolist()
+            pos.append(chunk.rope_ids.expand(3, -1))  # text: the three components agree
+            nxt = chunk.next_position
+        answer = adapter.tokens(q.answer) + [eos]
+        answers.append([(len(ids) - 1 + i, t) for i, t in enumerate(answer)])
+        ids += answer[:-1]
+        pos.append(torch.arange(nxt, nxt + len(answer) - 1).expand(3, -1))
+        nxt += len(answer) - 1
+    lay = first.layout
+    visual_at = [i for v in lay.visuals for i in range(*v.span)]
+    return Sequence(ids, torch.cat(pos, dim=1), first.model_kwargs, answers, visual_at,
+                    lay.visuals[-1].span[1] + 1, lay.system, it)
+
+
+def hide_for_training(seq: Sequence, rng: np.random.Generator, share: float) -> None:
+    """With probability ``share`` each: hide a random part (a third of the time all) of the
+    background tokens, and a random part of the system prompt (never its first token)."""
+    informative = set(seq.item.informative)
+    if rng.random() < share:
+        rate = 1.0 if rng.random() < 1 / 3 else rng.random()
+        seq.hidden += [at for k, at in enumerate(seq.visual_at) if k not in informative and rng.random() < rate]
+    if rng.random() < share:
+        rate = rng.random()
+        seq.hidden += [k for k in range(seq.system[0] + 1, seq.system[1]) if rng.random() < rate]
+
+
+def visual_features(model, seqs: list[Sequence]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Every image's and every video's visual tokens, in batch order, through the vision tower."""
+    inner = model.model
+
+    def run(keys, fn):
+        parts = [s.pixels for s in seqs if keys[0] in s.pixels]
+        if not parts:
+            return None
+        kw = {k: torch.cat([p[k] for p in parts]) for k in keys if k in parts[0]}
+        out = fn(*kw.values()).pooler_output
+        return torch.cat(list(out)) if isinstance(out, (list, tuple)) else out
+
+    images = run(("pixel_values", "image_grid_thw"), inner.get_image_features)
+    videos = run(("pixel_values_videos", "video_grid_thw"), inner.get_video_features)
+    return images, videos
+
+
+def forward(model, seqs: list[Sequence], pad: int):
+    """Loss, and per sequence and turn whether every answer token and the end of turn is the argmax
+    (teacher forced: the same as greedy decoding getting the whole answer right)."""
+    n, width = len(seqs), max(len(s.ids) for s in seqs)
+    ids = torch.full((n, width), pad, dtype=torch.long)
+    pos = torch.zeros(3, n, width, dtype=torch.long)
+    labels = torch.full((n, width), -100, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s.ids)] = torch.tensor(s.ids)
+        pos[:, i, : len(s.ids)] = s.positions
+        pos[:, i, len(s.ids):] = int(s.positions.max()) + 1 + torch.arange(width - len(s.ids))
+        for turn in s.answers:
+            for at, token in turn:
+                labels[i, at] = token
+    cfg = model.config
+    embeds = model.model.get_input_embeddings()(ids)
+    images, videos = visual_features(model, seqs)
+    if images is not None:
+        embeds = embeds.masked_scatter((ids == cfg.image_token_id)[..., None], images.to(embeds.dtype))
+    if videos is not None:
+        embeds = embeds.masked_scatter((ids == cfg.video_token_id)[..., None], videos.to(embeds.dtype))
+    mask = None
+    if any(s.hidden for s in seqs):
+        mask = torch.ones(width, width, dtype=torch.bool).tril().expand(n, 1, width, width).clone()
+        for i, s in enumerate(seqs):
+            if s.hidden:
+                mask[i, 0, s.after:, torch.tensor(s.hidden)] = False
+    hidden = model.model.language_model(inputs_embeds=embeds, position_ids=pos, attention_mask=mask,
+                                        use_cache=False).last_hidden_state
+    answer = labels != -100
+    logits = model.lm_head(hidden[answer])
+    loss = torch.nn.functional.cross_entropy(logits, labels[answer])
+    right = torch.ones_like(labels, dtype=torch.bool)
+    right[answer] = logits.argmax(-1) == labels[answer]
+    hits = [[all(bool(right[i, at]) for at, _ in turn) for turn in s.answers] for i, s in enumerate(seqs)]
+    return loss, hits
+
+
+def scale_at(step: int, args) -> float:
+    return float(min(1.0, args.scale_from + (1 - args.scale_from) * step / max(1, args.scale_until)))
+
+
+def draw(step: int, args, adapter) -> list[Sequence]:
+    """The step's chats: one question type per step in turn, 1 to MAX_TURNS questions each, about
+    --tokens tokens in all; --odd-share of them out of scope."""
+    rng = np.random.default_rng([args.seed, step])
+    kind = scenes.QUESTION_TYPES[step % len(scenes.QUESTION_TYPES)]
+    scale = scale_at(step, args)
+    seqs, total, i = [], 0, 0
+    while total < args.tokens and len(seqs) < args.max_batch:
+        seed = args.seed * 1_000_000 + step * 64 + i
+        turns = int(rng.integers(1, scenes.MAX_TURNS + 1))
+        it = (scenes.out_of_scope(seed, turns, scale) if rng.random() < args.odd_share
+              else scenes.item(seed, kind, turns, scale))
+        seqs.append(encode(adapter, it))
+        total += len(seqs[-1].ids)
+        i += 1
+    return seqs
+
+
+@torch.no_grad()
+def evaluate(model, adapter, per_type: int) -> dict[str, float]:
+    """Held-out whole-answer accuracy on two-turn chats at full size: ``kind`` (first question),
+    ``kind_follow`` (the second, about another object), and ``unknown`` (out-of-scope pictures)."""
+    model.eval()
+    pad = adapter.tokenizer.pad_token_id
+    out = {}
+    for kind in scenes.QUESTION_TYPES + ("unknown",):
+        items = scenes.held_out(kind, per_type, turns=2)
+        hits = []
+        for start in range(0, len(items), 8):
+            hits += forward(model, [encode(adapter, it) for it in items[start:start + 8]], pad)[1]
+        out[kind] = float(np.mean([h[0] for h in hits]))
+        if kind != "unknown":
+            out[f"{kind}_follow"] = float(np.mean([h[1] for h in hits]))
+    model.train()
+    return out
+
+
+def setup(args):
+    """The model (seeded), its adapter, the trained parameters and their optimiser: the decoder,
+    and the vision tower's patch embedding and merger at --vision-lr-scale of the rate."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = build_arena_model(args.seed, VERSION)
+    model.set_attn_implementation("sdpa")
+    adapter = QwenVLAdapter(model, tokenizer(VERSION), arena_image_processor(VERSION))
+    visual = model.model.visual
+    for param in visual.parameters():
+        param.requires_grad_(False)
+    vision = list(visual.merger.parameters()) + list(visual.patch_embed.parameters())
+    for param in vision:
+        param.requires_grad_(True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    vision_ids = {id(p) for p in vision}
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if id(p) not in vision_ids], "scale": 1.0},
+                                   {"params": vision, "scale": args.vision_lr_scale}], lr=args.lr, weight_decay=0.0)
+    return model, adapter, params, optimizer
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=6000, help="the schedule's length (the learning rate's cosine)")
+    p.add_argument("--stop-at", type=int, default=None, help="stop after this step, the schedule unchanged")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(ROOT / "runs" / "tiny-arena-vl-v3"))
+    p.add_argument("--tokens", type=int, default=6000, help="tokens per step (chats are added until reached)")
+    p.add_argument("--max-batch", type=int, default=24)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--vision-lr-scale", type=float, default=0.5)
+    p.add_argument("--scale-from", type=float, default=0.4, help="picture size at step 0, relative to full")
+    p.add_argument("--scale-until", type=int, default=2500, help="the step from which pictures are full size")
+    p.add_argument("--odd-share", type=float, default=0.08, help="share of out-of-scope chats")
+    p.add_argument("--evict-share", type=float, default=0.5, help="chance of each kind of training eviction")
+    p.add_argument("--evict-from", type=int, default=1500, help="first step with training evictions")
+    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--eval-items", type=int, default=40, help="held-out chats per type")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --out")
+    return p.parse_args(argv)
+
+
+_worker: dict = {}
+
+
+def _draw_in_worker(step: int, args) -> list[Sequence]:
+    """Batches are drawn one step ahead in a worker process (its own copy of the model's position
+    code and processor); what it draws depends on ``step`` only, so the run stays seeded."""
+    if "adapter" not in _worker:
+        torch.set_num_threads(1)
+        model = build_arena_model(args.seed, VERSION)
+        _worker["adapter"] = QwenVLAdapter(model, tokenizer(VERSION), arena_image_processor(VERSION))
+    return draw(step, args, _worker["adapter"])
+
+
+def main(argv=None) -> int:
+    import concurrent.futures
+    import multiprocessing
+
+    args = parse_args(argv)
+    out = Path(args.out)
+    model, adapter, params, optimizer = setup(args)
+    start, curve, t0 = resume(model, optimizer, out, args.fresh)
+    pad = adapter.tokenizer.pad_token_id
+    model.train()
+    seen_loss = []
+    end = min(args.steps, args.stop_at or args.steps)
+    pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    ahead = pool.submit(_draw_in_worker, start, args)
+    for step in range(start, end):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr) * group["scale"]
+        seqs = ahead.result()
+        if step + 1 < end:
+            ahead = pool.submit(_draw_in_worker, step + 1, args)
+        rng = np.random.default_rng([args.seed, step, 1])
+        evict = args.evict_share if step >= args.evict_from else 0.0
+        for s in seqs:
+            hide_for_training(s, rng, evict)
+        seen_loss.append(update(optimizer, params, forward(model, seqs, pad)[0]))
+        done = step + 1
+        if done % 25 == 0:
+            print(f"step {done} loss {np.mean(seen_loss[-25:]):.4f} scale {scale_at(step, args):.2f} "
+                  f"batch {len(seqs)}", flush=True)
+        if done % args.eval_every == 0 or done in (args.steps, args.stop_at):
+            record(model, out, curve, optimizer, done, seen_loss, t0, evaluate(model, adapter, args.eval_items))
+    pool.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
