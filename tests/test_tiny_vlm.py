@@ -40,11 +40,22 @@ def test_bundled_model_is_registered_and_shipped():
     assert not spec.needs_download and "Which shape moves?" in spec.description
 
 
-def test_answers_are_matched_on_their_first_word():
-    from engine.bench.accuracy import is_right
+def test_answers_are_judged_whole():
+    from engine.bench.accuracy import judge
 
-    assert is_right("Blue.", "blue") and is_right("2 (the second)", "2") and is_right(" left", "left")
-    assert not is_right("", "red") and not is_right("The red one", "red") and not is_right("12", "1")
+    assert judge("Blue.", "blue").right and judge(" red  Star!", "red star").right
+    assert not judge("", "red").right and not judge("The red one", "red").right and not judge("12", "1").right
+    run_on = judge("blue triangle triangle", "blue triangle")
+    assert not run_on.right and run_on.ran_on  # an answer that runs on past its end is wrong, and counted
+    assert not judge("red", "red star").ran_on
+
+
+def test_wilson_interval():
+    from engine.bench.accuracy import wilson
+
+    lo, hi = wilson(190, 200)
+    assert 0.90 < lo < 0.95 < hi < 0.98
+    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0
 
 
 def test_accuracy_bench_rejects_bad_input(capsys):
@@ -193,7 +204,7 @@ def test_accuracy_bench_smoke(tmp_path, capsys):
     assert 0 < snap[0]["realised"] < 0.75 and snap[1]["realised"] == 1.0
     assert report["points"]["colour"]["full"][0]["realised"] == 1.0
     assert [p["knob"] for p in report["points"]["moving"]["mpic"]] == [None]  # no knob: runs once
-    assert set(snap[0]) >= {"first", "follow"}
+    assert set(snap[0]) >= {"with", "before", "follow", "with_ran_on", "n"}
     assert set(report["probe"]["moving"]) == {"keep only the object tokens", "drop exactly the needed tokens",
                                               "drop a random 75% of visual tokens"}
     assert (tmp_path / "acc.html").exists()
@@ -202,6 +213,7 @@ def test_accuracy_bench_smoke(tmp_path, capsys):
     assert cli.main(["--mode", "accuracy", "--from-json", str(tmp_path / "acc.json"), "--no-figure"]) == 0
     printed = capsys.readouterr().out
     assert f"| snapkv | budget 0.5 | {snap[0]['realised']:.2f} |" in printed and "| mpic | - |" in printed
+    assert "before the question" in printed
     assert cli.main(["--mode", "accuracy", "--from-json", str(tmp_path / "missing.json")]) == 2
 
 
@@ -211,7 +223,7 @@ def test_known_answers_first_and_follow_up(arena):
     from engine.tiny.arena_scenes import QUESTION_TYPES, held_out
 
     for kind in QUESTION_TYPES:
-        right = [chat(arena, backends.make_backend("full"), it)[0] for it in held_out(kind, 5, turns=2)]
+        right = [[v.right for v in chat(arena, backends.make_backend("full"), it)[0]] for it in held_out(kind, 5, turns=2)]
         assert sum(r[0] for r in right) >= 4 and sum(r[1] for r in right) >= 4, (kind, right)
 
 

@@ -1,34 +1,39 @@
-"""Accuracy benchmark: does a method keep the answers right, on first and follow-up questions?
+"""Accuracy benchmark: does a method keep the answers right, when, and on which turn?
 
-    python -m engine.bench --mode accuracy --per-type 100 --budgets 0.05,0.1,0.2,0.5,1.0
+    python -m engine.bench --mode accuracy --per-type 200 --budgets 0.1,0.2,0.5
 
-Held-out chats from engine/tiny/arena_scenes.py (what tiny-arena-vl answers; hub models take the same
-questions): one image, several images, a video. Each chat is two turns, as a user asks them: the
-media and the first question in one message (the method compresses that prompt, seeing the
-question), then a follow-up about a *different* object on the same compressed cache. That second
-turn is where methods that keep what the first question needs (SnapKV-like) and methods that do not
-look at it differ. An answer counts when its first word (lower case, punctuation stripped) is the
-expected one.
+Held-out chats of the bundled tiny-arena-vl's scenes (engine/tiny/arena_model.scenes: the question
+types of its generation; hub models take the same questions). Each item is a two-turn chat, and
+every method at every value of its knob answers it three ways:
+  with      the media and the first question in one message: the method compresses that prompt
+            seeing the question (what a chat does today);
+  before    the media prefilled and compressed first, then the first question on the compressed
+            cache (what a cached picture is: the method cannot know the question);
+  follow    the second question, about *another* object, on the cache compressed "with".
+An answer counts when it is the expected answer whole (lower case, punctuation dropped, exact word
+for word); one that starts right and runs on past its end counts wrong, and the share of those is
+reported per method. Every rate carries its 95% Wilson interval.
 
-Every method runs at every value of its knob: ``--budgets`` for methods with a budget, ``--taus`` for
-a method whose knob is ZipVL's threshold ``tau``; methods without a knob run once. Each point
-records the knob and the REALISED KV fraction: the bytes the method's cache holds after the first
-prompt, over the full cache's bytes after the same prompt, averaged over the items. The figure puts
-that fraction on the x axis.
+Each point records the knob and the REALISED KV fraction: the bytes the method's cache holds after
+the first prompt over the full cache's bytes after the same prompt, averaged over the items; the
+figure puts it on the x axis. ``--budgets`` for methods with a budget, ``--taus`` for a method whose
+knob is ZipVL's threshold ``tau``; methods without a knob run once.
 
-Three probes check that the benchmark is in the regime the methods were made for (full cache, the
-media prefilled first, then visual KV removed by hand before the first question): keep only the
-object tokens (should cost nothing), drop exactly the tokens the answer needs (should fall to
-chance), drop a random 75% of the visual tokens (should cost a lot). Prints a table; writes JSON
-and a Plotly figure (HTML, and PNG when kaleido and a Chrome are installed).
+Three probes check the regime (full cache, media prefilled, visual KV removed by hand before the
+first question): keep only the object tokens (should cost nothing), drop exactly the tokens the
+answer needs (should fall to chance), drop a random 75% of the visual tokens (should cost a lot).
+For a generation with out-of-scope pictures (v3), the share of them answered "unknown" is reported.
+Prints a table; writes JSON and a Plotly figure (HTML, and PNG when kaleido and a Chrome are installed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,22 +45,25 @@ from ..errors import UserError
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import ARENA, load_model
-from ..tiny.arena_scenes import QUESTION_TYPES, Item, held_out
+from ..tiny.arena_model import bundled_version, scenes
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 PROBES = ("keep only the object tokens", "drop exactly the needed tokens", "drop a random 75% of visual tokens")
+PROTOCOLS = ("with", "before", "follow")
+PROTOCOL_TITLES = {"with": "first question, compressed with it", "before": "first question, compressed before it",
+                   "follow": "follow-up"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    kinds = scenes(bundled_version()).QUESTION_TYPES
     p = argparse.ArgumentParser(prog="python -m engine.bench --mode accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=ARENA)
     p.add_argument("--methods", default="all", help="comma-separated method names, or 'all'")
-    p.add_argument("--budgets", default="0.05,0.1,0.2,0.5,1.0", help="values of a method's budget")
-    p.add_argument("--taus", default="0.9,0.95,0.975,0.99", help="values of a method's tau (ZipVL), when it has no budget")
-    p.add_argument("--per-type", type=int, default=50, help="held-out chats per question type")
-    p.add_argument("--probe-items", type=int, default=None, help="chats per type for the full cache and the probes "
-                                                                 "(default: --per-type)")
-    p.add_argument("--types", default=",".join(QUESTION_TYPES), help=f"question types: {', '.join(QUESTION_TYPES)}")
+    p.add_argument("--budgets", default="0.1,0.2,0.5", help="values of a method's budget")
+    p.add_argument("--taus", default="0.975", help="values of a method's tau (ZipVL), when it has no budget")
+    p.add_argument("--per-type", type=int, default=200, help="held-out chats per question type")
+    p.add_argument("--probe-items", type=int, default=None, help="chats per type for the probes (default: --per-type)")
+    p.add_argument("--types", default=",".join(kinds), help=f"question types: {', '.join(kinds)}")
     p.add_argument("--out", default=str(ASSETS / "accuracy"), help="writes OUT.json, OUT.html (and OUT.png)")
     p.add_argument("--no-figure", action="store_true")
     p.add_argument("--no-probe", action="store_true")
@@ -65,45 +73,83 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def answer_words(text: str) -> list[str]:
+    return re.sub(r"[^\w\s]", " ", text.lower()).split()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    right: bool  # the whole answer, word for word
+    ran_on: bool  # started with the answer and went on past it
+
+
+def judge(text: str, expected: str) -> Verdict:
+    got, want = answer_words(text), answer_words(expected)
+    return Verdict(got == want, len(got) > len(want) and got[: len(want)] == want)
+
+
 def is_right(text: str, expected: str) -> bool:
-    words = re.sub(r"[^\w\s]", " ", text.lower()).split()
-    return bool(words) and words[0] == expected.lower()
+    return judge(text, expected).right
 
 
-def chat(loaded, backend, it: Item) -> tuple[list[bool], int]:
-    """The item's questions asked one after another in one chat (media with the first); per turn
-    whether the answer is right, and the cache's bytes after the first prompt."""
+def wilson(hits: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion ``hits`` / ``n``."""
+    if n == 0:
+        return 0.0, 1.0
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _budget(expected: str) -> int:
+    """New tokens for an answer: room to run on past its end, which counts wrong."""
+    return 2 * len(answer_words(expected)) + 4
+
+
+def chat(loaded, backend, it) -> tuple[list[Verdict], int]:
+    """The item's questions asked one after another in one chat (media with the first); a verdict
+    per turn, and the cache's bytes after the first prompt."""
     conv = Conversation(loaded, backend)
-    right, first_bytes = [], 0
+    verdicts, first_bytes = [], 0
     for k, q in enumerate(it.turns):
-        update = conv.ask(Message(q.text, **(it.media() if k == 0 else {})), max_new_tokens=4)
+        update = conv.ask(Message(q.text, **(it.media() if k == 0 else {})), max_new_tokens=_budget(q.answer))
         first_bytes = first_bytes or update.metrics.kv_bytes_prefill
-        right.append(is_right(update.text, q.answer))
-    return right, first_bytes
+        verdicts.append(judge(update.text, q.answer))
+    return verdicts, first_bytes
+
+
+def asked_before(loaded, backend, it) -> Verdict:
+    """The media prefilled and compressed first, then the first question on that cache."""
+    conv = Conversation(loaded, backend)
+    conv.feed(Message("", **it.media()))
+    q = it.question
+    return judge(conv.ask(Message(q.text), max_new_tokens=_budget(q.answer)).text, q.answer)
 
 
 def visual_positions(layout) -> list[int]:
-    """Token index of each visual token of the prompt, in the order arena_scenes numbers them."""
+    """Token index of each visual token of the prompt, in the order the scenes number them."""
     return [p for v in layout.visuals for p in range(*v.span)]
 
 
 def drop_visual(conv: Conversation, dropped: list[int]) -> None:
-    """Remove the given visual tokens (arena_scenes numbering) of the last prompt from every layer."""
+    """Remove the given visual tokens (the scenes' numbering) of the last prompt from every layer."""
     at = visual_positions(conv.layouts[-1])
     gone = torch.tensor([at[k] for k in dropped], dtype=torch.long)
     for layer in conv.cache.layers:
         layer.keep(torch.nonzero(~torch.isin(layer.positions[0], gone.to(layer.positions.device)))[:, 0])
 
 
-def probed(loaded, it: Item, dropped: list[int]) -> bool:
+def probed(loaded, it, dropped: list[int]) -> bool:
     """Full cache; the media prefilled, the given visual tokens removed, then the first question."""
     conv = Conversation(loaded, backends.make_backend("full"))
     conv.feed(Message("", **it.media()))
     drop_visual(conv, dropped)
-    return is_right(conv.ask(Message(it.question.text), max_new_tokens=4).text, it.question.answer)
+    q = it.question
+    return is_right(conv.ask(Message(q.text), max_new_tokens=_budget(q.answer)).text, q.answer)
 
 
-def probe(loaded, items: list[Item], rng: np.random.Generator) -> dict[str, float]:
+def probe(loaded, items: list, rng: np.random.Generator) -> dict[str, float]:
     edits = {
         PROBES[0]: lambda it: [k for k in range(it.visual_tokens()) if k not in set(it.informative)],
         PROBES[1]: lambda it: list(it.question.tokens),
@@ -120,18 +166,24 @@ def knob_of(method: str) -> str | None:
     return "tau" if any(p.name == "tau" for p in cls.param_specs()) else None
 
 
-def sweep(loaded, method: str, values: dict[str, list[float]], items: list[Item], full_bytes: list[int]) -> list[dict]:
-    """One point per knob value: accuracy of first and follow-up questions, realised KV fraction."""
+def point(loaded, method: str, kwargs: dict, items: list, full_bytes: list[int]) -> dict:
+    """One method at one knob value over ``items``: each protocol's rate and run-on share, and the
+    realised KV fraction."""
+    chats = [chat(loaded, backends.make_backend(method, **kwargs), it) for it in items]
+    before = [asked_before(loaded, backends.make_backend(method, **kwargs), it) for it in items]
+    verdicts = {"with": [v[0] for v, _ in chats], "before": before, "follow": [v[1] for v, _ in chats]}
+    out = {"n": len(items), "realised": float(np.mean([b / f for (_, b), f in zip(chats, full_bytes)]))}
+    for name, vs in verdicts.items():
+        out[name] = float(np.mean([v.right for v in vs]))
+        out[f"{name}_ran_on"] = float(np.mean([v.ran_on for v in vs]))
+    return out
+
+
+def sweep(loaded, method: str, values: dict[str, list[float]], items: list, full_bytes: list[int]) -> list[dict]:
+    """One point per knob value (see :func:`point`)."""
     knob = knob_of(method)
-    points = []
-    for value in values.get(knob, [None]):
-        kwargs = {} if knob is None else {knob: value}
-        runs = [chat(loaded, backends.make_backend(method, **kwargs), it) for it in items]
-        points.append({"knob": knob, "value": value,
-                       "realised": float(np.mean([b / f for (_, b), f in zip(runs, full_bytes)])),
-                       "first": float(np.mean([r[0] for r, _ in runs])),
-                       "follow": float(np.mean([r[1] for r, _ in runs]))})
-    return points
+    return [{"knob": knob, "value": value} | point(loaded, method, {} if knob is None else {knob: value}, items, full_bytes)
+            for value in values.get(knob, [None])]
 
 
 def _values(text: str, name: str) -> list[float]:
@@ -144,78 +196,96 @@ def _values(text: str, name: str) -> list[float]:
     return values
 
 
+def _line(kind: str, method: str, p: dict) -> str:
+    knob = f"{p['knob']}={p['value']}" if p["knob"] else "-"
+    return (f"{kind:8s} {method:15s} {knob:12s} kv {p['realised']:.2f}  " +
+            "  ".join(f"{name} {p[name]:.2f}" for name in PROTOCOLS) +
+            f"  ran on {max(p[f'{n}_ran_on'] for n in PROTOCOLS):.2f}  (n={p['n']})")
+
+
 def run(args) -> dict:
     values = {"budget": _values(args.budgets, "budgets"), "tau": _values(args.taus, "taus")}
     methods = backends.available() if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         backends.backend_class(m)
+    version = bundled_version()
+    sc = scenes(version)
     kinds = [k.strip() for k in args.types.split(",") if k.strip()]
     for k in kinds:
-        if k not in QUESTION_TYPES:
-            raise UserError(f"unknown question type '{k}'; choose from: {', '.join(QUESTION_TYPES)}")
+        if k not in sc.QUESTION_TYPES:
+            raise UserError(f"unknown question type '{k}'; choose from: {', '.join(sc.QUESTION_TYPES)}")
+    if args.per_type < 1:
+        raise UserError(f"--per-type must be at least 1; got {args.per_type}")
     loaded = load_model(args.model)
     probe_items = args.probe_items or args.per_type
     points: dict[str, dict[str, list[dict]]] = {}
     probes: dict[str, dict[str, float]] = {}
     rng = np.random.default_rng(args.seed)
     for kind in kinds:
-        items = held_out(kind, max(args.per_type, probe_items), turns=2)
-        full = [chat(loaded, backends.make_backend("full"), it) for it in items[:probe_items]]
-        full_bytes = [b for _, b in full]
-        points[kind] = {"full": [{"knob": None, "value": None, "realised": 1.0,
-                                  "first": float(np.mean([r[0] for r, _ in full])),
-                                  "follow": float(np.mean([r[1] for r, _ in full]))}]}
-        print(f"{kind:7s} full             first {points[kind]['full'][0]['first']:.2f}  "
-              f"follow-up {points[kind]['full'][0]['follow']:.2f}  ({probe_items} chats)", flush=True)
-        for method in [m for m in methods if m != "full"]:
-            points[kind][method] = sweep(loaded, method, values, items[:args.per_type], full_bytes[:args.per_type])
-            print(f"{kind:7s} {method:16s} " + "  ".join(
-                f"{p['knob'] or '-'}={p['value']}: kv {p['realised']:.2f} first {p['first']:.2f} follow {p['follow']:.2f}"
-                for p in points[kind][method]), flush=True)
+        items = sc.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
+        full_bytes = [chat(loaded, backends.make_backend("full"), it)[1] for it in items]
+        points[kind] = {}
+        for method in ["full"] + [m for m in methods if m != "full"]:
+            points[kind][method] = ([{"knob": None, "value": None} | point(loaded, "full", {}, items, full_bytes)]
+                                    if method == "full" else sweep(loaded, method, values, items, full_bytes))
+            for p in points[kind][method]:
+                print(_line(kind, method, p), flush=True)
         if not args.no_probe:
-            probes[kind] = probe(loaded, items[:probe_items], rng)
-    return {"model": args.model, "per_type": args.per_type, "probe_items": probe_items,
-            "protocol": "two-turn chats: media + first question in one prompt, then a follow-up about another object",
-            "x": "realised KV fraction (bytes after the first prompt / full cache's bytes)",
-            "points": points, "probe": probes}
+            probes[kind] = probe(loaded, sc.held_out(kind, probe_items, turns=1), rng)
+    report = {"model": args.model, "generation": version, "per_type": args.per_type, "probe_items": probe_items,
+              "protocols": PROTOCOL_TITLES, "scoring": "whole answer, normalised exact match",
+              "x": "realised KV fraction (bytes after the first prompt / full cache's bytes)",
+              "points": points, "probe": probes}
+    if hasattr(sc, "out_of_scope") and not args.no_probe:
+        odd = sc.held_out("unknown", args.per_type, turns=1)
+        report["unknown"] = float(np.mean([chat(loaded, backends.make_backend("full"), it)[0][0].right for it in odd]))
+    return report
+
+
+def _pooled(points: list[dict], key: str) -> tuple[float, float, float]:
+    """Mean over the types (equal counts) and the Wilson interval of the pooled counts."""
+    hits = sum(p[key] * p["n"] for p in points)
+    n = sum(p["n"] for p in points)
+    lo, hi = wilson(hits, n)
+    return hits / n, lo, hi
+
+
+def _cell(points: list[dict], key: str) -> str:
+    mean, lo, hi = _pooled(points, key)
+    return f"{mean:.2f} ({lo:.2f}-{hi:.2f})"
 
 
 def table(report: dict) -> str:
-    lines = [f"model {report['model']}: {report['per_type']} held-out two-turn chats per type "
-             f"({report['probe_items']} for the full cache and the probes); accuracy of the first question "
-             "and of the follow-up; kv = realised KV fraction"]
+    lines = [f"model {report['model']} (scenes v{report.get('generation', 2)}): {report['per_type']} held-out two-turn "
+             f"chats per type; whole answers right: with = first question compressed with it, before = compressed "
+             "before it, follow = follow-up; kv = realised KV fraction"]
     for kind, per_method in report["points"].items():
-        full = per_method["full"][0]
-        lines.append(f"\n[{kind}]  full cache: first {full['first']:.2f}, follow-up {full['follow']:.2f}")
+        lines.append(f"\n[{kind}]")
         for method, points in per_method.items():
-            if method == "full":
-                continue
             for p in points:
-                knob = f"{p['knob']} {p['value']}" if p["knob"] else "-"
-                lines.append(f"    {method:16s} {knob:13s} kv {p['realised']:5.2f}   first {p['first']:5.2f}"
-                             f"   follow-up {p['follow']:5.2f}")
+                lines.append("    " + _line(kind, method, p).split(None, 1)[1])
         for name, acc in report["probe"].get(kind, {}).items():
-            lines.append(f"    probe: {name}: {acc:.2f} ({100 * (acc - full['first']):+.0f} points)")
+            lines.append(f"    probe: {name}: {acc:.2f}")
+    if "unknown" in report:
+        lines.append(f"\nout-of-scope pictures answered 'unknown' (full cache): {report['unknown']:.2f}")
     return "\n".join(lines)
 
 
-def _mean(points: list[dict], key: str) -> float:
-    return float(np.mean([p[key] for p in points]))
-
-
 def markdown(report: dict) -> str:
-    """The README's tables: per method and knob value, the realised KV fraction and the accuracy of
-    the first question and of the follow-up, each the mean over the question types."""
+    """The README's tables: per method and knob value, the realised KV fraction and the three
+    protocols' rates over all types, each with its 95% interval, and the largest run-on share."""
     kinds = list(report["points"])
     methods = list(dict.fromkeys(m for per in report["points"].values() for m in per))
-    lines = ["| method | knob | KV held (measured) | first question | follow-up | follow-up per type (" +
-             ", ".join(kinds) + ") |", "|---|---|---|---|---|---|"]
+    lines = ["| method | knob | KV held (measured) | with the question | before the question | follow-up | "
+             "ran on | follow-up per type (" + ", ".join(kinds) + ") |", "|---|---|---|---|---|---|---|---|"]
     for method in methods:
         for i, _ in enumerate(report["points"][kinds[0]][method]):
             same = [report["points"][k][method][i] for k in kinds]
             knob = f"{same[0]['knob']} {same[0]['value']}" if same[0]["knob"] else "-"
-            lines.append(f"| {method} | {knob} | {_mean(same, 'realised'):.2f} | {_mean(same, 'first'):.2f} | "
-                         f"**{_mean(same, 'follow'):.2f}** | " + " ".join(f"{p['follow']:.2f}" for p in same) + " |")
+            ran_on = max(_pooled(same, f"{n}_ran_on")[0] for n in PROTOCOLS)
+            lines.append(f"| {method} | {knob} | {np.mean([p['realised'] for p in same]):.2f} | {_cell(same, 'with')} | "
+                         f"{_cell(same, 'before')} | **{_cell(same, 'follow')}** | {ran_on:.2f} | "
+                         + " ".join(f"{p['follow']:.2f}" for p in same) + " |")
     if report.get("probe"):
         lines += ["", "| probe (full cache, first question) | " + " | ".join(kinds) + " |",
                   "|---|" + "---|" * len(kinds)]
@@ -225,32 +295,36 @@ def markdown(report: dict) -> str:
 
 
 def figure(report: dict, out: Path) -> list[str]:
-    """Two rows (first question, follow-up), one column per type; x = realised KV fraction."""
+    """One panel per protocol; x = realised KV fraction, y = whole-answer rate over all types,
+    with 95% intervals."""
     import plotly.colors
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     kinds = list(report["points"])
-    titles = [f"{k}: {turn}" for turn in ("first question", "follow-up") for k in kinds]
-    fig = make_subplots(rows=2, cols=len(kinds), subplot_titles=titles, shared_yaxes=True, vertical_spacing=0.14)
+    fig = make_subplots(rows=1, cols=len(PROTOCOLS), subplot_titles=[PROTOCOL_TITLES[p] for p in PROTOCOLS],
+                        shared_yaxes=True, horizontal_spacing=0.05)
     palette = plotly.colors.qualitative.D3 + plotly.colors.qualitative.Set2
     methods = list(dict.fromkeys(m for per in report["points"].values() for m in per))
-    for row, turn in enumerate(("first", "follow"), 1):
-        for col, kind in enumerate(kinds, 1):
-            for i, method in enumerate(methods):
-                points = sorted(report["points"][kind].get(method, []), key=lambda p: p["realised"])
-                if not points:
-                    continue
-                fig.add_trace(go.Scatter(x=[p["realised"] for p in points], y=[p[turn] for p in points], name=method,
-                                         legendgroup=method, showlegend=row == 1 and col == 1, mode="lines+markers",
-                                         marker={"symbol": "star" if method == "full" else "circle", "size": 9},
-                                         line={"color": palette[i % len(palette)]},
-                                         text=[f"{p['knob']}={p['value']}" if p["knob"] else method for p in points]),
-                              row=row, col=col)
-            fig.update_xaxes(type="log", title_text="realised KV fraction" if row == 2 else None, row=row, col=col)
-        fig.update_yaxes(title_text=f"accuracy ({'first' if row == 1 else 'follow-up'})", range=[0, 1.02], row=row, col=1)
-    fig.update_layout(title=f"{report['model']}: held-out accuracy vs realised KV fraction (two-turn chats)",
-                      template="plotly_white", width=300 * len(kinds) + 200, height=720)
+    for col, protocol in enumerate(PROTOCOLS, 1):
+        for i, method in enumerate(methods):
+            rows = []
+            for j, _ in enumerate(report["points"][kinds[0]][method]):
+                same = [report["points"][k][method][j] for k in kinds]
+                mean, lo, hi = _pooled(same, protocol)
+                knob = f"{same[0]['knob']}={same[0]['value']}" if same[0]["knob"] else method
+                rows.append((float(np.mean([p["realised"] for p in same])), mean, lo, hi, knob))
+            rows.sort()
+            fig.add_trace(go.Scatter(x=[r[0] for r in rows], y=[r[1] for r in rows], name=method, legendgroup=method,
+                                     showlegend=col == 1, mode="lines+markers", text=[r[4] for r in rows],
+                                     error_y={"type": "data", "symmetric": False, "array": [r[3] - r[1] for r in rows],
+                                              "arrayminus": [r[1] - r[2] for r in rows]},
+                                     marker={"symbol": "star" if method == "full" else "circle", "size": 9},
+                                     line={"color": palette[i % len(palette)]}), row=1, col=col)
+        fig.update_xaxes(type="log", title_text="realised KV fraction", row=1, col=col)
+    fig.update_yaxes(title_text="whole answers right (all types)", range=[0, 1.02], row=1, col=1)
+    fig.update_layout(title=f"{report['model']}: held-out accuracy vs realised KV fraction, 95% intervals",
+                      template="plotly_white", width=1400, height=520)
     written = [str(out) + ".html"]
     fig.write_html(written[0], include_plotlyjs="cdn")
     try:
@@ -266,6 +340,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     try:
         report = json.loads(Path(args.from_json).read_text()) if args.from_json else run(args)
+        if "generation" not in report:
+            raise UserError(f"{args.from_json} was written by an earlier version of this benchmark (first-word "
+                            "scoring, no 'before' column): run it again")
     except (UserError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

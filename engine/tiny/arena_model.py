@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import json
+import os
 
 import torch
 
@@ -29,9 +30,15 @@ def scenes(version: int = 2):
     return {2: arena_scenes, 3: drawn_scenes}[version]
 
 
-def bundled_version(directory: Path = ASSET_DIR) -> int:
-    """The generation of the weights in ``directory`` (2 when its config.json does not say)."""
-    path = directory / "config.json"
+def arena_dir() -> Path:
+    """Where the app loads tiny-arena-vl from: ``KV_ARENA_TINY_DIR`` (a training run's folder) or the bundle."""
+    return Path(os.environ.get("KV_ARENA_TINY_DIR") or ASSET_DIR)
+
+
+def bundled_version(directory: Path | None = None) -> int:
+    """The generation of the weights in ``directory`` (default: :func:`arena_dir`; 2 when its
+    config.json does not say)."""
+    path = (directory or arena_dir()) / "config.json"
     return int(json.loads(path.read_text()).get(VERSION_KEY, 2)) if path.is_file() else 2
 
 
@@ -88,14 +95,14 @@ def build_arena_model(seed: int = 0, version: int = 2):
     return Qwen2_5_VLForConditionalGeneration(arena_config(version))
 
 
-def arena_weights_present(directory: Path = ASSET_DIR) -> bool:
-    return (directory / WEIGHTS).is_file()
+def arena_weights_present(directory: Path | None = None) -> bool:
+    return ((directory or arena_dir()) / WEIGHTS).is_file()
 
 
-def load_arena_weights(model, directory: Path = ASSET_DIR) -> None:
+def load_arena_weights(model, directory: Path | None = None) -> None:
     from safetensors.torch import load_file
 
-    path = directory / WEIGHTS
+    path = (directory or arena_dir()) / WEIGHTS
     if not path.exists():
         from ..errors import UserError
 

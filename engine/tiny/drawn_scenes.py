@@ -8,7 +8,7 @@ tokens an object covers are computed on the grid the image processor really prod
 
 Every object in one item has its own colour and its own shape, so a colour or a shape names one
 object. Question types (QUESTION_TYPES):
-  colour   one image (22-30 cells a side)       "What colour is the star?"       -> "red"
+  colour   one image (23-30 cells a side)       "What colour is the star?"       -> "red"
   shape    one image                            "Which shape is red?"            -> "star"
   images   4 to 8 images (10-16 cells a side)   "What colour is the star?"       -> "red" (in one of them)
   moving   a video of 16 to 32 frames (12 cells) "Which shape moves?"           -> "star"
@@ -47,7 +47,7 @@ OBJECT_CELLS = (0.6, 2.2)  # an object's side, in cells of the processed picture
 WORDS = ("what", "colour", "colours", "is", "are", "the", "which", "shape", "moves", "in", "picture", "and", "?",
          UNKNOWN) + tuple(COLOURS) + SHAPES
 # (sides of one picture in cells at full size, pictures per item or frames per video)
-SIZES = {"single": ((22, 30), (1, 1)), "images": ((10, 16), (4, 8)), "moving": ((10, 12), (16, 32))}
+SIZES = {"single": ((23, 30), (1, 1)), "images": ((10, 16), (4, 8)), "moving": ((10, 12), (16, 32))}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,160 @@
+"""tiny-arena-vl v3's drawings (engine/tiny/drawn_scenes.py) and its training script: seeded, drawn
+off the token grid, every object's tokens named on the grid the image processor really makes,
+answers in the vocabulary, and the training chat exactly the app's."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import backends
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import DEFAULT_SYSTEM, Message
+from engine.runtime.models import MODELS
+from engine.tiny import drawn_scenes as scenes
+
+
+@pytest.fixture(scope="module")
+def v3():
+    """A random-weight v3 model behind the app's own pieces (no trained weights needed)."""
+    from engine.runtime.attention import ATTENTION_NAME  # importing it registers the runtime's attention function
+    from engine.runtime.inputs import QwenVLAdapter
+    from engine.runtime.models import LoadedModel
+    from engine.tiny.arena_model import arena_image_processor, build_arena_model, tokenizer
+
+    model = build_arena_model(3, version=3).eval()
+    model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
+    adapter = QwenVLAdapter(model, tokenizer(3), arena_image_processor(3))
+    return LoadedModel(MODELS["tiny-arena-vl"], model, adapter, torch.float32, torch.device("cpu"))
+
+
+def _training_module():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "training" / "train_arena_v3.py"
+    spec = importlib.util.spec_from_file_location("train_arena_v3", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["train_arena_v3"] = module  # its dataclasses (and the batch worker) look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("kind", scenes.QUESTION_TYPES)
+def test_items_are_seeded_and_at_the_papers_sizes(v3, kind):
+    it, again = scenes.item(5, kind, 3), scenes.item(5, kind, 3)
+    assert it.turns == again.turns
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(it.images(), again.images()))
+    chunk = v3.adapter.encode_turn(Message(it.question.text, **it.media()), 0, 0, DEFAULT_SYSTEM)
+    visuals = chunk.layout.visuals
+    assert sum(v.length for v in visuals) == it.visual_tokens()  # the processor keeps the drawn grid
+    if not it.video:
+        assert [tuple(v.grid[1:]) for v in visuals] == [(p.rows, p.cols) for p in it.pictures]
+    text = chunk.input_ids.shape[1] - it.visual_tokens()
+    assert text <= 30 and it.visual_tokens() >= 480  # SnapKV's 32-token window is under a fifth of it
+    for q in it.turns:
+        assert set(q.tokens) <= set(it.informative)
+        assert v3.adapter.tokenizer.unk_token_id not in v3.adapter.tokens(q.text + " " + q.answer)
+    asked = [set(q.tokens) for q in it.turns]
+    if kind != "objects":
+        assert all(not a & b for i, a in enumerate(asked) for b in asked[i + 1:])  # follow-ups: other objects
+
+
+def test_sizes_cover_the_range():
+    sizes = {kind: [scenes.item(s, kind).visual_tokens() for s in range(12)] for kind in ("colour", "images", "moving")}
+    assert min(sizes["colour"]) >= 480 and max(sizes["images"]) >= 1500 and max(sizes["moving"]) >= 2000
+    frames = [len(scenes.item(s, "moving").pictures) for s in range(12)]
+    assert min(frames) >= 16 and max(frames) <= 32
+
+
+def test_objects_are_listed_in_colour_order_and_pairs_name_two():
+    for seed in range(10):
+        it = scenes.item(seed, "objects")
+        words = it.question.answer.split()
+        colours = words[0::2]
+        assert colours == [c for c in scenes.COLOURS if c in colours] and set(words[1::2]) <= set(scenes.SHAPES)
+        assert len(words) == 2 * len({t.colour for p in it.pictures for t in p.things})
+        pair = scenes.item(seed, "pair").question
+        assert len(pair.answer.split()) == 2 and pair.text.startswith("What colours are the")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_drawn_pixel_lies_in_its_objects_tokens(seed):
+    """On a plain background drawn at the processed size, a cell that differs from the background is
+    one the item names as an object's, and objects sit off the token grid."""
+    rng = np.random.default_rng(seed)
+    picture = scenes.Picture(24, 20, {"base": (30, 30, 30), "texture": "plain", "seed": 1, "strength": 10})
+    for shape, colour in scenes._kinds(rng, 5):
+        thing = scenes._place(rng, picture, shape, colour)
+        picture.things.append(thing)
+    pixels = np.asarray(scenes.draw(picture)).astype(int)
+    named = {k for t in picture.things for k in picture.cells_of(t)}
+    for r in range(picture.rows):
+        for c in range(picture.cols):
+            cell = pixels[r * 28:(r + 1) * 28, c * 28:(c + 1) * 28]
+            changed = (np.abs(cell - 30).max(-1) > 40).mean()
+            if changed > 0.05:  # a strip of a pixel or two along an edge does not count
+                assert r * picture.cols + c in named, (r, c, changed)
+    offsets = [(t.x * picture.cols) % 1 for t in picture.things]
+    assert any(0.1 < o < 0.9 for o in offsets)
+
+
+def test_out_of_scope_pictures_are_answered_unknown():
+    kinds = set()
+    for seed in range(10):
+        it = scenes.out_of_scope(seed, turns=2)
+        assert [q.answer for q in it.turns] == [scenes.UNKNOWN] * 2 and not it.informative
+        assert all(np.asarray(im).shape[2] == 3 for im in it.images())
+        kinds.add(it.turns[0].text)
+    assert len(kinds) > 1
+
+
+def test_fresh_scenes_are_new_and_answered():
+    a, b = scenes.fresh("colour", seed=1), scenes.fresh("colour", seed=2)
+    assert a.turns != b.turns and len(a.turns) == 2 and a.question.answer in scenes.COLOURS
+
+
+@pytest.mark.parametrize("kind", ["pair", "moving"])
+def test_training_sees_exactly_the_apps_chat(v3, kind, monkeypatch):
+    """Tokens and M-RoPE positions of a three-turn training chat are those a real Conversation
+    feeds (whatever it answers); its pixels are the chunk's own (training calls encode_turn)."""
+    train = _training_module()
+    it = scenes.item(3, kind, 3)
+    chunks = []
+    encode = v3.adapter.encode_turn
+    monkeypatch.setattr(v3.adapter, "encode_turn", lambda *a, **k: chunks.append(encode(*a, **k)) or chunks[-1])
+    conv = Conversation(v3, backends.make_backend("full"))
+    said = [conv.ask(Message(q.text, **(it.media() if k == 0 else {})), ignore_eos=True,
+                     max_new_tokens=len(v3.adapter.tokens(q.answer))).token_ids for k, q in enumerate(it.turns)]
+    monkeypatch.undo()
+    seq = train.encode(v3.adapter, it)
+    ids = list(seq.ids)
+    for turn, tokens in zip(seq.answers, said):
+        for (at, _), token in zip(turn, tokens):
+            ids[at + 1] = token  # the chat goes on from what the model said, as long as the answer
+    fed, rope = [], []  # each turn's chunk, then the answer tokens its decode steps fed (all but the last)
+    for chunk, tokens in zip(chunks, said):
+        fed += chunk.input_ids[0].tolist() + tokens[:-1]
+        rope += [chunk.rope_ids.expand(3, -1), torch.arange(chunk.next_position, chunk.next_position + len(tokens) - 1).expand(3, -1)]
+    assert fed == ids[:len(fed)] and len(fed) == seq.answers[-1][-2][0] + 1
+    assert torch.equal(torch.cat(rope, dim=1), seq.positions[:, :len(fed)])
+
+
+def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
+    from engine.tiny.arena_model import VERSION_KEY, build_arena_model, bundled_version, load_arena_weights
+
+    train = _training_module()
+    small = ["--out", str(tmp_path), "--tokens", "400", "--max-batch", "2", "--eval-every", "1", "--eval-items", "1",
+             "--scale-from", "0.3", "--evict-from", "1", "--threads", "1"]
+    assert train.main(small + ["--steps", "3", "--stop-at", "2"]) == 0  # the schedule of 3 steps, cut after 2
+    assert train.main(small + ["--steps", "3"]) == 0  # resumes
+    assert "resumed at step 2" in capsys.readouterr().out
+    curve = json.loads((tmp_path / "training_curve.json").read_text())
+    assert [p["step"] for p in curve] == [1, 2, 3]
+    assert set(curve[-1]) >= {"loss", "colour", "objects_follow", "pair", "unknown"}
+    assert json.loads((tmp_path / "config.json").read_text())[VERSION_KEY] == 3 == bundled_version(tmp_path)
+    load_arena_weights(build_arena_model(version=3), tmp_path)  # what the app loads
