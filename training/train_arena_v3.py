@@ -16,6 +16,9 @@ v2 taught, kept here:
   blocks stay at their random init (trained at this size they collapse), the patch embedding and
   the merger learn at --vision-lr-scale of the rate. The decoder puts an object together from the
   tokens of its colour (every object of an item has its own colour).
+- A curriculum of what the questions see (--reveal): trained on whole prompts, v2's lookup did not
+  form in 800 steps, and a first v3 run sat at chance at step 250 the same way; with only the asked
+  objects visible the copy forms first, then the other objects and the background appear.
 - Evictions in training so that missing unrelated tokens do not hurt: from --evict-from on, a
   share of the items hide, from the question on, a random part (sometimes all) of the background
   tokens and of the system prompt (never its first token), as an attention mask: what a method's
@@ -88,16 +91,33 @@ def encode(adapter: QwenVLAdapter, it: scenes.Item) -> Sequence:
                     lay.visuals[-1].span[1] + 1, lay.system, it)
 
 
-def hide_for_training(seq: Sequence, rng: np.random.Generator, share: float) -> None:
-    """With probability ``share`` each: hide a random part (a third of the time all) of the
-    background tokens, and a random part of the system prompt (never its first token)."""
+def hide_for_training(seq: Sequence, rng: np.random.Generator, share: float, objects: float = 0.0,
+                      background: float = 0.0) -> None:
+    """Evictions the questions of ``seq`` do not see. The curriculum: ``objects`` / ``background``,
+    the share of the objects no question of the chat asks about / of the background tokens hidden
+    (see --reveal). Then, with probability ``share`` each, more of the background (a third of the
+    time all of it) and a random part of the system prompt (never its first token). Out-of-scope
+    pictures keep every token: "unknown" is learnt from how they look."""
+    if seq.item.kind == "unknown":
+        return
+    asked = {k for q in seq.item.turns[:len(seq.answers)] for k in q.tokens}
     informative = set(seq.item.informative)
     if rng.random() < share:
-        rate = 1.0 if rng.random() < 1 / 3 else rng.random()
-        seq.hidden += [at for k, at in enumerate(seq.visual_at) if k not in informative and rng.random() < rate]
+        background = max(background, 1.0 if rng.random() < 1 / 3 else rng.random())
+    for k, at in enumerate(seq.visual_at):
+        rate = 0.0 if k in asked else objects if k in informative else background
+        if rate and rng.random() < rate:
+            seq.hidden.append(at)
     if rng.random() < share:
         rate = rng.random()
         seq.hidden += [k for k in range(seq.system[0] + 1, seq.system[1]) if rng.random() < rate]
+
+
+def reveal(step: int, stages: tuple[int, int, int]) -> tuple[float, float]:
+    """(other objects, background) hidden shares at ``step``: all hidden until stages[0], the other
+    objects shown gradually until stages[1], then the background until stages[2]."""
+    a, b, c = stages
+    return float(np.clip((b - step) / max(1, b - a), 0, 1)), float(np.clip((c - step) / max(1, c - b), 0, 1))
 
 
 def visual_features(model, seqs: list[Sequence]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -219,7 +239,7 @@ def setup(args):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=6000, help="the schedule's length (the learning rate's cosine)")
+    p.add_argument("--steps", type=int, default=2500, help="the schedule's length (the learning rate's cosine)")
     p.add_argument("--stop-at", type=int, default=None, help="stop after this step, the schedule unchanged")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "runs" / "tiny-arena-vl-v3"))
@@ -228,10 +248,14 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--vision-lr-scale", type=float, default=0.5)
     p.add_argument("--scale-from", type=float, default=0.4, help="picture size at step 0, relative to full")
-    p.add_argument("--scale-until", type=int, default=2500, help="the step from which pictures are full size")
+    p.add_argument("--scale-until", type=int, default=1500, help="the step from which pictures are full size")
     p.add_argument("--odd-share", type=float, default=0.08, help="share of out-of-scope chats")
     p.add_argument("--evict-share", type=float, default=0.5, help="chance of each kind of training eviction")
     p.add_argument("--evict-from", type=int, default=1500, help="first step with training evictions")
+    p.add_argument("--reveal", type=lambda t: tuple(int(x) for x in t.split(",")), default=(300, 800, 1500),
+                   help="A,B,C: the curriculum. Until step A a question sees only the visual tokens of the objects "
+                        "its chat asks about (it learns to copy); the other objects appear gradually until B (it "
+                        "learns to find the named one), then the background until C (it learns to ignore it)")
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--eval-items", type=int, default=40, help="held-out chats per type")
     p.add_argument("--threads", type=int, default=None)
@@ -274,8 +298,9 @@ def main(argv=None) -> int:
             ahead = pool.submit(_draw_in_worker, step + 1, args)
         rng = np.random.default_rng([args.seed, step, 1])
         evict = args.evict_share if step >= args.evict_from else 0.0
+        objects, background = reveal(step, args.reveal)
         for s in seqs:
-            hide_for_training(s, rng, evict)
+            hide_for_training(s, rng, evict, objects, background)
         seen_loss.append(update(optimizer, params, forward(model, seqs, pad)[0]))
         done = step + 1
         if done % 25 == 0:

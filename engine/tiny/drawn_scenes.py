@@ -458,3 +458,20 @@ def fresh(kind: str, turns: int = 2, seed: int | None = None) -> Item:
     if seed is None:
         seed = int(np.random.default_rng().integers(2**31))
     return item(30_000_000 + seed, kind, turns)
+
+
+EXAMPLE_SEED = 20_000_000  # above the training and held-out seeds, below fresh()'s
+
+
+def examples() -> dict[str, tuple[Item, list[str]]]:
+    """The app's clickable example of each type, two turns each: the item and the files in assets/
+    that assets/make_examples.py draws it into (``scene_<type>.png``, ``scene_images_<i>.png``,
+    ``scene_moving.mp4``). Each is the first seed from EXAMPLE_SEED with three objects or more."""
+    out = {}
+    for kind in QUESTION_TYPES:
+        it = next(it for it in (item(EXAMPLE_SEED + i, kind, 2) for i in range(1000)) if len(it.turns) == 2
+                  and len({t.colour for p in it.pictures for t in p.things}) >= 3)
+        files = ([f"scene_{kind}.mp4"] if it.video else [f"scene_{kind}.png"] if len(it.pictures) == 1 else
+                 [f"scene_{kind}_{i}.png" for i in range(1, len(it.pictures) + 1)])
+        out[kind] = (it, files)
+    return out
