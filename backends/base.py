@@ -335,6 +335,9 @@ class KVBackend:
     # has its own knob as a named parameter (ZipVL's tau, MPIC's mode), is built with budget 1.0 and
     # is compared at the fraction it realises.
     uses_budget: ClassVar[bool] = True
+    # True when the method only acts on media KV the runtime stored beforehand (MPIC): a plain
+    # ``model.generate`` has no store, so the public entry point (``engine.hf``) refuses it.
+    needs_media_store: ClassVar[bool] = False
     # Parameters that, with budget 1.0, make the method reproduce the full cache exactly (the
     # registry-wide lossless test uses them; e.g. a quantising method turns quantisation off).
     lossless_params: ClassVar[dict[str, Any]] = {}
