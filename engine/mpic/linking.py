@@ -331,7 +331,8 @@ def _layer_hooks(conv: Conversation, deepstack: torch.Tensor | None):
     layers = conv.loaded.language_model().layers
     handles = [layer.register_forward_pre_hook(hooks.before_layer(i), with_kwargs=True) for i, layer in enumerate(layers)]
     if deepstack is not None:
-        handles += [layers[i].register_forward_hook(hooks.after_layer(i)) for i in range(len(deepstack))]
+        # features for layers past a shortened decoder are dropped, as the model's own forward drops them
+        handles += [layers[i].register_forward_hook(hooks.after_layer(i)) for i in range(min(len(deepstack), len(layers)))]
     try:
         yield hooks
     finally:
