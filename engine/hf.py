@@ -58,7 +58,7 @@ class Press:
         self.text_config = model.config.get_text_config()
         self.decoder = model.get_decoder()
         self.cache = GenerateCache(backend, self.text_config.num_hidden_layers)
-        self.steps = 0  # decode forwards so far
+        self.steps = 0  # decode forwards so far (AttentionCall.step)
         self._ids: torch.Tensor | None = None  # token ids of the forward pass about to run
         self._run = None  # (ForwardRun, context) of the forward pass running now
 
@@ -108,6 +108,7 @@ class Press:
         cache.pending_positions = positions
         rope_ids = self._rope_ids(kwargs.get("position_ids"), positions)
         phase = "prefill" if q > 1 else "decode"
+        self.steps += phase == "decode"  # counted as the runtime counts them: a decode call knows its number
         call = AttentionCall(layer_idx=0, num_layers=len(cache.layers), phase=phase, positions=positions,
                              rope_ids=rope_ids, layout=self._layout(start, q) if phase == "prefill" else None,
                              seen=start + q, step=self.steps, rotary=self._rotary)
@@ -121,10 +122,7 @@ class Press:
             return
         (run, context), self._run = self._run, None
         try:
-            q = run.call.positions.shape[0]
-            if q == 1:
-                self.steps += 1
-            self.cache.seen += q
+            self.cache.seen += run.call.positions.shape[0]
             run.timed(self.backend.after_forward, self.cache, run.call)
         finally:
             context.__exit__(None, None, None)
