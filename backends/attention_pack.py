@@ -394,7 +394,8 @@ class AttentionPack(KVBackend):
         visual = torch.zeros_like(dense, dtype=torch.bool)
         if call.is_prefill and call.layout is not None:
             for v in call.layout.visuals:
-                visual |= (dense >= v.span[0]) & (dense < v.span[1])
+                for first, end in v.token_spans:  # a video's timestamp text stays text
+                    visual |= (dense >= first) & (dense < end)
         return visual.nonzero().squeeze(1)
 
     def _report(self, call, layer: PackedLayer) -> None:

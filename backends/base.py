@@ -100,14 +100,22 @@ Span = tuple[int, int]  # [start, end) in absolute token index of the conversati
 
 @dataclass
 class VisualSpan:
+    """One image or video. A video's frames may be separated by text (Qwen3-VL's timestamps):
+    ``span`` runs from its first visual token to its last, ``token_spans`` are the visual tokens."""
+
     kind: str  # "image" or "video"
     span: Span
     frames: list[Span] = field(default_factory=list)  # one span per (merged) frame of a video
     grid: tuple[int, int, int] | None = None  # (t, h, w) in visual tokens, for overlays
 
     @property
+    def token_spans(self) -> list[Span]:
+        return self.frames or [self.span]
+
+    @property
     def length(self) -> int:
-        return self.span[1] - self.span[0]
+        """Visual tokens (text between frames not counted)."""
+        return sum(end - start for start, end in self.token_spans)
 
 
 @dataclass
@@ -142,7 +150,8 @@ class PromptLayout:
         """Bool mask over the chunk's tokens: True where the token is visual."""
         mask = torch.zeros(self.length, dtype=torch.bool, device=device)
         for v in self.visuals:
-            mask[v.span[0] - self.start : v.span[1] - self.start] = True
+            for first, end in v.token_spans:
+                mask[first - self.start : end - self.start] = True
         return mask
 
     def to_dict(self) -> dict:
@@ -326,6 +335,9 @@ class KVBackend:
     # has its own knob as a named parameter (ZipVL's tau, MPIC's mode), is built with budget 1.0 and
     # is compared at the fraction it realises.
     uses_budget: ClassVar[bool] = True
+    # True when the method only acts on media KV the runtime stored beforehand (MPIC): a plain
+    # ``model.generate`` has no store, so the public entry point (``engine.hf``) refuses it.
+    needs_media_store: ClassVar[bool] = False
     # Parameters that, with budget 1.0, make the method reproduce the full cache exactly (the
     # registry-wide lossless test uses them; e.g. a quantising method turns quantisation off).
     lossless_params: ClassVar[dict[str, Any]] = {}

@@ -155,6 +155,7 @@ class MPIC(KVBackend):
                                    "all new text (paper: 15%).", 0.0, 1.0, 0.01)
     check_layer: int = param(1, "CacheBlend: layer whose key deviation picks the recomputed tokens.", 0, 128, 1)
     uses_budget = False
+    needs_media_store = True
     report_type: ClassVar[type[Report]] = MPICReport
 
     def __post_init__(self) -> None:

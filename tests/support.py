@@ -12,7 +12,7 @@ from engine.media import Video
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
 
-TINY_MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-llava"]
+TINY_MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-llava"]
 
 
 def make_image(seed: int = 0, size=(448, 448)) -> Image.Image:

@@ -88,8 +88,9 @@ def test_cpu_meter_adds_hook_time_and_settles_without_a_device():
     assert run.overhead_s > 0 and run.settle() == run.overhead_s and not run.events
 
 
-def test_decode_bench_runs_and_reports_every_ratio(capsys):
-    code = cli.main(["--mode", "decode", "--model", "tiny-qwen2-vl", "--methods", "h2o,attention_pack,zipvl",
+@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen3-vl"])  # M-RoPE, interleaved M-RoPE
+def test_decode_bench_runs_and_reports_every_ratio(capsys, model):
+    code = cli.main(["--mode", "decode", "--model", model, "--methods", "h2o,attention_pack,zipvl",
                        "--visual-tokens", "64", "--repeats", "1", "--steps", "2", "--json"])
     rows = json.loads(capsys.readouterr().out)
     assert code == 0 and [r["method"] for r in rows] == ["full", "h2o", "attention_pack", "zipvl", "sdpa"]

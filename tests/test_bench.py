@@ -58,6 +58,8 @@ def test_bench_list(capsys):
     assert {m["name"] for m in listing["methods"]} >= {"full", "streamingllm"}
     assert any(m["name"] == "tiny-qwen2-vl" and not m["needs_download"] for m in listing["models"])
     assert any(m["needs_download"] for m in listing["models"])
+    names = {m["name"] for m in listing["models"]}
+    assert {"tiny-qwen3-vl", "Qwen/Qwen3-VL-2B-Instruct", "random:Qwen/Qwen3-VL-30B-A3B-Instruct"} <= names
     zipvl = next(m for m in listing["methods"] if m["name"] == "zipvl")
     assert not zipvl["uses_budget"]
     assert next(p for p in zipvl["params"] if p["name"] == "tau")["default"] == 0.975
@@ -81,7 +83,8 @@ def test_random_variants_have_the_real_shapes():
 
     from engine.runtime.models import MODELS, _model_class, shipped_config
 
-    expected = {"Qwen/Qwen2-VL-2B-Instruct": 2.21, "Qwen/Qwen2.5-VL-7B-Instruct": 8.29, "llava-hf/llava-1.5-7b-hf": 7.06}
+    expected = {"Qwen/Qwen2-VL-2B-Instruct": 2.21, "Qwen/Qwen2.5-VL-7B-Instruct": 8.29, "llava-hf/llava-1.5-7b-hf": 7.06,
+                "Qwen/Qwen3-VL-8B-Instruct": 8.77}
     for spec in MODELS.values():
         if spec.source == "random" and spec.repo in expected:
             with torch.device("meta"):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from tests.support import make_image
+from tests.support import make_image, make_video
 
 import backends
 from backends.mpic import shift_keys
@@ -41,7 +41,7 @@ def moved(*images):
 # --- linking ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-llava"])
+@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen3-vl", "tiny-llava"])
 def test_original_position_reproduces_full_recompute(models, store, model):
     loaded, image = models(model), make_image(1)
     ingest(loaded, store, "a", image)
@@ -75,6 +75,41 @@ def test_rerotation_round_trip_and_moved_keys_exact(models, store):
     assert delta > 0
     fresh = conv.cache.layers[0].keys[:, :, first:end]
     torch.testing.assert_close(shift_keys(stored, delta, conv.rotary, 3), fresh, atol=1e-5, rtol=0)
+
+
+def test_deepstack_features_are_stored_and_added_to_recomputed_tokens(models, store):
+    """Qwen3-VL adds DeepStack features to the first decoder layers' hidden states at visual tokens:
+    the store keeps them with the embeddings (zero on a video's timestamp text), and every token a
+    linked step recomputes gets them, so recomputing all of a moved image and video from the store
+    (k covers them) gives the logits of a full recompute; CacheBlend narrows rows at a DeepStack
+    layer; prefix caching feeds embeddings after the prefix with their features."""
+    loaded, image, video = models("tiny-qwen3-vl"), make_image(1, (224, 224)), make_video(2)
+    ingest(loaded, store, "a", image)
+    key = ingest(loaded, store, "a", video)
+    entry = store.get("a", loaded.spec.name, key)
+    features = entry.tensor("deepstack")
+    assert features.shape[0] == 3 == len(loaded.model.config.vision_config.deepstack_visual_indexes)
+    layout = loaded.adapter.encode_turn(Message(videos=[video]), 0, 0, "x", close_turn=False).layout
+    assert len(layout.videos[0].frames) == 2  # two temporal patches, a timestamp before each
+    visual = features.abs().sum(dim=(0, 2)) > 0
+    assert int(visual.sum()) == layout.videos[0].length < visual.numel()
+
+    message = Message(QUESTION, images=[image], videos=[video], media_first=False)
+    ref, _, ref_update = run(loaded, store, "a", message, "recompute")
+    every, conv, update = run(loaded, store, "a", message, "mpic", k=4096)
+    assert conv.linker.status == ["linked", "linked"] and update.token_ids == ref_update.token_ids
+    torch.testing.assert_close(every, ref, atol=1e-5, rtol=0)
+
+    _, conv, _ = run(loaded, store, "a", message, "cacheblend", check_layer=1)
+    chunk = conv.layouts[0]
+    reused = chunk.length - len(conv.backend.report.recomputed[2])
+    assert 0 < reused < sum(v.span[1] - v.span[0] for v in chunk.visuals)
+
+    run(loaded, store, "b", Message("Describe.", images=[image], media_first=False), "prefix")
+    ref, _, _ = run(loaded, store, "b", Message("Describe.", images=[image], videos=[video]), "recompute")
+    logits, conv, _ = run(loaded, store, "b", Message("Describe.", images=[image], videos=[video]), "prefix")
+    assert len(conv.backend.report.reused[0]) > 0
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)
 
 
 def test_modes_recompute_what_the_paper_says(models, store):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,7 +32,8 @@ from ..runtime.inputs import DEFAULT_SYSTEM, Chunk, Message
 from ..runtime.models import LoadedModel
 from .kv_store import CorruptEntry, Entry, KVStore
 
-EMBEDS, ROPE = "embeds", "rope"  # stored first, so a disk load delivers them before any layer
+# stored first, so a disk load delivers them before any layer
+EMBEDS, ROPE, DEEPSTACK = "embeds", "rope", "deepstack"
 
 
 def media_key(media) -> str:
@@ -48,17 +49,43 @@ def media_key(media) -> str:
 
 
 class _Stop(Exception):
-    """Raised at the language model's entry once its input embeddings are captured."""
+    """Raised at the language model's entry once its inputs are captured."""
+
+
+@dataclass
+class LanguageInputs:
+    """What the language model receives for a chunk: (1, q, hidden) input embeddings (text and
+    visual tokens merged) and, for DeepStack models (Qwen3-VL), the visual features each of the
+    first decoder layers adds to its output, dense: (layers, q, hidden), zero on text tokens."""
+
+    embeds: torch.Tensor
+    deepstack: torch.Tensor | None = None
+
+
+def _language_inputs(kwargs: dict) -> LanguageInputs:
+    embeds, features = kwargs["inputs_embeds"], kwargs.get("deepstack_visual_embeds")
+    if features is None:
+        return LanguageInputs(embeds)
+    mask = kwargs["visual_pos_masks"][0].to(embeds.device)
+    dense = embeds.new_zeros(len(features), embeds.shape[1], embeds.shape[2])
+    dense[:, mask] = torch.stack(features).to(embeds.device, embeds.dtype)
+    return LanguageInputs(embeds, dense)
+
+
+def deepstack_layers(loaded: LoadedModel) -> int:
+    """Decoder layers that receive DeepStack features (0 for models without DeepStack)."""
+    vision = getattr(loaded.model.config, "vision_config", None)
+    return len(getattr(vision, "deepstack_visual_indexes", None) or ())
 
 
 @contextmanager
 def capture_embeddings(loaded: LoadedModel, stop: bool = False):
-    """Record the embeddings the language model receives (text and visual tokens merged);
-    ``stop`` ends the forward pass there, so only the vision encoder runs."""
-    seen: list[torch.Tensor] = []
+    """Record what the language model receives (:class:`LanguageInputs`); ``stop`` ends the
+    forward pass there, so only the vision encoder runs."""
+    seen: list[LanguageInputs] = []
 
     def hook(module, args, kwargs):
-        seen.append(kwargs["inputs_embeds"])
+        seen.append(_language_inputs(kwargs))
         if stop:
             raise _Stop
 
@@ -71,8 +98,8 @@ def capture_embeddings(loaded: LoadedModel, stop: bool = False):
         handle.remove()
 
 
-def encode_chunk(conv: Conversation, chunk: Chunk) -> torch.Tensor:
-    """(1, q, hidden) input embeddings of a chunk, the vision encoder run as the model runs it."""
+def encode_chunk(conv: Conversation, chunk: Chunk) -> LanguageInputs:
+    """The language model's inputs for a chunk, the vision encoder run as the model runs it."""
     dev = conv.loaded.device
     kwargs = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in chunk.model_kwargs.items()}
     if "pixel_values" in kwargs and kwargs["pixel_values"].is_floating_point():
@@ -99,7 +126,9 @@ def ingest(loaded: LoadedModel, store: KVStore, session: str, media, *, video: b
     with capture_embeddings(loaded) as seen:
         conv._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
     first, end = chunk.layout.visuals[0].span
-    tensors = {EMBEDS: seen[0][0, first:end], ROPE: chunk.rope_ids[:, first:end]}
+    tensors = {EMBEDS: seen[0].embeds[0, first:end], ROPE: chunk.rope_ids[:, first:end]}
+    if seen[0].deepstack is not None:
+        tensors[DEEPSTACK] = seen[0].deepstack[:, first:end]
     for i, layer in enumerate(conv.cache.layers):
         tensors[f"k.{i}"], tensors[f"v.{i}"] = layer.keys[:, :, first:end], layer.values[:, :, first:end]
     store.put(session, model, key, tensors, {"kind": "video" if is_video else "image", "tokens": end - first,
@@ -164,17 +193,18 @@ class Linker:
     def _linked(self, conv: Conversation, chunk: Chunk, links, entries) -> tuple[torch.Tensor, float]:
         """The backend's forward steps over the linked cache, fed from stored embeddings."""
         layout, backend, dev = chunk.layout, conv.backend, conv.loaded.device
-        embeds = self._embeddings(conv, chunk, links, entries)
+        inputs = self._embeddings(conv, chunk, links, entries)
         steps = backend.plan(layout, links)
         start_seen, lengths = conv.seen, conv.cache.tokens_per_layer()
         positions = torch.arange(layout.start, layout.end, device=dev)
         overhead = 0.0
         backend.link(conv.cache.layers, layout, links, conv.rotary, conv.adapter.rope_dims)
         try:
-            with _narrowing(conv):
+            with _layer_hooks(conv, inputs.deepstack) as hooks:
                 for rows in steps:
+                    hooks.rows = rows.to(dev)
                     logits, spent = conv._forward(None, chunk.rope_ids[:, rows], layout,
-                                                  {"inputs_embeds": embeds[:, rows.to(dev)]},
+                                                  {"inputs_embeds": inputs.embeds[:, rows.to(dev)]},
                                                   positions=positions[rows.to(dev)], seen=start_seen + layout.length)
                     overhead += spent
         except CorruptEntry:
@@ -184,22 +214,28 @@ class Linker:
         backend.unlink()
         return logits, overhead
 
-    def _embeddings(self, conv: Conversation, chunk: Chunk, links, entries) -> torch.Tensor:
-        """Text through the embedding table, stored spans from the store; a miss runs the encoder."""
+    def _embeddings(self, conv: Conversation, chunk: Chunk, links, entries) -> LanguageInputs:
+        """Text through the embedding table, stored spans (and their DeepStack features) from the
+        store; a miss runs the encoder."""
         layout = chunk.layout
         if not all(links):
-            embeds = encode_chunk(conv, chunk)[0]
+            inputs = encode_chunk(conv, chunk)
+            embeds, deepstack = inputs.embeds[0], inputs.deepstack
         else:
             table = conv.loaded.model.get_input_embeddings()
             ids = chunk.input_ids[0].to(conv.loaded.device)
             text = ~layout.visual_mask(ids.device)
             embeds = torch.empty(len(ids), table.embedding_dim, dtype=table.weight.dtype, device=ids.device)
             embeds[text] = table(ids[text])
+            layers = deepstack_layers(conv.loaded)
+            deepstack = embeds.new_zeros(layers, *embeds.shape) if layers else None
         for link, entry in zip(links, entries):
             if link is not None:
                 first, end = link.span[0] - layout.start, link.span[1] - layout.start
                 embeds[first:end] = entry.tensor(EMBEDS).to(embeds.device, embeds.dtype)
-        return embeds[None]
+                if deepstack is not None:
+                    deepstack[:, first:end] = entry.tensor(DEEPSTACK).to(embeds.device, embeds.dtype)
+        return LanguageInputs(embeds[None], deepstack)
 
     # --- prefix caching ------------------------------------------------------------------------
     def _identity(self, chunk: Chunk) -> torch.Tensor:
@@ -224,10 +260,12 @@ class Linker:
                 layer.append(entry.tensor(f"k.{i}")[:, :, :length], entry.tensor(f"v.{i}")[:, :, :length],
                              torch.arange(length, device=dev))
             rest = torch.arange(length, layout.length)
-            embeds = encode_chunk(conv, chunk)  # the images are encoded as without a cache
-            logits, overhead = conv._forward(None, chunk.rope_ids[:, rest], layout,
-                                             {"inputs_embeds": embeds[:, rest.to(dev)]},
-                                             positions=rest.to(dev) + layout.start, seen=layout.end)
+            inputs = encode_chunk(conv, chunk)  # the images are encoded as without a cache
+            with _layer_hooks(conv, inputs.deepstack) as hooks:
+                hooks.rows = rest.to(dev)
+                logits, overhead = conv._forward(None, chunk.rope_ids[:, rest], layout,
+                                                 {"inputs_embeds": inputs.embeds[:, rest.to(dev)]},
+                                                 positions=rest.to(dev) + layout.start, seen=layout.end)
         else:
             logits, overhead = conv._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
         chunk_positions = torch.arange(layout.start, layout.end)
@@ -241,39 +279,62 @@ class Linker:
         return logits, overhead
 
 
-@contextmanager
-def _narrowing(conv: Conversation):
-    """Let the backend drop rows between decoder layers (CacheBlend): hidden states, rotary
-    tables and the call's positions all follow the rows it keeps."""
-    kept: list[torch.Tensor | None] = [None]  # rows of the full step still going, for this forward
+class _LayerHooks:
+    """Hooks around the decoder layers while a linked step runs on embeddings:
 
-    def before_layer(index: int):
+    * narrowing: the backend may drop rows between layers (CacheBlend); hidden states, rotary
+      tables and the call's positions all follow the rows it keeps;
+    * DeepStack: a step fed from embeddings brings no pixels, so the model adds no DeepStack
+      features itself; the first layers' outputs get them here, for the rows fed (``rows``, chunk
+      indices set before each step) and still going, as the model's own forward adds them."""
+
+    def __init__(self, conv: Conversation, deepstack: torch.Tensor | None):
+        self.conv, self.deepstack = conv, deepstack
+        self.rows: torch.Tensor | None = None  # chunk rows of the current step
+        self.kept: torch.Tensor | None = None  # rows of the step still going, for this forward
+
+    def before_layer(self, index: int):
         def hook(module, args, kwargs):
             if index == 0:
-                kept[0] = None
-            rows = conv.backend.narrow_rows()
+                self.kept = None
+            rows = self.conv.backend.narrow_rows()
             hidden = args[0]
             if rows is not None:
                 rows = rows.to(hidden.device)
                 hidden = hidden[:, rows]
-                kept[0] = rows if kept[0] is None else kept[0][rows]
+                self.kept = rows if self.kept is None else self.kept[rows]
                 run = active_run()  # the new keys of the next layers belong to the kept rows only
                 call = run.call
                 run.call = replace(call, positions=call.positions[rows], rope_ids=call.rope_ids[:, rows.cpu()])
                 run.cache.pending_positions = run.call.positions
-            if kept[0] is None:
+            if self.kept is None:
                 return None
             cos, sin = kwargs["position_embeddings"]  # every layer gets the full step's tables
-            kwargs["position_embeddings"] = (cos[:, kept[0]], sin[:, kept[0]])
+            kwargs["position_embeddings"] = (cos[:, self.kept], sin[:, self.kept])
             if kwargs.get("position_ids") is not None and kwargs["position_ids"].shape[-1] == cos.shape[1]:
-                kwargs["position_ids"] = kwargs["position_ids"][..., kept[0]]
+                kwargs["position_ids"] = kwargs["position_ids"][..., self.kept]
             return (hidden, *args[1:]), kwargs
         return hook
 
+    def after_layer(self, index: int):
+        def hook(module, args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            rows = self.rows if self.kept is None else self.rows[self.kept]
+            hidden = hidden + self.deepstack[index][rows].to(hidden.dtype)[None]  # zero on text rows
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+        return hook
+
+
+@contextmanager
+def _layer_hooks(conv: Conversation, deepstack: torch.Tensor | None):
+    hooks = _LayerHooks(conv, deepstack)
     layers = conv.loaded.language_model().layers
-    handles = [layer.register_forward_pre_hook(before_layer(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    handles = [layer.register_forward_pre_hook(hooks.before_layer(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    if deepstack is not None:
+        # features for layers past a shortened decoder are dropped, as the model's own forward drops them
+        handles += [layers[i].register_forward_hook(hooks.after_layer(i)) for i in range(min(len(deepstack), len(layers)))]
     try:
-        yield
+        yield hooks
     finally:
         for h in handles:
             h.remove()

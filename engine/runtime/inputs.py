@@ -243,6 +243,30 @@ class QwenVLAdapter(ChatAdapter):
         return pos, int(pos.max()) + 1
 
 
+class Qwen3VLAdapter(QwenVLAdapter):
+    """Qwen3-VL: Qwen2-VL's markers and image path; a video is one group per temporal patch, each
+    ``<t seconds>`` then its tokens between vision markers, so time is read from text, and the
+    temporal rotary id just follows the text (interleaved M-RoPE; ``get_rope_index`` splits the grid
+    per frame). DeepStack features ride with ``pixel_values`` inside the model's own forward."""
+
+    def add_video(self, b, video, pixels) -> None:
+        patches, grid = self.patchify_video(video.frames)
+        merge, tp = self.image_processor.merge_size, self.image_processor.temporal_patch_size
+        t, h, w = grid
+        per_frame = (h // merge) * (w // merge)
+        times = list(video.timestamps) + [video.timestamps[-1]] * (t * tp - len(video.timestamps))
+        frames = []
+        for i in range(t):  # the processor's timestamp: the mean time of the frames a patch pairs
+            moment = (times[i * tp] + times[i * tp + tp - 1]) / 2
+            b.add_text(self.tokens(f"<{moment:.1f} seconds>") + [self.config.vision_start_token_id])
+            frames.append((b.here, b.here + per_frame))
+            b.ids.extend([self.config.video_token_id] * per_frame)
+            b.add_text([self.config.vision_end_token_id])
+        b.visuals.append(VisualSpan("video", (frames[0][0], frames[-1][1]), frames, (t, h // merge, w // merge)))
+        pixels.setdefault("pixel_values_videos", []).append(patches)
+        pixels.setdefault("video_grid_thw", []).append(torch.tensor([grid]))
+
+
 class LlavaAdapter(ChatAdapter):
     """LLaVA-1.5 (and LLaVA-NeXT / OneVision through their processors): 1-D RoPE, videos as frames."""
 
@@ -281,6 +305,8 @@ class ChatMLLlavaAdapter(LlavaAdapter):
 ADAPTERS = {
     "qwen2_vl": QwenVLAdapter,
     "qwen2_5_vl": QwenVLAdapter,
+    "qwen3_vl": Qwen3VLAdapter,
+    "qwen3_vl_moe": Qwen3VLAdapter,
     "llava": LlavaAdapter,
     "llava_next": MistralLlavaAdapter,
     "llava_onevision": ChatMLLlavaAdapter,

@@ -28,7 +28,7 @@ ARENA_DESCRIPTION = ("Tiny Qwen2.5-VL trained here (offline, 0.8M parameters) on
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    family: str  # qwen2_vl, qwen2_5_vl, llava, llava_next, llava_onevision
+    family: str  # qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, llava, llava_next, llava_onevision
     source: str  # "builtin" (tiny, random), "trained" (tiny, weights in assets/), "hub" or "random"
     repo: str | None = None
     description: str = ""
@@ -55,6 +55,10 @@ HUB = {
     "Qwen/Qwen2-VL-2B-Instruct": "qwen2_vl",
     "Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl",
     "Qwen/Qwen2.5-VL-7B-Instruct": "qwen2_5_vl",
+    "Qwen/Qwen3-VL-2B-Instruct": "qwen3_vl",
+    "Qwen/Qwen3-VL-4B-Instruct": "qwen3_vl",
+    "Qwen/Qwen3-VL-8B-Instruct": "qwen3_vl",
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": "qwen3_vl_moe",
     "llava-hf/llava-1.5-7b-hf": "llava",
     "llava-hf/llava-v1.6-mistral-7b-hf": "llava_next",
     "llava-hf/llava-onevision-qwen2-0.5b-ov-hf": "llava_onevision",
@@ -63,6 +67,8 @@ HUB = {
 _SPECS = [
     ModelSpec("tiny-qwen2-vl", "qwen2_vl", "builtin", description="Tiny random Qwen2-VL (offline, M-RoPE, native video)"),
     ModelSpec("tiny-qwen2.5-vl", "qwen2_5_vl", "builtin", description="Tiny random Qwen2.5-VL (offline, windowed vision)"),
+    ModelSpec("tiny-qwen3-vl", "qwen3_vl", "builtin",
+              description="Tiny random Qwen3-VL (offline, interleaved M-RoPE, DeepStack, timestamped video)"),
     ModelSpec("tiny-llava", "llava", "builtin", description="Tiny random LLaVA-1.5 shape (offline, Llama decoder, 1-D RoPE)"),
     ModelSpec(ARENA, "qwen2_5_vl", "trained", description=ARENA_DESCRIPTION),
 ]
@@ -109,6 +115,8 @@ def _model_class(family: str):
     return {
         "qwen2_vl": tf.Qwen2VLForConditionalGeneration,
         "qwen2_5_vl": tf.Qwen2_5_VLForConditionalGeneration,
+        "qwen3_vl": tf.Qwen3VLForConditionalGeneration,
+        "qwen3_vl_moe": tf.Qwen3VLMoeForConditionalGeneration,
         "llava": tf.LlavaForConditionalGeneration,
         "llava_next": tf.LlavaNextForConditionalGeneration,
         "llava_onevision": tf.LlavaOnevisionForConditionalGeneration,

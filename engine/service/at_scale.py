@@ -15,8 +15,9 @@ from functools import lru_cache
 from ..runtime.models import CONFIG_DIR
 
 DTYPE_BYTES = 2  # bf16 / fp16, as these checkpoints are served
-# visual tokens of one 448 x 448 video frame: Qwen-VL merges 2x2 patches of 14 px and pairs of frames
-FRAME_TOKENS = {"qwen2_vl": 128, "qwen2_5_vl": 128, "llava": 576, "llava_next": 576, "llava_onevision": 196}
+# visual tokens of one 448 x 448 video frame: Qwen-VL merges 2x2 patches of 14 px (Qwen3-VL: 16 px) and pairs of frames
+FRAME_TOKENS = {"qwen2_vl": 128, "qwen2_5_vl": 128, "qwen3_vl": 98, "qwen3_vl_moe": 98, "llava": 576, "llava_next": 576,
+                "llava_onevision": 196}
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ def kept_visuals(conv: Conversation, history: list[Prepared], highlight: list | 
             if visual.grid is None or visual.length != int(np.prod(visual.grid)):
                 continue  # tiled layouts (LLaVA-NeXT) have no single grid to draw on
             t, h, w = visual.grid
-            keep = held[:, visual.span[0]:visual.span[1]].reshape(-1, t, h, w)
+            tokens = np.concatenate([held[:, a:b] for a, b in visual.token_spans], axis=1)  # frames without their timestamps
+            keep = tokens.reshape(-1, t, h, w)
             label = f"{kind} {n}" + (f", turn {turn}" if len(history) > 1 else "")  # short: a one-line caption
             out.append({"label": label, "kind": kind, "keep": keep, "meaning": meaning,
                         "pictures": _pictures(source, t, conv.adapter.image_processor)})

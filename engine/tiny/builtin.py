@@ -50,8 +50,8 @@ def tiny_text_config(vocab_size: int, **overrides) -> dict:
 
 
 def tiny_config(family: str):
-    """Config of a tiny random model of ``family``: qwen2_vl, qwen2_5_vl or llava."""
-    from transformers import LlavaConfig, Qwen2_5_VLConfig, Qwen2VLConfig
+    """Config of a tiny random model of ``family``: qwen2_vl, qwen2_5_vl, qwen3_vl or llava."""
+    from transformers import LlavaConfig, Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
 
     tok = byte_tokenizer(family)
     ids = {t: tok.convert_tokens_to_ids(t) for t in (QWEN_SPECIALS if family.startswith("qwen") else LLAVA_SPECIALS)}
@@ -68,6 +68,18 @@ def tiny_config(family: str):
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128,
                       window_size=112, fullatt_block_indexes=[0], tokens_per_second=2)
         return Qwen2_5_VLConfig(vision_config=vision, **common)
+    if family == "qwen3_vl":
+        # Qwen3 decoder (explicit head_dim, q/k norms), interleaved M-RoPE ([24, 20, 20] of 64 scaled
+        # to 16 frequencies), 16 px patches, and DeepStack: three vision layers' features are added to
+        # the first three decoder layers' hidden states at the visual tokens, as in the hub models.
+        text = tiny_text_config(len(tok), head_dim=32, rope_parameters={
+            "rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [6, 5, 5], "mrope_interleaved": True},
+            bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
+        vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128,
+                      patch_size=16, num_position_embeddings=2304, deepstack_visual_indexes=[0, 1, 2])
+        return Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                             video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                             vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
     if family == "llava":
         text = tiny_text_config(len(tok), model_type="llama", rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                                 bos_token_id=ids["<s>"], eos_token_id=ids["</s>"], pad_token_id=ids["<pad>"])
@@ -80,11 +92,15 @@ def tiny_config(family: str):
 
 
 def tiny_image_processor(family: str, max_pixels: int = 448 * 448):
-    """PIL image processors (no torchvision): 448 px -> 256 tokens (Qwen), 336 px -> 576 (LLaVA)."""
-    if family in ("qwen2_vl", "qwen2_5_vl"):
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    """PIL image processors (no torchvision): 448 px -> 256 tokens (Qwen2/2.5-VL), 196 (Qwen3-VL, 16 px
+    patches), 336 px -> 576 (LLaVA)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    if family in ("qwen2_vl", "qwen2_5_vl"):
         return Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=max_pixels)
+    if family.startswith("qwen3_vl"):  # the hub's Qwen2VLImageProcessor settings: 16 px patches, mean/std 0.5
+        return Qwen2VLImageProcessorPil(min_pixels=64 * 64, max_pixels=max_pixels, patch_size=16,
+                                        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
     return CLIPImageProcessorPil(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336})

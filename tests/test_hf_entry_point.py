@@ -1,0 +1,110 @@
+"""The public entry point (``engine.hf``): any method on a stock transformers model through its own
+``generate``, token for token and byte for byte what the app's runtime gives, over two turns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.support import make_image, make_video
+
+import backends
+from engine.hf import Chat, compress, save_offline
+from engine.runtime.attention import ATTENTION_NAME
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
+
+PLAIN = [name for name in backends.available() if not backends.backend_class(name).needs_media_store]
+FIRST, SECOND = "What is shown?", "And the colours?"
+
+
+def stock(loaded):
+    """The runtime's model as a stock one: transformers' own attention until ``compress`` runs."""
+    loaded.model.set_attn_implementation("sdpa")
+    return loaded.model
+
+
+@pytest.fixture
+def restore(models):
+    yield
+    for name in ("tiny-qwen2-vl", "tiny-qwen3-vl", "tiny-llava"):
+        models(name).model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
+
+
+def budget_of(method: str) -> float:
+    return 0.3 if backends.backend_class(method).uses_budget else 1.0
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-llava"])  # M-RoPE and 1-D RoPE
+@pytest.mark.parametrize("method", PLAIN)
+def test_generate_gives_the_runtimes_tokens_and_bytes_over_two_turns(models, restore, name, method):
+    loaded = models(name)
+    image = make_image(0, (224, 224))
+    conv = Conversation(loaded, backends.make_backend(method, budget=budget_of(method)))
+    ref = [conv.ask(Message(FIRST, images=[image]), max_new_tokens=8), conv.ask(Message(SECOND), max_new_tokens=8)]
+
+    model, adapter = stock(loaded), loaded.adapter
+    chat = Chat(model, adapter.tokenizer, adapter.image_processor, adapter.processor)
+    eos = sorted(adapter.eos_ids)
+    settings = dict(max_new_tokens=8, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+    with compress(model, method, budget=budget_of(method)) as press:
+        inputs = chat.turn(FIRST, images=[image])
+        out = model.generate(**inputs, past_key_values=press.cache, **settings)
+        first = out[0, inputs["input_ids"].shape[1]:].tolist()
+        inputs = chat.turn(SECOND, after=out)
+        out = model.generate(**inputs, past_key_values=press.cache, **settings)
+        second = out[0, inputs["input_ids"].shape[1]:].tolist()
+    assert [first, second] == [r.token_ids for r in ref], method
+    assert press.nbytes() == conv.cache.nbytes() and press.cache.seen == conv.seen, method
+    held, expected = press.kept_positions(), conv.cache.kept_positions()
+    assert all(torch.equal(a, b) for a, b in zip(held, expected)), method
+    if backends.backend_class(method).uses_budget and method != "full":
+        assert press.nbytes() < press.full_nbytes()  # it compressed something
+    assert model.config.get_text_config()._attn_implementation == "sdpa"  # restored after the block
+
+
+def test_qwen3_vl_video_and_sampling_from_a_saved_checkpoint(tmp_path):
+    """The README's path: an offline checkpoint loaded by from_pretrained, an image and a video,
+    greedy then sampling on the same cache; sampling is seeded like any generate."""
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration
+
+    path = save_offline("tiny-qwen3-vl", tmp_path / "tiny-qwen3-vl")
+    model = Qwen3VLForConditionalGeneration.from_pretrained(path)
+    chat = Chat(model, AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path, backend="pil"))
+    inputs = chat.turn("What moves?", images=[make_image(1, (224, 224))], videos=[make_video(2)])
+    answers = []
+    for _ in range(2):
+        with compress(model, "h2o", budget=0.25) as press:
+            out = model.generate(**inputs, past_key_values=press.cache, max_new_tokens=6, do_sample=False)
+            torch.manual_seed(0)
+            more = model.generate(**chat.turn("Why?", after=out), past_key_values=press.cache, max_new_tokens=6,
+                                  do_sample=True, temperature=0.9, top_p=0.9)
+        answers.append(more[0, out.shape[1]:].tolist())
+        assert press.report.kept is not None and len(press.kept_positions()) == 4
+        assert abs(press.nbytes() / press.full_nbytes() - 0.25) < 0.01  # H2O holds its budget while decoding
+    assert answers[0] == answers[1]
+
+
+def test_what_cannot_run_is_refused_clearly(models, restore):
+    loaded = models("tiny-qwen2-vl")
+    model, adapter = stock(loaded), loaded.adapter
+    with pytest.raises(ValueError, match="stored"):
+        with compress(model, "mpic"):
+            pass
+    with pytest.raises(ValueError, match="unknown method"):
+        with compress(model, "nope"):
+            pass
+    with pytest.raises(ValueError, match="window_size"):
+        with compress(model, "snapkv", budget=0.2, window_size=0):
+            pass
+    inputs = Chat(model, adapter.tokenizer, adapter.image_processor).turn("Hi")
+    with compress(model, "snapkv", budget=0.5), pytest.raises(ValueError, match="past_key_values=press.cache"):
+        model.generate(**inputs, max_new_tokens=2)
+    batch = {"input_ids": inputs["input_ids"].repeat(2, 1), "attention_mask": inputs["attention_mask"].repeat(2, 1)}
+    with compress(model, "snapkv", budget=0.5) as press, pytest.raises(ValueError, match="batch 1"):
+        model.generate(**batch, past_key_values=press.cache, max_new_tokens=2)
+    with pytest.raises(ValueError, match="follow-up carries text"):
+        Chat(model, adapter.tokenizer, adapter.image_processor).turn("and?", images=[make_image(0)],
+                                                                      after=inputs["input_ids"])
+    # after the blocks the model is stock again: its own attention, no hooks
+    assert model.config.get_text_config()._attn_implementation == "sdpa"
+    assert not model._forward_pre_hooks and not model.get_decoder()._forward_hooks
