@@ -87,11 +87,14 @@ def _grouped_video_chunks(conv: Conversation, video: Video, frames_per_chunk: in
     size = adapter.video_frame_size(groups * tp, height, width, frame_max_pixels)
     grid = (groups, size[0] // patch, size[1] // patch)
     per_group = (grid[1] // merge) * (grid[2] // merge)
-    ids = torch.tensor([[cfg.vision_start_token_id] + [cfg.video_token_id] * (groups * per_group)
-                        + [cfg.vision_end_token_id]])
-    # positions of the whole video from its token ids and grid, as in one prompt; sliced per chunk
-    rope_ids, next_position = adapter.positions(ids, None, {k: [v] for k, v in adapter.video_grid_inputs(video, grid).items()},
-                                                conv.next_position)
+    ids = [cfg.vision_start_token_id] + [cfg.video_token_id] * (groups * per_group) + [cfg.vision_end_token_id]
+    # positions of the whole video from its token ids and grid, as in one prompt, sliced per chunk;
+    # one text token after it tells where the prompt's text goes on (the model's rule, which may
+    # sit below the video's last time id)
+    grid_inputs = {k: [v] for k, v in adapter.video_grid_inputs(video, grid).items()}
+    rope_ids, _ = adapter.positions(torch.tensor([ids + [cfg.vision_end_token_id]]), None, grid_inputs, conv.next_position)
+    rope_ids, next_position = rope_ids[:, :-1], int(rope_ids[0, -1])
+    ids = torch.tensor([ids])
     step = max(1, frames_per_chunk // tp)  # whole temporal groups per chunk
     start = conv.seen
     for g0 in range(0, groups, step):
@@ -127,12 +130,12 @@ def feed_streaming(conv: Conversation, message: Message, frames_per_chunk: int =
     videos = [load_video(v, message.num_frames) for v in message.videos]
     has_media = bool(images or videos)
     total = len(images) + sum(len(v.frames) for v in videos)
-    done = 0
+    done, highest = 0, conv.next_position - 1
     conv.backend.reset_report()
     conv.cache.peak_bytes = conv.cache.nbytes()
 
     def feed(chunk: Chunk, frames: int) -> StreamProgress | None:
-        nonlocal done
+        nonlocal done, highest
         if chunk.input_ids.shape[1] == 0:
             return None
         needed = chunk.next_position + 1
@@ -143,6 +146,7 @@ def feed_streaming(conv: Conversation, message: Message, frames_per_chunk: int =
         overhead = conv.prefill_chunk(chunk, cap_bytes)
         done += frames
         conv.turn_open = True
+        highest = max(highest, int(chunk.rope_ids.max()))
         return StreamProgress(done, total, conv.cache.nbytes(), conv.cache.peak_bytes, cap_bytes,
                               time.perf_counter() - t0, overhead, chunk.input_ids.shape[1])
 
@@ -164,6 +168,7 @@ def feed_streaming(conv: Conversation, message: Message, frames_per_chunk: int =
         progress = feed(conv.encode(tail), 0)
         if progress:
             yield progress
+    conv.next_position = highest + 1  # the next turn goes on after the turn's highest id, as after a one-shot prompt
 
 
 def synthetic_video(frames: int, size: int = 112, seed: int = 0, fps: float = 1.0) -> Video:
