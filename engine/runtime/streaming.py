@@ -44,7 +44,7 @@ class StreamProgress:
     frames_done: int  # video frames fed so far (images count as one frame each)
     frames_total: int
     kv_bytes: int  # held after this chunk, once the method evicted
-    peak_kv_bytes: int  # most held at any point of the turn so far (a chunk lands before eviction)
+    peak_kv_bytes: int  # most held while this chunk went in (it lands whole before the method evicts)
     cap_bytes: int | None
     chunk_s: float  # this chunk: pixels, vision tower, prefill, eviction
     overhead_s: float  # of which inside the method's hooks
@@ -132,7 +132,6 @@ def feed_streaming(conv: Conversation, message: Message, frames_per_chunk: int =
     total = len(images) + sum(len(v.frames) for v in videos)
     done, highest = 0, conv.next_position - 1
     conv.backend.reset_report()
-    conv.cache.peak_bytes = conv.cache.nbytes()
 
     def feed(chunk: Chunk, frames: int) -> StreamProgress | None:
         nonlocal done, highest
@@ -143,6 +142,7 @@ def feed_streaming(conv: Conversation, message: Message, frames_per_chunk: int =
             raise UserError(f"The video reaches rotary position {needed}, past the model's context of "
                             f"{conv.loaded.max_context}. Use fewer frames.")
         t0 = time.perf_counter()
+        conv.cache.peak_bytes = conv.cache.nbytes()
         overhead = conv.prefill_chunk(chunk, cap_bytes)
         done += frames
         conv.turn_open = True
