@@ -147,7 +147,8 @@ def feed_streaming(conv: Conversation, message: Message, frames_per_chunk: int =
         done += frames
         conv.turn_open = True
         highest = max(highest, int(chunk.rope_ids.max()))
-        return StreamProgress(done, total, conv.cache.nbytes(), conv.cache.peak_bytes, cap_bytes,
+        held = conv.cache.nbytes()  # a one-token part goes in as a decode step, which the peak meter skips
+        return StreamProgress(done, total, held, max(held, conv.cache.peak_bytes), cap_bytes,
                               time.perf_counter() - t0, overhead, chunk.input_ids.shape[1])
 
     # the parts of the one prompt: header (and text before the media), each image, each video's
