@@ -19,6 +19,11 @@ received from the new queries (``call.column_sums``, computed in the same pass),
 ``attend(query, scaling)`` answers a decode query from its stored form (codes, factors) instead of
 rebuilding dense keys and values.
 
+A long video may stream in: the runtime prefills it a few frames at a time and, for a method
+with ``streams_under_cap``, sets ``call.cap_bytes`` on each chunk; the method then evicts through
+the same seams until the whole cache holds at most that many bytes (``call.cap_entries(layer)``:
+a layer's equal share, in entries).
+
 Keys arrive post-RoPE, shape ``(1, H_kv, S, D)``; queries ``(1, H, q, D)``. Batch is always 1.
 """
 
