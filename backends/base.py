@@ -19,6 +19,11 @@ received from the new queries (``call.column_sums``, computed in the same pass),
 ``attend(query, scaling)`` answers a decode query from its stored form (codes, factors) instead of
 rebuilding dense keys and values.
 
+A long video may stream in: the runtime prefills it a few frames at a time and, for a method
+with ``streams_under_cap``, sets ``call.cap_bytes`` on each chunk; the method then evicts through
+the same seams until the whole cache holds at most that many bytes (``call.cap_entries(layer)``:
+a layer's equal share, in entries).
+
 Keys arrive post-RoPE, shape ``(1, H_kv, S, D)``; queries ``(1, H, q, D)``. Batch is always 1.
 """
 
@@ -182,6 +187,9 @@ class AttentionCall:
     # prefill attention for backends with ``needs_prefill_column_sums`` (None otherwise, e.g. when
     # ``attend`` took over)
     column_sums: torch.Tensor | None = None
+    # a streamed prefill (a long video fed a few frames at a time): the bytes the whole cache may
+    # hold once this chunk is done; a method that ``streams_under_cap`` evicts down to it (None: no cap)
+    cap_bytes: int | None = None
 
     @property
     def is_prefill(self) -> bool:
@@ -190,6 +198,15 @@ class AttentionCall:
     @property
     def is_last_layer(self) -> bool:
         return self.layer_idx == self.num_layers - 1
+
+    def cap_entries(self, layer: KVLayer) -> int | None:
+        """Entries per KV head ``layer`` may hold under ``cap_bytes`` (every layer an equal share of
+        the cap, at the bytes per entry it holds now), or None without a cap."""
+        held = layer.get_seq_length()
+        if self.cap_bytes is None or held == 0:
+            return None
+        per_entry = layer.nbytes() / held
+        return max(1, int(self.cap_bytes / self.num_layers // per_entry))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,6 +355,9 @@ class KVBackend:
     # True when the method only acts on media KV the runtime stored beforehand (MPIC): a plain
     # ``model.generate`` has no store, so the public entry point (``engine.hf``) refuses it.
     needs_media_store: ClassVar[bool] = False
+    # True: the method can hold a streamed prefill under a byte cap (``AttentionCall.cap_bytes``),
+    # evicting between chunks as the frames arrive; any method streams without a cap.
+    streams_under_cap: ClassVar[bool] = False
     # Parameters that, with budget 1.0, make the method reproduce the full cache exactly (the
     # registry-wide lossless test uses them; e.g. a quantising method turns quantisation off).
     lossless_params: ClassVar[dict[str, Any]] = {}
@@ -405,6 +425,7 @@ class KVBackend:
             "summary": self.summary,
             "holds_budget_while_decoding": self.holds_budget_while_decoding,
             "uses_budget": self.uses_budget,
+            "streams_under_cap": self.streams_under_cap,
             "params": [BUDGET.to_dict()] + [p.to_dict() for p in self.param_specs()],
         }
 

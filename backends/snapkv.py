@@ -18,7 +18,13 @@ the answer will need, so their attention "votes" for the prompt entries worth ke
   history and the new tokens together with its own observation window.
 
 Each layer is compressed in ``after_attention``, right after its attention, which lowers the
-prefill peak too. Report (the base :class:`~backends.base.Report`): ``kept`` (per layer, (H_kv, S)
+prefill peak too.
+
+Streamed prefill under a byte cap: each chunk's attention is scored as a prefill of its own, its
+last ``window_size`` tokens voting, and the layer keeps what fits its equal share of the cap
+(per chunk, as SnapKV compresses each new prompt on top of the history). While video chunks
+stream the voters are the newest frames' tokens, so the choice is query-agnostic; it sees a
+question only in a chunk that holds one. Report (the base :class:`~backends.base.Report`): ``kept`` (per layer, (H_kv, S)
 positions), ``layer_budgets`` (per layer, entries kept / tokens seen).
 """
 
@@ -79,6 +85,7 @@ class SnapKV(KVBackend):
                              "(Sec. 4.2: 32).", 1, 512, 1)
     kernel_size: int = param(5, "Pooling kernel along the keys, so neighbours of a chosen token are kept too "
                              "(authors' code: 5; 1 disables pooling).", 1, 63, 2)
+    streams_under_cap = True
     pooling: str = param("avgpool", "How votes are pooled along the keys: average (authors' code, kvpress) or max.",
                          choices=("avgpool", "maxpool"))
 
@@ -93,6 +100,9 @@ class SnapKV(KVBackend):
             self.report.kept, self.report.layer_budgets = [None] * call.num_layers, [1.0] * call.num_layers
         held = key.shape[2]
         count = min(held, self.layer_capacity(call, held))
+        cap = call.cap_entries(layer)  # a streamed prefill's cap, if lower
+        if cap is not None:
+            count = min(count, cap)
         if count < held:
             window = min(self.window_size, query.shape[2], count)
             scores = (snapkv_scores(query, key, scaling, window, self.kernel_size, self.pooling)

@@ -6,6 +6,11 @@ Budget semantics: the cache holds ``budget x tokens seen`` entries during prefil
 into the cached keys (post-RoPE) and the runtime keeps feeding true positions, which is the
 "position within the original text" variant; the paper's cache-relative re-rotation is not needed
 for a model that was never trained to stream past its context.
+
+Streamed prefill under a byte cap (a long video fed a few frames at a time): after every chunk
+each layer keeps the sinks and the most recent entries that fit its equal share of the cap, the
+paper's rolling cache with a byte-sized window. Query-agnostic: what stays depends only on where
+a token sits.
 """
 
 from dataclasses import dataclass
@@ -23,10 +28,13 @@ class StreamingLLM(KVBackend):
     summary = "Keeps the first tokens (attention sinks) and the most recent ones; drops the middle, images included."
     sink_tokens: int = param(4, "How many of the very first tokens are always kept (the 'attention sinks').", 0, 64, 1)
     holds_budget_while_decoding = True
+    streams_under_cap = True  # sinks and the newest tokens: query-agnostic, whatever the stream holds
 
     def after_forward(self, cache, call) -> None:
-        keep_count = self.budget_tokens(call.seen, minimum=self.sink_tokens + 1)
+        budget_count = self.budget_tokens(call.seen, minimum=self.sink_tokens + 1)
         for layer in cache.layers:
+            cap = call.cap_entries(layer)  # a streamed prefill's cap, if lower
+            keep_count = budget_count if cap is None else min(budget_count, max(cap, self.sink_tokens + 1))
             held = layer.get_seq_length()
             if held <= keep_count:
                 continue

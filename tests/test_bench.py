@@ -91,3 +91,14 @@ def test_random_variants_have_the_real_shapes():
                 model = _model_class(spec.family)(shipped_config(spec.repo))
             assert abs(sum(p.numel() for p in model.parameters()) / 1e9 - expected[spec.repo]) < 0.02
     assert shipped_config("llava-hf/llava-1.5-7b-hf", num_layers=2).get_text_config().num_hidden_layers == 2
+
+
+def test_stream_mode_holds_a_capped_method_under_the_cap_plus_one_chunk():
+    from engine.bench import stream
+
+    args = stream.parse_args(["--model", "tiny-qwen2-vl", "--frame-size", "56", "--frames-per-chunk", "4",
+                              "--cap-mb", "0.1", "--decode-steps", "2", "--one", "infinipot_v:16"])
+    (row,) = stream.run(args)
+    assert row["method"] == "infinipot_v" and row["frames"] == 16 and row["chunks"] >= 4
+    assert row["peak_kv_bytes"] <= row["cap_bytes"] + row["largest_chunk_bytes"]
+    assert row["kv_bytes_end_of_video"] <= row["cap_bytes"] and row["peak_rss_bytes"] > 0

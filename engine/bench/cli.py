@@ -8,7 +8,7 @@ import sys
 
 # modes with their own CLI; imported only when chosen (the accuracy bench pulls in plotly)
 MODES = {"mpic": "engine.bench.mpic", "prefill": "engine.bench.prefill", "accuracy": "engine.bench.accuracy",
-         "decode": "engine.bench.decode"}
+         "decode": "engine.bench.decode", "stream": "engine.bench.stream"}
 
 
 def main(argv=None) -> int:

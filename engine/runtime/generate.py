@@ -101,10 +101,11 @@ class Conversation:
 
     # --- one forward pass ----------------------------------------------------------------------
     def _forward(self, input_ids, rope_ids, layout: PromptLayout | None, model_kwargs: dict,
-                 positions: torch.Tensor | None = None, seen: int | None = None) -> tuple[torch.Tensor, float]:
+                 positions: torch.Tensor | None = None, seen: int | None = None,
+                 cap_bytes: int | None = None) -> tuple[torch.Tensor, float]:
         """One forward pass. ``positions`` / ``seen`` (token indices fed, history length after) let a
         linked prefill feed a subset of a chunk; ``input_ids`` is None when ``model_kwargs`` holds
-        ``inputs_embeds``."""
+        ``inputs_embeds``; ``cap_bytes``: a streamed prefill's memory cap, handed to the method."""
         q = rope_ids.shape[1]
         if positions is None:
             positions = torch.arange(self.seen, self.seen + q, device=self.loaded.device)
@@ -112,7 +113,7 @@ class Conversation:
         self.cache.pending_positions = positions
         call = AttentionCall(layer_idx=0, num_layers=self.loaded.num_layers, phase="prefill" if q > 1 else "decode",
                              positions=positions, rope_ids=rope_ids, layout=layout, seen=seen,
-                             step=self.steps, rotary=self.rotary)
+                             step=self.steps, rotary=self.rotary, cap_bytes=cap_bytes)
         run = ForwardRun(self.cache, call, sync=self._sync)
         dev = self.loaded.device
         kwargs = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in model_kwargs.items()}
@@ -125,6 +126,31 @@ class Conversation:
             run.timed(self.backend.after_forward, self.cache, call)
         self.seen = seen
         return out.logits[0, -1].float(), run.settle()
+
+    # --- a prompt fed in parts (engine.runtime.streaming) --------------------------------------
+    def encode(self, message: Message, close_turn: bool = False) -> Chunk:
+        """The next part of the conversation's prompt for ``message``, placed after what was fed
+        (system prompt on the first turn, the last answer's unfed end, the user header if no turn
+        is open), without feeding it."""
+        return self._encode(message, close_turn)
+
+    @torch.inference_mode()
+    def prefill_chunk(self, chunk: Chunk, cap_bytes: int | None = None) -> float:
+        """Prefill one part of a prompt on top of the cache (a streamed video's next frames), with
+        the rotary positions ``chunk`` carries; ``cap_bytes`` asks the method to hold the whole cache
+        under that many bytes once the part is in. Returns the seconds spent in the method's hooks."""
+        logits, overhead = self._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs,
+                                         cap_bytes=cap_bytes)
+        self.next_position = chunk.next_position
+        self.pending = []
+        self.layouts.append(chunk.layout)
+        self._last_logits = logits
+        return overhead
+
+    @property
+    def last_logits(self) -> torch.Tensor | None:
+        """Float32 logits after the last token fed (the next token's distribution)."""
+        return getattr(self, "_last_logits", None)
 
     # --- turns ---------------------------------------------------------------------------------
     def _encode(self, message: Message, close_turn: bool) -> Chunk:

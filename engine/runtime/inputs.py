@@ -206,22 +206,39 @@ class QwenVLAdapter(ChatAdapter):
         b.add_visual("video", [self.config.video_token_id] * (t * per_frame), grid=(t, h // merge, w // merge), frames=frames)
         b.add_text([self.config.vision_end_token_id])
         pixels.setdefault("pixel_values_videos", []).append(patches)
-        pixels.setdefault("video_grid_thw", []).append(torch.tensor([grid]))
+        for key, value in self.video_grid_inputs(video, grid).items():
+            pixels.setdefault(key, []).append(value)
+
+    def video_grid_inputs(self, video: Video, grid: tuple[int, int, int]) -> dict[str, torch.Tensor]:
+        """What the rotary positions of a video of ``grid`` (t, h, w in patches) are computed from."""
+        inputs = {"video_grid_thw": torch.tensor([grid])}
         if self.config.model_type == "qwen2_5_vl":
             tp = self.image_processor.temporal_patch_size
-            pixels.setdefault("second_per_grid_ts", []).append(torch.tensor([tp / video.sample_fps]))
+            inputs["second_per_grid_ts"] = torch.tensor([tp / video.sample_fps])
+        return inputs
 
-    def patchify_video(self, frames: np.ndarray) -> tuple[torch.Tensor, tuple[int, int, int]]:
-        """Frames (N, H, W, 3) -> Qwen-VL video patches, ordered as the image processor orders them."""
+    def video_frame_size(self, num_frames: int, height: int, width: int, max_pixels: int | None = None) -> tuple[int, int]:
+        """(h, w) in pixels each frame of a video is resized to. By default a video shares one
+        image's pixel budget among its temporal groups; ``max_pixels`` fixes it per frame instead
+        (a streamed video, whose length does not shrink its frames)."""
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
+        ip = self.image_processor
+        groups = -(-num_frames // ip.temporal_patch_size)
+        if max_pixels is None:
+            max_pixels = max(56 * 56, ip.size["longest_edge"] // max(1, groups))  # a video shares the image budget
+        return smart_resize(height, width, factor=ip.patch_size * ip.merge_size, min_pixels=ip.size["shortest_edge"],
+                            max_pixels=max_pixels)
+
+    def patchify_video(self, frames: np.ndarray, size: tuple[int, int] | None = None) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """Frames (N, H, W, 3) -> Qwen-VL video patches, ordered as the image processor orders them;
+        ``size`` (h, w) in pixels, else :meth:`video_frame_size`'s."""
         ip = self.image_processor
         p, m, tp = ip.patch_size, ip.merge_size, ip.temporal_patch_size
         if len(frames) % tp:
             frames = np.concatenate([frames, np.repeat(frames[-1:], tp - len(frames) % tp, axis=0)])
         n, height, width = frames.shape[:3]
-        max_pixels = max(56 * 56, ip.size["longest_edge"] // max(1, n // tp))  # a video shares the image budget
-        h, w = smart_resize(height, width, factor=p * m, min_pixels=ip.size["shortest_edge"], max_pixels=max_pixels)
+        h, w = size or self.video_frame_size(n, height, width)
         resized = np.stack([np.asarray(Image.fromarray(f).resize((w, h), Image.BICUBIC)) for f in frames])
         x = (resized.astype(np.float32) / 255.0 - np.array(ip.image_mean, np.float32)) / np.array(ip.image_std, np.float32)
         x = x.transpose(0, 3, 1, 2)  # (N, C, H, W)

@@ -136,6 +136,18 @@ def shipped_config(repo: str, num_layers: int | None = None):
     return AutoConfig.for_model(**data)
 
 
+def shrink_vision(config, layers: int) -> None:
+    """Keep the first ``layers`` blocks of the vision tower (Qwen-VL's ``depth``, CLIP's layers),
+    for benchmarks of a real architecture on a CPU."""
+    vision = config.vision_config
+    if hasattr(vision, "depth"):
+        vision.depth = layers
+        if getattr(vision, "fullatt_block_indexes", None):
+            vision.fullatt_block_indexes = [i for i in vision.fullatt_block_indexes if i < layers] or [layers - 1]
+    else:
+        vision.num_hidden_layers = layers
+
+
 def _offline_processors(family: str, config):
     """Tokenizer, image processor and (LLaVA) processor, all made in code."""
     tokenizer = byte_tokenizer("qwen" if family.startswith("qwen") else "llava")
@@ -182,8 +194,9 @@ def pick_dtype(name: str | None, device: torch.device) -> tuple[str, torch.dtype
 
 def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: str | None = None,
                num_layers: int | None = None, quantization: str | None = None, seed: int = 0,
-               progress=None) -> LoadedModel:
-    """Load a model by registry name. ``quantization``: None, "8bit" or "4bit" (hub models, CUDA)."""
+               progress=None, vision_layers: int | None = None) -> LoadedModel:
+    """Load a model by registry name. ``quantization``: None, "8bit" or "4bit" (hub models, CUDA);
+    ``num_layers`` / ``vision_layers``: a shallower decoder / vision tower (random weights only)."""
     spec = model_spec(name)
     dev = pick_device(device)
     _, torch_dtype = pick_dtype(dtype, dev)
@@ -203,6 +216,8 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
                 config.get_text_config().num_hidden_layers = int(num_layers)
         else:
             config = shipped_config(spec.repo, num_layers)
+        if vision_layers:
+            shrink_vision(config, vision_layers)
         tokenizer, image_processor, processor = _offline_processors(spec.family, config)
         if spec.source == "random":
             _retarget_special_ids(config, tokenizer)

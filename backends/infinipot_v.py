@@ -1,0 +1,162 @@
+"""InfiniPot-V (Kim, Shim, Choi and Chang, "InfiniPot-V: Memory-Constrained KV Cache Compression for
+Streaming Video Understanding", NeurIPS 2025, arXiv 2506.15745, Sec. 3): while a video streams in,
+compress its cache in place each time it reaches a memory threshold |M|, down to a target |C|,
+without the question (query-agnostic, training-free). Two scores pick the video tokens kept:
+
+* TaR, temporal-axis redundancy: the newest frames are the reference; a past token whose key is
+  like the keys at the *same spatial place* in those frames (a static patch) is redundant. Its
+  score is minus the mean cosine similarity of its key to theirs, per KV head; the recent frames
+  are kept whole, and the past tokens with the highest TaR fill ``tar_ratio`` of |C| with them.
+* VaN, value norm: the L2 norm of a token's value vector marks the semantically salient tokens;
+  the rest of |C| goes to the largest norms, per KV head, among the video tokens TaR left.
+
+Schedule: the runtime's streamed prefill (``AttentionCall.cap_bytes``) gives |M|: each layer's
+equal share of the cap, in entries at the bytes it holds per entry. After every chunk, a layer
+holding more than |M| keeps |C| = ``target_ratio`` x |M| entries, so the cache never holds more
+than the cap plus one chunk. Without a cap (one prompt, ``budget`` < 1), the prompt's video tokens
+are compressed once after the prefill so the layer holds ``budget`` x tokens seen. Only video
+tokens compete: the system prompt, text, images and decoded tokens stay (the method scores
+frames); a cap too small for them alone holds just them. Decoded tokens are appended.
+
+Where the authors' code (aiha-lab/InfiniPot-V) and the paper differ, this follows the paper:
+
+* TaR's "same spatial place" is each entry's true frame and place (from its token position and
+  the frame spans of the layout). The released code reshapes the compressed cache as if it still
+  held whole frames in order, so after the first compression its "places" no longer line up.
+* |M| and |C| are bytes here (the cap, and ``target_ratio`` of it) rather than the code's frame
+  counts (``block_size`` 32 and ``compress_frame_num`` 24 in its scripts, whose ratio 0.75 is the
+  default of ``target_ratio``); the code's ``tar_ratio`` 0.5 and ``query_ratio`` 0.25 (the share
+  of the held frames that are the recent reference) are the defaults of the two other parameters.
+* The code keeps only the system prompt besides the video; here every non-video token stays.
+* VaN is the plain per-token value norm; the code's optional layer-wise pooling of the norms
+  (off in its scripts) is not implemented.
+
+Report (the base :class:`~backends.base.Report`): ``kept`` (per layer, (H_kv, S) positions) and
+``layer_budgets`` (per layer, entries held / tokens seen).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .base import AttentionCall, KVBackend, KVLayer, Span, param
+
+
+def tar_scores(keys: torch.Tensor, places: torch.Tensor, past: torch.Tensor, recent_keys: torch.Tensor) -> torch.Tensor:
+    """TaR of every held entry: minus the mean cosine similarity of its key to the recent frames'
+    keys at the same spatial place; ``-inf`` where ``past`` is False (not a scored past token).
+
+    keys (H, S, D); places (H, S) spatial index of each entry in its frame; past (H, S) bool;
+    recent_keys (H, R, T, D): the R recent frames' keys, T places each. The mean of cosines is
+    the dot product with the mean of the recent frames' unit keys. Returns (H, S) float32."""
+    reference = F.normalize(recent_keys.float(), dim=-1).mean(dim=1)  # (H, T, D)
+    index = places.clamp(0, reference.shape[1] - 1)
+    aligned = reference.gather(1, index[..., None].expand(-1, -1, reference.shape[-1]))  # (H, S, D)
+    scores = -(F.normalize(keys.float(), dim=-1) * aligned).sum(dim=-1)
+    return scores.masked_fill(~past, float("-inf"))
+
+
+def van_scores(values: torch.Tensor) -> torch.Tensor:
+    """VaN of every held entry: the L2 norm of its value vector. values (H, S, D) -> (H, S) float32."""
+    return values.float().norm(dim=-1)
+
+
+def select_entries(tar: torch.Tensor, van: torch.Tensor, video: torch.Tensor, recent: torch.Tensor,
+                   keep_video: int, tar_count: int) -> torch.Tensor:
+    """Ascending (H, S') indices kept per head: every non-video entry; of the video entries, the
+    recent ones and the ``tar_count`` - recent best TaR among the past ones, then the largest VaN
+    until ``keep_video``. All (H, S) tensors; ``recent`` holds the same count in every head."""
+    chosen = recent.clone()
+    extra = tar_count - int(recent[0].sum())
+    if extra > 0:
+        best = tar.topk(min(extra, tar.shape[1]), dim=1)
+        chosen |= torch.zeros_like(chosen).scatter(1, best.indices, best.values > float("-inf"))
+    priority = van.masked_fill(chosen | ~video, float("inf"))
+    total = int((~video[0]).sum()) + keep_video
+    return priority.topk(min(total, priority.shape[1]), dim=1).indices.sort(dim=1).values
+
+
+@dataclass(eq=False)
+class InfiniPotV(KVBackend):
+    name = "infinipot_v"
+    title = "InfiniPot-V"
+    paper = "https://arxiv.org/abs/2506.15745"
+    summary = ("Streams a video under a fixed memory cap: each time the cache reaches it, keeps the newest frames, "
+               "the past tokens that changed most at their place (TaR) and those with the largest value norms (VaN); "
+               "query-agnostic.")
+    streams_under_cap = True
+    target_ratio: float = param(0.75, "|C| / |M|: the share of the cap a compression brings each layer down to "
+                                "(authors' scripts: 24 of 32 frames).", 0.1, 1.0, 0.05)
+    tar_ratio: float = param(0.5, "Share of |C| chosen by temporal redundancy (TaR), the recent frames included; "
+                             "the rest by value norm (VaN) (authors' code: 0.5).", 0.0, 1.0, 0.05)
+    recent_ratio: float = param(0.25, "Share of the held frames that are the newest, kept whole as TaR's reference "
+                                "(authors' code: 0.25).", 0.0, 1.0, 0.05)
+    frames: list[Span] = field(default_factory=list, init=False, repr=False)  # every video frame's tokens seen
+
+    def after_forward(self, cache, call: AttentionCall) -> None:
+        if not call.is_prefill:
+            return
+        if call.layout is not None:
+            if int(call.positions[0]) == 0:  # a new conversation
+                self.frames = []
+            self.frames += [f for v in call.layout.videos for f in v.frames]
+        self.report.ensure_layers(call.num_layers, "kept", "layer_budgets")
+        for i, layer in enumerate(cache.layers):
+            target = self.layer_target(call, layer)
+            if target is not None and self.frames:
+                self.compress(layer, target)
+            self.report.kept[i] = layer.positions
+            self.report.layer_budgets[i] = layer.get_seq_length() / call.seen
+
+    def layer_target(self, call: AttentionCall, layer: KVLayer) -> int | None:
+        """Entries the layer is brought down to now, or None: |C| once it holds more than |M| under
+        a cap, else ``budget`` x tokens seen."""
+        held = layer.get_seq_length()
+        threshold = call.cap_entries(layer)
+        if threshold is not None:
+            return int(self.target_ratio * threshold) if held > threshold else None
+        target = self.budget_tokens(call.seen)
+        return target if target < held else None
+
+    def compress(self, layer: KVLayer, target: int) -> None:
+        positions = layer.positions
+        starts = torch.tensor([f[0] for f in self.frames], device=positions.device)
+        ends = torch.tensor([f[1] for f in self.frames], device=positions.device)
+        frame = (torch.searchsorted(starts, positions, right=True) - 1).clamp(min=0)
+        video = (positions >= starts[frame]) & (positions < ends[frame])
+        keep_video = target - int((~video[0]).sum())
+        if keep_video >= int(video[0].sum()):
+            return
+        keep_video = max(0, keep_video)
+        tar_count = round(self.tar_ratio * keep_video)
+        recent = self.recent_frames(frame, video, tar_count)
+        places = positions - starts[frame]
+        keys, values = layer.keys[0], layer.values[0]
+        if recent.any():
+            heads, size = keys.shape[0], int(recent[0].sum())
+            tokens = int(ends[-1] - starts[-1])
+            recent_keys = keys[recent].view(heads, size // tokens, tokens, -1)
+            same_size = (ends[frame] - starts[frame]) == tokens
+            tar = tar_scores(keys, places, video & ~recent & same_size, recent_keys)
+        else:
+            tar = torch.full(positions.shape, float("-inf"), device=positions.device)
+        layer.keep(select_entries(tar, van_scores(values), video, recent, keep_video, tar_count))
+
+    def recent_frames(self, frame: torch.Tensor, video: torch.Tensor, tar_count: int) -> torch.Tensor:
+        """(H, S) mask of the newest frames, ``recent_ratio`` of the frames' worth of video entries
+        held, counting back only over frames every head holds whole and of the last frame's size,
+        at most ``tar_count`` entries."""
+        tokens = self.frames[-1][1] - self.frames[-1][0]
+        wanted = min(max(1, int(self.recent_ratio * int(video[0].sum()) / tokens)), tar_count // tokens)
+        counts = torch.zeros(frame.shape[0], len(self.frames), dtype=torch.long, device=frame.device)
+        counts.scatter_add_(1, frame, video.long())
+        whole = 0
+        for f in range(len(self.frames) - 1, -1, -1):
+            if whole == wanted or self.frames[f][1] - self.frames[f][0] != tokens or not bool((counts[:, f] == tokens).all()):
+                break
+            whole += 1
+        first = len(self.frames) - whole
+        return video & (frame >= first) if whole else torch.zeros_like(video)

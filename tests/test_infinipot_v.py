@@ -1,0 +1,111 @@
+"""InfiniPot-V (backends/infinipot_v.py): TaR and VaN against plain reference computations, the
+selection they make, and the memory cap it holds while a video streams in."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import backends
+from backends.base import KVLayer, PromptLayout, VisualSpan
+from backends.infinipot_v import select_entries, tar_scores, van_scores
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
+from engine.runtime.streaming import bytes_per_token, feed_streaming, synthetic_video
+from tests.support import attention_call
+
+
+def test_tar_is_minus_the_mean_cosine_to_the_recent_frames_at_the_same_place():
+    g = torch.Generator().manual_seed(0)
+    heads, frames, places, dim = 2, 5, 3, 4
+    keys = torch.randn(heads, frames, places, dim, generator=g)
+    recent = 2  # the last two frames are the reference
+    flat = keys.reshape(heads, frames * places, dim)
+    place = torch.arange(places).repeat(frames).expand(heads, -1)
+    past = (torch.arange(frames * places) < (frames - recent) * places).expand(heads, -1)
+    got = tar_scores(flat, place, past, keys[:, -recent:])
+    for h in range(heads):
+        for f in range(frames):
+            for s in range(places):
+                i = f * places + s
+                if f >= frames - recent:
+                    assert got[h, i] == float("-inf")
+                    continue
+                sims = [F.cosine_similarity(keys[h, f, s], keys[h, r, s], dim=0) for r in range(frames - recent, frames)]
+                assert got[h, i].item() == pytest.approx(-sum(sims).item() / recent, abs=1e-6)
+
+
+def test_van_is_the_value_norm():
+    values = torch.tensor([[[3.0, 4.0], [1.0, 0.0]], [[0.0, -2.0], [1.0, 1.0]]])
+    expected = [5.0, 1.0, 2.0, math.sqrt(2)]  # sqrt(3^2 + 4^2), ..., per head and entry
+    assert van_scores(values).flatten().tolist() == pytest.approx(expected)
+
+
+def test_selection_keeps_text_recent_frames_best_tar_then_largest_van():
+    # one head, 10 entries: 2 text, 6 past video, 2 recent video
+    video = torch.tensor([[False, True, True, True, True, True, True, True, True, False]])
+    recent = torch.zeros_like(video)
+    recent[0, 7:9] = True
+    tar = torch.full((1, 10), float("-inf"))
+    tar[0, 1:7] = torch.tensor([0.1, 0.9, 0.2, 0.3, 0.8, 0.0])
+    van = torch.tensor([[0.0, 5.0, 1.0, 4.0, 2.0, 0.5, 3.0, 0.0, 0.0, 0.0]])
+    kept = select_entries(tar, van, video, recent, keep_video=6, tar_count=4).tolist()[0]
+    # text 0 and 9; recent 7, 8; TaR's best two past 2 (0.9) and 5 (0.8); VaN's best two of the rest 1 (5.0), 3 (4.0)
+    assert kept == [0, 1, 2, 3, 5, 7, 8, 9]
+
+
+def test_a_static_place_is_dropped_and_a_changing_one_kept():
+    backend = backends.make_backend("infinipot_v", budget=0.5, tar_ratio=1.0, recent_ratio=0.25)
+    frames, places, dim = 8, 2, 4
+    keys = torch.zeros(1, 1, frames * places, dim)
+    g = torch.Generator().manual_seed(1)
+    for f in range(frames):
+        keys[0, 0, f * places] = torch.tensor([1.0, 0.0, 0.0, 0.0])  # place 0 never changes
+        keys[0, 0, f * places + 1] = torch.randn(dim, generator=g)  # place 1 changes every frame
+    layer = KVLayer()
+    layer.append(keys, torch.ones_like(keys), torch.arange(frames * places))
+    spans = [(f * places, (f + 1) * places) for f in range(frames)]
+    layout = PromptLayout(0, frames * places, visuals=[VisualSpan("video", (0, frames * places), spans, (frames, 1, 2))])
+    call = attention_call("prefill", frames * places, frames * places, layout=layout)
+
+    class Cache:
+        layers = [layer]
+
+    backend.after_forward(Cache(), call)
+    kept = layer.positions[0].tolist()
+    assert len(kept) == frames * places // 2
+    assert set(range(12, 16)) <= set(kept)  # the two newest frames, whole
+    past = [p for p in kept if p < 12]
+    assert all(p % places == 1 for p in past)  # only the changing place survives in the past
+
+
+@pytest.mark.parametrize("method", ["infinipot_v", "streamingllm", "snapkv"])
+def test_a_capped_stream_holds_the_cap_plus_one_chunk(models, method):
+    loaded = models("tiny-qwen2-vl")
+    message = Message("", videos=[synthetic_video(24, size=112)], num_frames=24)  # 12 groups of 16 tokens
+    full = Conversation(loaded, backends.make_backend("full"))
+    full_held = [p.kv_bytes for p in feed_streaming(full, message, frames_per_chunk=2)]
+    cap = full_held[-1] // 2  # the header (46 tokens) and about 70 video tokens
+    conv = Conversation(loaded, backends.make_backend(method))
+    progress = list(feed_streaming(conv, message, frames_per_chunk=2, cap_bytes=cap))
+    per_token = bytes_per_token(conv)
+    for p in progress:
+        assert p.kv_bytes <= cap + per_token * loaded.num_layers  # rounding: one entry per layer
+        assert p.peak_kv_bytes <= cap + p.tokens * per_token + per_token * loaded.num_layers
+    assert max(p.peak_kv_bytes for p in progress) < full_held[-1]
+    assert conv.ask(Message("What?"), max_new_tokens=3, ignore_eos=True).metrics.new_tokens == 3
+
+
+def test_one_prompt_at_a_budget_compresses_only_the_video(models):
+    loaded = models("tiny-qwen2.5-vl")
+    message = Message("What moves?", videos=[synthetic_video(8, size=112)], num_frames=8)
+    conv = Conversation(loaded, backends.make_backend("infinipot_v", budget=0.7))
+    conv.ask(message, max_new_tokens=1)
+    video = conv.layouts[0].videos[0]
+    assert conv.cache.tokens_per_layer() == [math.ceil(0.7 * conv.seen)] * loaded.num_layers
+    for kept in conv.cache.kept_positions():
+        outside = ~((kept >= video.span[0]) & (kept < video.span[1]))
+        assert int(outside[0].sum()) == conv.seen - video.length  # every text token stays

@@ -1,0 +1,88 @@
+"""Streaming prefill (engine/runtime/streaming.py): a turn's media fed a few frames at a time gives
+the one-shot prefill's cache and logits when nothing is evicted, and a capped method holds the
+cache under its cap plus one chunk."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.support import TINY_MODELS, make_image, make_video
+
+import backends
+from engine.errors import UserError
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
+from engine.runtime.streaming import feed_streaming, synthetic_video
+
+
+def one_shot_and_streamed(loaded, message: Message, frames_per_chunk: int):
+    one = Conversation(loaded, backends.make_backend("full"))
+    one.feed(message)
+    streamed = Conversation(loaded, backends.make_backend("full"))
+    progress = list(feed_streaming(streamed, message, frames_per_chunk=frames_per_chunk))
+    return one, streamed, progress
+
+
+def assert_same_cache(one: Conversation, streamed: Conversation) -> None:
+    assert streamed.seen == one.seen and streamed.next_position == one.next_position
+    for a, b in zip(one.cache.layers, streamed.cache.layers):
+        assert torch.equal(a.positions, b.positions)
+        torch.testing.assert_close(b.keys, a.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(b.values, a.values, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(streamed.last_logits, one.last_logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_streamed_video_equals_one_shot_prefill(models, name):
+    loaded = models(name)
+    video = make_video(3, frames=6, size=112)  # Qwen-VL: 3 temporal groups; LLaVA: 6 images
+    message = Message("What happens?", videos=[video], num_frames=6)
+    one, streamed, progress = one_shot_and_streamed(loaded, message, frames_per_chunk=2)
+    assert len(progress) >= 4 and progress[-1].frames_done == 6  # header, 3 chunks (or more), question text
+    assert_same_cache(one, streamed)
+    question = Message("Which colour?")
+    assert streamed.ask(question, max_new_tokens=6, ignore_eos=True).token_ids == \
+        one.ask(question, max_new_tokens=6, ignore_eos=True).token_ids
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_streamed_images_and_video_equal_one_shot_after_a_first_turn(models, name):
+    loaded = models(name)
+    first = Message("Hello.")
+    message = Message("Compare.", images=[make_image(1, (112, 112)), make_image(2, (112, 84))],
+                      videos=[make_video(4, frames=4, size=112)], num_frames=4)
+    one = Conversation(loaded, backends.make_backend("full"))
+    streamed = Conversation(loaded, backends.make_backend("full"))
+    for conv in (one, streamed):
+        conv.ask(first, max_new_tokens=3, ignore_eos=True)
+    one.feed(message)
+    list(feed_streaming(streamed, message, frames_per_chunk=2))
+    assert_same_cache(one, streamed)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-qwen2.5-vl"])
+def test_chunks_carry_the_one_prompt_m_rope_positions_and_frame_spans(models, name):
+    loaded = models(name)
+    message = Message("What moves?", videos=[make_video(5, frames=8, size=112)], num_frames=8)
+    one_shot = Conversation(loaded, backends.make_backend("full")).encode(message)
+    streamed = Conversation(loaded, backends.make_backend("full"))
+    chunks = []
+    feed = streamed.prefill_chunk
+    streamed.prefill_chunk = lambda chunk, cap_bytes=None: chunks.append(chunk) or feed(chunk, cap_bytes)
+    list(feed_streaming(streamed, message, frames_per_chunk=2))
+    assert len(chunks) == 6  # header, 4 temporal groups, text after the video
+    assert torch.equal(torch.cat([c.input_ids for c in chunks], 1), one_shot.input_ids)
+    rope = torch.cat([c.rope_ids.expand(3, -1) for c in chunks], 1)  # a text-only part has 1-D ids
+    assert torch.equal(rope, one_shot.rope_ids)
+    frames = [f for c in chunks for v in c.layout.videos for f in v.frames]
+    assert frames == one_shot.layout.videos[0].frames
+
+
+def test_the_full_cache_grows_with_the_video_and_a_cap_is_refused_to_a_method_that_cannot_stream(models):
+    loaded = models("tiny-qwen2-vl")
+    message = Message("", videos=[synthetic_video(8, size=56)], num_frames=8)
+    conv = Conversation(loaded, backends.make_backend("full"))
+    held = [p.kv_bytes for p in feed_streaming(conv, message, frames_per_chunk=2)]
+    assert held == sorted(held) and held[-1] > held[1]
+    with pytest.raises(UserError, match="cannot stream under a memory cap"):
+        list(feed_streaming(Conversation(loaded, backends.make_backend("full")), message, cap_bytes=10_000))
