@@ -80,6 +80,10 @@ class ChatAdapter:
     """Base adapter: text markers and 1-D positions. Subclasses handle pixels."""
 
     rope_dims = 1
+    # How a video can be prefilled in parts with the positions of one prompt (engine/runtime/streaming):
+    # "frames" (a video is its frames as images), "groups" (native video: whole temporal groups), or
+    # None (not yet: the video's layout interleaves text the streaming code does not rebuild).
+    video_chunking: str | None = "frames"
     system_open = system_close = ""
     user_open = user_close = ""
     assistant_open = ""
@@ -177,6 +181,7 @@ class QwenVLAdapter(ChatAdapter):
     """Qwen2-VL / Qwen2.5-VL: ChatML markers, native video, M-RoPE (3 position components)."""
 
     rope_dims = 3
+    video_chunking = "groups"
     system_open, system_close = "<|im_start|>system\n", "<|im_end|>\n"
     user_open, user_close = "<|im_start|>user\n", "<|im_end|>\n"
     assistant_open, assistant_close = "<|im_start|>assistant\n", "\n"
@@ -265,6 +270,8 @@ class Qwen3VLAdapter(QwenVLAdapter):
     ``<t seconds>`` then its tokens between vision markers, so time is read from text, and the
     temporal rotary id just follows the text (interleaved M-RoPE; ``get_rope_index`` splits the grid
     per frame). DeepStack features ride with ``pixel_values`` inside the model's own forward."""
+
+    video_chunking = None  # each group's timestamp text sits between the frames
 
     def add_video(self, b, video, pixels) -> None:
         patches, grid = self.patchify_video(video.frames)

@@ -63,7 +63,10 @@ def video_chunks(conv: Conversation, video: Video, frames_per_chunk: int,
     """(frames in the chunk, chunk) for one video placed after what ``conv`` has fed, built lazily:
     pixels exist for one chunk at a time."""
     adapter = conv.adapter
-    if hasattr(adapter, "patchify_video"):  # native video (Qwen-VL): temporal groups, M-RoPE
+    if adapter.video_chunking is None:
+        raise UserError(f"{conv.loaded.spec.name} cannot stream a video in parts yet (its video prompt puts a "
+                        "timestamp between frames); send the video without a memory cap.")
+    if adapter.video_chunking == "groups":  # native video (Qwen-VL): temporal groups, M-RoPE
         yield from _grouped_video_chunks(conv, video, frames_per_chunk, frame_max_pixels)
         return
     for first in range(0, len(video.frames), frames_per_chunk):  # frames as images (LLaVA-style)
