@@ -20,6 +20,7 @@ except ImportError:
 import gradio as gr
 
 from components.about import build_about
+from components import clients
 from components.chat import build_chat
 from components.compare import build_compare
 from components.settings import build_settings
@@ -37,23 +38,6 @@ CSS = """
 
 
 PUBLIC_API = {"chat", "compare"}  # the named endpoints; every other event stays off the API page
-
-
-class UploadLedger(set):
-    """Gradio's set of uploaded paths; each upload is also told to the service, which lets a
-    session use only files it uploaded (Gradio does not say which session uploaded a file)."""
-
-    def update(self, *batches) -> None:
-        for paths in batches:
-            paths = list(paths)
-            service.note_uploads(paths)
-            super().update(paths)
-
-
-def _count_uploads(demo: gr.Blocks) -> None:
-    ledger = UploadLedger(demo.upload_file_set)
-    demo.temp_file_sets = [ledger if s is demo.upload_file_set else s for s in demo.temp_file_sets]
-    demo.upload_file_set = ledger
 
 
 def _release(request: gr.Request) -> None:
@@ -81,7 +65,7 @@ def build_demo() -> gr.Blocks:
     for fn in demo.fns.values():  # the State's own load event (it makes each tab's Session) is internal too
         if fn.api_name not in PUBLIC_API:
             fn.api_visibility = "private"
-    _count_uploads(demo)
+    clients.install(demo)  # each upload noted with its client; the file route serves it to that client only
     demo.queue(max_size=int(os.environ.get("KV_ARENA_QUEUE", 32)))
     return demo
 
@@ -106,7 +90,8 @@ RANGE_JS = """
 
 def launch_options() -> dict:
     """What ``launch()`` takes besides the address (the tests launch with the same look and limits)."""
-    return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS}
+    return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS,
+            **clients.LAUNCH}
 
 
 def main() -> None:

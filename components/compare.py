@@ -15,7 +15,7 @@ import gradio as gr
 from engine import service
 from engine.errors import UserError
 
-from . import overlay, plots
+from . import clients, overlay, plots
 from .chat import PLOT_EVERY_S, fmt_bytes, parse_message, progress_reporter, refusal
 from .settings import SettingsPanel, settings_from_named
 
@@ -92,7 +92,7 @@ def refused(exc: UserError, box) -> tuple:
 
 def run(message, methods, session, request: gr.Request, progress=gr.Progress(), **controls):
     """The Compare event (the API's ``/compare``): settings by name, then :func:`respond`."""
-    service.track(session, getattr(request, "session_hash", None))
+    service.track(session, getattr(request, "session_hash", None), clients.client_of(request))
     try:
         settings = settings_from_named(controls)
     except UserError as exc:
