@@ -10,6 +10,7 @@ network, else the offline ``tiny-arena-vl``), ``KV_ARENA_PRELOAD=0`` (load it on
 
 from __future__ import annotations
 
+import logging
 import os
 
 try:  # on a Space, `spaces` comes first: it patches torch before anything touches CUDA (ZeroGPU)
@@ -94,7 +95,22 @@ def launch_options() -> dict:
             **clients.LAUNCH}
 
 
+def configure_logging() -> None:
+    """The app's own lines on stderr: one line per user error ("user error: ..."), a traceback only
+    for an unexpected failure (logged with ``log.exception``); other libraries keep their levels.
+    Values Gradio would refuse with a traceback of its own reach the app's checks instead
+    (``components/checked_controls.py``)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("components", "engine"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+
+
 def main() -> None:
+    configure_logging()
     if os.environ.get("KV_ARENA_PRELOAD", "1") != "0":  # the first visitor should not wait for it
         try:
             service.get_model(service.default_model())

@@ -189,8 +189,8 @@ def submit(message, history, session, request: gr.Request, progress=gr.Progress(
     service.track(session, getattr(request, "session_hash", None), clients.client_of(request))
     try:
         settings = settings_from_named(controls)
-    except UserError as exc:
-        yield gr.skip(), gr.skip(), refusal(exc), *(gr.skip(),) * (len(ChatTab.OUTPUTS) - 3)
+    except UserError as exc:  # the chat and the message as they were, the reason under them
+        yield list(history or []), message, refusal(exc), *(gr.skip(),) * (len(ChatTab.OUTPUTS) - 3)
         return
     yield from respond(message, history, session, settings, progress)
 

@@ -15,7 +15,7 @@ import gradio as gr
 from engine import service
 from engine.errors import UserError
 
-from . import clients, overlay, plots
+from . import checked_controls, clients, overlay, plots
 from .chat import PLOT_EVERY_S, fmt_bytes, parse_message, progress_reporter, refusal
 from .settings import SettingsPanel, settings_from_named
 
@@ -138,7 +138,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     gr.Markdown("The full cache runs first, then each method in turn on the same input, with the budget and "
                 "parameters set on the left. The full cache's run is reused when the input repeats.")
     options = choices()
-    methods = gr.CheckboxGroup(options, value=[n for _, n in options[:2]], label=f"Methods (1 to {service.MAX_COMPARE})",
+    methods = checked_controls.CheckboxGroup(options, value=[n for _, n in options[:2]], label=f"Methods (1 to {service.MAX_COMPARE})",
                                elem_id="compare-methods")
     textbox = gr.MultimodalTextbox(file_types=["image", "video"], file_count="multiple", elem_id="compare-input",
                                    placeholder="One prompt with images or a video for every method…", show_label=False,

@@ -156,6 +156,7 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
 def compare(session: Session, settings: Settings, methods: list[str], prepared: Prepared,
             progress: Progress = silent) -> Iterator[dict]:
     """The full cache, then each method, one after another (never interleaved: honest timings)."""
+    methods = [methods] if isinstance(methods, str) else methods  # one name sent through the API
     methods = [m for m in dict.fromkeys(methods or []) if m != "full"]
     if not 1 <= len(methods) <= MAX_COMPARE:
         raise UserError(f"Pick 1 to {MAX_COMPARE} methods to compare with the full cache (got {len(methods)}).")
