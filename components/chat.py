@@ -18,7 +18,7 @@ import gradio as gr
 from engine import service
 from engine.errors import UserError
 
-from . import at_scale, clients, media_library, overlay, plots
+from . import at_scale, checked_controls, clients, media_library, overlay, plots
 from .plots import fmt_bytes
 from .settings import SettingsPanel, realised_note, settings_from_named
 
@@ -256,8 +256,9 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
     chatbot = gr.Chatbot(label="Chat", height=420, elem_id="chatbot", buttons=["copy"],
                          group_consecutive_messages=False,  # the new-conversation marker gets its own line
                          placeholder="Attach images or a video, ask a question, and watch the panels below.")
-    textbox = gr.MultimodalTextbox(file_types=["image", "video"], file_count="multiple", elem_id="chat-input",
-                                   placeholder="Ask about your images or video…", show_label=False)
+    textbox = checked_controls.MultimodalTextbox(file_types=["image", "video"], file_count="multiple",
+                                                 elem_id="chat-input", show_label=False,
+                                                 placeholder="Ask about your images or video…")
     with gr.Row():
         stop_button = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")
         clear_button = gr.Button("New chat", size="sm", elem_id="new-chat")

@@ -198,11 +198,11 @@ def build_settings() -> SettingsPanel:
     model = checked_controls.Dropdown(choices=service.model_choices(), value=first, label="Model", elem_id="model")
     card = gr.Markdown(model_card(first), elem_id="model-card")
     method = checked_controls.Dropdown(choices=[(s["title"], s["name"]) for s in specs], value="full", label="Method",
-                         elem_id="method")
+                                       elem_id="method")
     info = gr.Markdown(method_card("full"))
-    budget = checked_controls.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=0.01, label="Budget", visible=False,
-                       info="Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).",
-                       elem_id="budget", elem_classes=["range-said"])
+    budget = checked_controls.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=0.01, label="Budget",
+                                     visible=False, elem_id="budget", elem_classes=["range-said"],
+                                     info="Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).")
     realised = gr.Markdown(budget_note(specs[0]), elem_id="realised")
     groups, params = {}, []
     with gr.Accordion("Advanced: the method's own parameters", open=False):
@@ -220,11 +220,10 @@ def build_settings() -> SettingsPanel:
     if k is not None:  # MPIC-k's k suits the model's image size (service.mpic_default_k says how)
         params[k].value = mpic_k(first)
         params[k].info += " Set for the model's image size: at most a quarter of its tokens per 448 px image."
-    max_new = checked_controls.Slider(*RANGES["max_new_tokens"], value=DEFAULTS["max_new_tokens"], step=1, label="Max new tokens",
-                        elem_classes=["range-said"])
+    max_new = checked_controls.Slider(*RANGES["max_new_tokens"], value=DEFAULTS["max_new_tokens"], step=1,
+                                      label="Max new tokens", elem_classes=["range-said"])
     frames = checked_controls.Slider(*RANGES["num_frames"], value=DEFAULTS["num_frames"], step=1, label="Video frames",
-                       elem_classes=["range-said"],
-                       info="Frames sampled uniformly from an attached video.")
+                                     elem_classes=["range-said"], info="Frames sampled uniformly from an attached video.")
     gr.Markdown(elem_id="range-note")  # where a typed value out of a slider's range is said (app.RANGE_JS)
     gr.Markdown("Changing the model, method or its settings starts a new conversation: "
                 "a cache built by one method cannot be continued by another.")

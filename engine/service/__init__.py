@@ -48,6 +48,6 @@ from .views import kept_visuals
 __all__ = [
     "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_VIDEO_BYTES", "ChatState", "Prepared", "Session", "Settings", "chat_on_gpu",
     "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
-    "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs", "model_choices", "model_description",
-    "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release", "track",
+    "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",
+    "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release", "track",
 ]

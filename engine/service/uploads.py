@@ -101,7 +101,8 @@ def check_uploads(session: Uploader, files: list[str]) -> None:
             if session.id not in record.owners:
                 if not (session.client and session.client in record.clients):
                     if record.claimed >= record.anonymous:
-                        raise UserError(f"'{path.name}' was not uploaded in this session: attach it from your computer.")
+                        raise UserError(f"'{path.name}' was not uploaded in this session: "
+                                        "attach it from your computer.")
                     record.claimed += 1
                 record.owners.add(session.id)
                 record.users.add(session.client or "")
