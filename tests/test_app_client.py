@@ -18,7 +18,7 @@ from tests.support import make_image
 import gradio_client.client
 from gradio_client import Client, handle_file
 
-from components.chat import NOT_ANSWERED
+from components.chat import NEW_CONVERSATION, NOT_ANSWERED
 from components.settings import control_kwargs
 from engine import service
 from engine.service import sessions
@@ -141,6 +141,27 @@ def test_two_clients_have_separate_sessions(url, tmp_path):
     # b's next turn continues b's chat only: no new-conversation divider, a's messages absent
     final, _ = send(b, "Again", history=histories[1])
     assert "Hello a" not in str(final[0]) and not any((m.get("metadata") or {}).get("title") for m in final[0])
+
+
+def test_history_is_the_conversation(url, image):
+    """``history=[]`` starts afresh every time (the session's cache does not grow); a history that is
+    not the session's conversation starts a new one, said in the reply."""
+    client = Client(url, verbose=False)
+    held = []
+    for _ in range(3):
+        final, _ = send(client, "What is in the picture?", [image])
+        session = sessions._OPEN[client.session_hash]
+        assert len(final[0]) == 2 and len(session.history) == 1
+        held.append(session.conv.cache.nbytes())
+    assert held[0] == held[1] == held[2]
+    edited = final[0][:-1] + [final[0][-1] | {"content": [{"type": "text", "text": "A different answer."}]}]
+    final, _ = send(client, "And the colours?", history=edited)
+    marker = final[0][len(edited)]
+    assert marker["metadata"]["title"] == NEW_CONVERSATION and "not the conversation" in str(marker["content"])
+    assert len(sessions._OPEN[client.session_hash].history) == 1
+    final, _ = send(client, "And the shapes?", history=final[0])  # the history as returned: continued
+    assert len(sessions._OPEN[client.session_hash].history) == 2
+    assert sum((m.get("metadata") or {}).get("title") == NEW_CONVERSATION for m in final[0]) == 1
 
 
 def test_compare_through_the_api(url, image):
