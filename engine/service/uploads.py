@@ -116,7 +116,7 @@ def may_read(name: str, client: str | None) -> bool:
     path = Path(name).resolve()
     with _UPLOADS_LOCK:
         record = _UPLOADS.get(str(path))
-    if record is None or not _in_upload_dir(path):
+    if record is None or not _in_upload_dir(path) or _public(path):
         return True
     return bool(client) and client in record.clients
 
