@@ -10,6 +10,7 @@ network, else the offline ``tiny-arena-vl``), ``KV_ARENA_PRELOAD=0`` (load it on
 
 from __future__ import annotations
 
+import logging
 import os
 
 try:  # on a Space, `spaces` comes first: it patches torch before anything touches CUDA (ZeroGPU)
@@ -20,6 +21,7 @@ except ImportError:
 import gradio as gr
 
 from components.about import build_about
+from components import clients
 from components.chat import build_chat
 from components.compare import build_compare
 from components.settings import build_settings
@@ -37,23 +39,6 @@ CSS = """
 
 
 PUBLIC_API = {"chat", "compare"}  # the named endpoints; every other event stays off the API page
-
-
-class UploadLedger(set):
-    """Gradio's set of uploaded paths; each upload is also told to the service, which lets a
-    session use only files it uploaded (Gradio does not say which session uploaded a file)."""
-
-    def update(self, *batches) -> None:
-        for paths in batches:
-            paths = list(paths)
-            service.note_uploads(paths)
-            super().update(paths)
-
-
-def _count_uploads(demo: gr.Blocks) -> None:
-    ledger = UploadLedger(demo.upload_file_set)
-    demo.temp_file_sets = [ledger if s is demo.upload_file_set else s for s in demo.temp_file_sets]
-    demo.upload_file_set = ledger
 
 
 def _release(request: gr.Request) -> None:
@@ -81,7 +66,7 @@ def build_demo() -> gr.Blocks:
     for fn in demo.fns.values():  # the State's own load event (it makes each tab's Session) is internal too
         if fn.api_name not in PUBLIC_API:
             fn.api_visibility = "private"
-    _count_uploads(demo)
+    clients.install(demo)  # each upload noted with its client; the file route serves it to that client only
     demo.queue(max_size=int(os.environ.get("KV_ARENA_QUEUE", 32)))
     return demo
 
@@ -106,10 +91,26 @@ RANGE_JS = """
 
 def launch_options() -> dict:
     """What ``launch()`` takes besides the address (the tests launch with the same look and limits)."""
-    return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS}
+    return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS,
+            **clients.LAUNCH}
+
+
+def configure_logging() -> None:
+    """The app's own lines on stderr: one line per user error ("user error: ..."), a traceback only
+    for an unexpected failure (logged with ``log.exception``); other libraries keep their levels.
+    Values Gradio would refuse with a traceback of its own reach the app's checks instead
+    (``components/checked_controls.py``)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("components", "engine"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
 
 
 def main() -> None:
+    configure_logging()
     if os.environ.get("KV_ARENA_PRELOAD", "1") != "0":  # the first visitor should not wait for it
         try:
             service.get_model(service.default_model())

@@ -1,7 +1,8 @@
 """KV-cache methods, one file each, found by name.
 
 Every module in this package that defines a :class:`KVBackend` subclass with its own ``name``
-is registered on import; adding a method is adding a file.
+is registered on import; adding a method is adding a file. A subclass defined anywhere else (a
+test's reference backend, say) is never registered, whatever was imported first.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def _discover() -> dict[str, type[KVBackend]]:
                 BROKEN[info.name] = f"{exc.__class__.__name__}: {exc}"
 
         for cls in _all_subclasses(KVBackend):
-            if "name" in cls.__dict__:
+            if "name" in cls.__dict__ and cls.__module__.startswith(f"{__name__}."):
                 _REGISTRY.setdefault(cls.name, cls)
     return _REGISTRY
 

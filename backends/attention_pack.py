@@ -4,7 +4,7 @@ Models with Memory-efficient Decoding", CVPR 2026; Sec. 3-4 and Algorithm 1 in S
 
 * Per layer, the visual tokens of a prompt form one T x W matrix for the pre-RoPE keys and one for
   the values, all KV heads side by side (W = H_kv * D, the paper's multi-head compression). Each is
-  factorised by randomized SVD (``torch.svd_lowrank``) into a T x R factor and an R x W
+  factorised by randomized SVD (:func:`randomized_svd`) into a T x R factor and an R x W
   decompression matrix; only those are stored. Text tokens stay dense (Sec. 8.2: compressing them
   with the visual ones cost ~20% accuracy).
 * A prefill read (``append``) rebuilds the keys from their factors, re-rotates them with the
@@ -22,9 +22,10 @@ Models with Memory-efficient Decoding", CVPR 2026; Sec. 3-4 and Algorithm 1 in S
 * Tokens generated while decoding stay dense by default (``period`` 0): the paper compresses the
   visual tokens and found compressing text harmful (Sec. 8.2). ``period`` T_p > 0 factorises every
   T_p generated tokens too (Algorithm 1's T_p; the paper gives no value).
-* Randomized SVD with oversampling (Halko, Martinsson and Tropp, SIAM Review 2011, Sec. 1.3 and
-  4.2): ``svd_lowrank`` draws R + 10 test vectors and the top R components are kept; with exactly
-  R vectors the fit is measurably worse than the best rank-R fit.
+* Randomized SVD with oversampling (Halko, Martinsson and Tropp, "Finding structure with
+  randomness", arXiv:0909.4061, Sec. 1.3 and 4.2): R + 10 test vectors are drawn and the top R components are kept; with exactly R vectors
+  the fit is measurably worse than the best rank-R fit. The vectors come from a generator seeded
+  with ``seed``, never the global one: the same request gives the same factors and answer.
 
 Budget -> rank (METHODS.md: budget = fraction of the layer's full bytes held): the prompt's visual
 block gets the largest R whose factors fit what the budget leaves after everything else the layer
@@ -65,11 +66,27 @@ REDUCED = 4  # the low-attention group keeps R / 4 components (paper: R^(1) = 4 
 OVERSAMPLE = 10  # extra random test vectors of the randomized SVD (Halko et al. 2011: 5-10)
 
 
-def factorise(matrix: torch.Tensor, rank: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def randomized_svd(matrix: torch.Tensor, sketch: int, niter: int = 2, seed: int = 0):
+    """(U, S, V) of ``matrix`` from ``sketch`` Gaussian test vectors and ``niter`` power iterations
+    (Halko, Martinsson and Tropp, arXiv:0909.4061, Alg. 4.4; what ``torch.svd_lowrank`` computes),
+    the test vectors drawn from a generator of its own seeded with ``seed``: the same input gives
+    the same factors, and the global generator is left alone."""
+    generator = torch.Generator(device=matrix.device).manual_seed(seed)
+    tests = torch.randn(matrix.shape[1], sketch, generator=generator, device=matrix.device, dtype=matrix.dtype)
+    basis = torch.linalg.qr(matrix @ tests).Q
+    for _ in range(niter):
+        basis = torch.linalg.qr(matrix.T @ basis).Q
+        basis = torch.linalg.qr(matrix @ basis).Q
+    u, s, vh = torch.linalg.svd(basis.T @ matrix, full_matrices=False)
+    return basis @ u, s, vh.T
+
+
+def factorise(matrix: torch.Tensor, rank: int, dtype: torch.dtype | None = None,
+              seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(T, W) ~ coef (T, R) @ basis (R, W), components by decreasing singular value, stored in ``dtype``."""
     dtype = dtype or matrix.dtype
     sketch = min(rank + OVERSAMPLE, *matrix.shape)  # oversampled: the top R of R + 10 fit better
-    u, s, v = torch.svd_lowrank(matrix.float(), q=sketch, niter=2)  # float32: no half-precision SVD kernels
+    u, s, v = randomized_svd(matrix.float(), sketch, seed=seed)  # float32: no half-precision SVD kernels
     u, s, v = u[:, :rank], s[:rank], v[:, :rank]
     return (u * s).to(dtype), v.T.contiguous().to(dtype)
 
@@ -135,18 +152,43 @@ class LowRankBlock:
         return held + (self.groups.tensors() if self.groups is not None else [])
 
 
-class PackedLayer(KVLayer):
-    """Low-rank blocks, then dense tokens (``keys``/``values``/``positions`` hold the dense part)."""
+class PassTables:
+    """What the layers of one forward pass share: the runtime's rope_ids -> (cos, sin) for this pass
+    (``AttentionCall.rotary``) and the RoPE tables computed with it. Both go when the pass ends, so
+    between passes a cache holds tensors only: the runtime's function is bound to its model and
+    must not travel with the cache (a ZeroGPU worker pickles the cache every turn)."""
 
-    def __init__(self, full_share: float, partial_on: str) -> None:
+    def __init__(self) -> None:
+        self.rotary = None
+        self.memo: dict = {}  # (first position, tokens, kind) -> a block's tables
+
+    def begin(self, rotary) -> None:
+        self.rotary, self.memo = rotary, {}
+
+    def end(self) -> None:
+        self.rotary, self.memo = None, {}
+
+    def tables(self, key: tuple, compute):
+        if key not in self.memo:
+            if self.rotary is None:
+                raise RuntimeError("AttentionPack read its RoPE tables outside a forward pass")
+            self.memo[key] = compute(self.rotary)
+        return self.memo[key]
+
+
+class PackedLayer(KVLayer):
+    """Low-rank blocks, then dense tokens (``keys``/``values``/``positions`` hold the dense part).
+    ``tables`` is the forward pass's :class:`PassTables`, shared by the layers of one cache (a layer
+    built alone gets its own)."""
+
+    def __init__(self, full_share: float, partial_on: str, tables: PassTables | None = None, seed: int = 0) -> None:
         super().__init__()
-        self.full_share, self.partial_on = full_share, partial_on
+        self.full_share, self.partial_on, self.seed = full_share, partial_on, seed
         self.blocks: list[LowRankBlock] = []
         self.score: torch.Tensor | None = None  # (S_dense,) statistic of the dense tokens
         self.buffered: torch.Tensor | None = None  # (S_dense,) bool: generated, waiting for the period
         self.buffer_rope: torch.Tensor | None = None  # (P, n) rotary ids of the buffered tokens
-        self.rotary = None  # rope_ids -> (cos, sin), from the runtime
-        self.tables: dict | None = None  # RoPE tables of this forward pass, shared by the layers
+        self.tables = tables if tables is not None else PassTables()
 
     def append(self, keys, values, positions):
         dense_k, dense_v = self.append_decode(keys, values, positions)
@@ -184,14 +226,10 @@ class PackedLayer(KVLayer):
         value of each grouped component ("groups"). Every layer packs the same tokens with the same
         ids, so within one forward pass they are computed once (``tables``, emptied by the backend
         after each pass) instead of once per layer."""
-        compute = ((lambda: self.rotary(b.rope_ids)) if kind == "tokens" else
-                   (lambda: [self.rotary(ids) for ids in b.groups.representatives(b.rope_ids)]))
-        if self.tables is None:
-            return compute()
+        compute = ((lambda rotary: rotary(b.rope_ids)) if kind == "tokens" else
+                   (lambda rotary: [rotary(ids) for ids in b.groups.representatives(b.rope_ids)]))
         key = (int(b.positions[0]), b.positions.numel(), kind)  # a token sits in one block only
-        if key not in self.tables:
-            self.tables[key] = compute()
-        return self.tables[key]
+        return self.tables.tables(key, compute)
 
     def block_scores(self, b: LowRankBlock, query: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
         """Scores (H_kv, G, T) of the grouped, pre-scaled decode query against the block's keys: from
@@ -244,20 +282,21 @@ class PackedLayer(KVLayer):
         width, tokens = self.keys.shape[1] * self.keys.shape[3], index.numel()
         itemsize = self.keys.element_size()
         rope_ids = rope_ids.to(self.keys.device, torch.int32)
+        if self.tables.rotary is None:  # a layer used alone, outside a backend's forward pass
+            self.tables.begin(rotary)
         cos, sin = rotary(rope_ids)
         groups = RotaryGroups.build(rope_ids, cos, sin, query_heads or self.keys.shape[1], self.keys.shape[1])
         scalars = _nbytes(rope_ids) + sum(_nbytes(t) for t in (groups.tensors() if groups else []))
         rank_k, rank_v = block_ranks(ranks, spare, tokens, width, itemsize, scalars)
         if factor_bytes(tokens, width, rank_k, rank_v, itemsize, scalars) >= 2 * tokens * width * itemsize:
             return False
-        self.rotary = rotary
         keys = unrotate(self.keys[:, :, index].float(), cos, sin)  # float32: half precision would add error
         dtype = self.keys.dtype
         k_mat = keys[0].transpose(0, 1).reshape(-1, width)
         v_mat = self.values[0, :, index].transpose(0, 1).reshape(-1, width)
         self.blocks.append(LowRankBlock(self.positions[0, index], rope_ids,
-                                        *factorise(k_mat, rank_k, dtype),
-                                        *factorise(v_mat, rank_v), self.score[index], groups))
+                                        *factorise(k_mat, rank_k, dtype, self.seed),
+                                        *factorise(v_mat, rank_v, seed=self.seed), self.score[index], groups))
         rest = torch.ones(self.keys.shape[2], dtype=torch.bool, device=self.keys.device)
         rest[index] = False
         self.keys, self.values = self.keys[:, :, rest], self.values[:, :, rest]
@@ -336,23 +375,26 @@ class AttentionPack(KVBackend):
     ema_alpha: float = param(0.25, "Decay of the running attention statistic per query (Eq. 1).", 0.0, 1.0, 0.05)
     period: int = param(0, "Generated tokens collected dense before they are factorised too; 0 never (the "
                         "paper compresses visual tokens only, Sec. 8.2).", 0, 4096, 1)
+    seed: int = param(0, "Seed of the randomized SVD's test vectors (the same request gives the same factors).",
+                      0, 2**31 - 1, 1)
     needs_decode_attention = True  # the decode query's attention row feeds the statistic
     report_type: ClassVar[type[Report]] = AttentionPackReport
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.needs_decode_attention = self.budget < 1.0  # the full cache needs no statistic
-        self._tables: dict = {}  # (first position, tokens) -> RoPE tables of a block, this forward pass
+        self._pass = PassTables()  # the forward pass's RoPE function and tables, shared by the layers
 
     def new_layer(self, layer_idx: int) -> KVLayer:
         if self.budget >= 1.0:  # the full cache, exactly
             return KVLayer()
-        layer = PackedLayer(self.full_share, self.partial_on)
-        layer.tables = self._tables
-        return layer
+        return PackedLayer(self.full_share, self.partial_on, self._pass, self.seed)
+
+    def before_forward(self, cache, call) -> None:
+        self._pass.begin(call.rotary)
 
     def after_forward(self, cache, call) -> None:
-        self._tables.clear()  # RoPE tables live for one forward pass
+        self._pass.end()  # nothing of the runtime stays in the cache between passes
 
     def after_attention(self, call, layer, query, key, scaling, attn_row=None) -> None:
         if not isinstance(layer, PackedLayer):

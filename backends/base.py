@@ -13,6 +13,10 @@ runtime (``engine/``) calls; it never imports the runtime or the UI:
 * ``after_forward(cache, call)`` -> once all layers ran: decisions that need every layer
   (per-layer budgets), and decode-time eviction.
 
+``before_forward(cache, call)`` opens each forward pass (before the first layer reads the cache):
+what a method needs from the runtime for one pass only, such as ``call.rotary``, is taken there
+and dropped in ``after_forward``, so a cache between passes holds tensors, never the model.
+
 Two optional read-side extensions keep scoring and compressed reads off a second pass:
 ``needs_prefill_column_sums`` asks the runtime's prefill attention for the attention each key
 received from the new queries (``call.column_sums``, computed in the same pass), and a layer's
@@ -403,6 +407,9 @@ class KVBackend:
 
     def after_attention(self, call: AttentionCall, layer: KVLayer, query, key, scaling: float, attn_row=None) -> None:
         """``attn_row``: (H, 1, S) float32 softmax of the decode query if ``needs_decode_attention``."""
+
+    def before_forward(self, cache, call: AttentionCall) -> None:
+        """A forward pass starts; nothing taken here may outlive it (see the module's docstring)."""
 
     def after_forward(self, cache, call: AttentionCall) -> None:
         pass

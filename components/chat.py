@@ -18,7 +18,7 @@ import gradio as gr
 from engine import service
 from engine.errors import UserError
 
-from . import at_scale, media_library, overlay, plots
+from . import at_scale, checked_controls, clients, media_library, overlay, plots
 from .plots import fmt_bytes
 from .settings import SettingsPanel, realised_note, settings_from_named
 
@@ -41,6 +41,44 @@ def parse_message(message: dict | str | None) -> tuple[str, list[str]]:
         return message or "", []
     files = [f["path"] if isinstance(f, dict) else str(f) for f in message.get("files") or []]
     return message.get("text") or "", files
+
+
+NEW_CONVERSATION = "New conversation"  # the title of the marker a new conversation gets in the chat
+WHY_NEW = {"settings": "The settings changed, so this is a new conversation: the messages above are not in its memory.",
+           "history": "The history sent is not the conversation this session's model holds (it was edited, or "
+                      "the cache was freed), so this is a new conversation: the messages above are not in its memory."}
+
+
+def _said(content) -> tuple[str, int]:
+    """A chat message's (text, attached files), whatever form Gradio or a client gives it in."""
+    blocks = content if isinstance(content, list) else [content]
+    text, files = [], 0
+    for block in blocks:
+        if isinstance(block, str):
+            text.append(block)
+        elif isinstance(block, dict) and (block.get("type") == "text" or "text" in block):
+            text.append(block.get("text") or "")
+        elif block is not None:
+            files += 1  # {"path": ...}, {"type": "file", ...}, a component
+    return " ".join(text).strip(), files
+
+
+def transcript(history: list) -> list[tuple[str, int, str]]:
+    """(question, attachments, answer) of each turn a chat shows since its last new-conversation
+    marker: what the model must remember for a message sent after it to continue its conversation."""
+    turns, question, files = [], [], 0
+    for message in history or []:
+        if (message.get("metadata") or {}).get("title") == NEW_CONVERSATION:
+            turns, question, files = [], [], 0
+            continue
+        text, attached = _said(message.get("content"))
+        if message.get("role") == "user":
+            question.append(text)
+            files += attached
+        else:
+            turns.append((" ".join(t for t in question if t), files, "" if text == "…" else text))
+            question, files = [], 0
+    return turns
 
 
 def user_messages(text: str, files: list[str]) -> list[dict]:
@@ -118,17 +156,18 @@ def respond(message, history: list, session: service.Session, settings: service.
     except UserError as exc:
         yield history, {"text": text, "files": []}, refusal(exc), *skip
         return
-    shown = history
-    if history and not session.continues(settings):
-        shown = shown + [{"role": "assistant", "content": "The settings changed, so this is a new conversation: "
-                          "the messages above are not in its memory.", "metadata": {"title": "New conversation"}}]
+    shown, turns = history, transcript(history)
+    remembered = session.remembers(settings, turns)  # the history sent is the conversation, or a new one starts
+    if history and not remembered:
+        why = "settings" if session.conv is not None and not session.continues(settings) else "history"
+        shown = shown + [{"role": "assistant", "content": WHY_NEW[why], "metadata": {"title": NEW_CONVERSATION}}]
     shown = shown + user_messages(text, files)
     answer = {"role": "assistant", "content": "…"}
     yield shown + [answer], EMPTY_INPUT, "Working…", *skip
-    hint = service.media_hint(settings.model, (session.history if session.continues(settings) else []) + [prepared])
+    hint = service.media_hint(settings.model, (session.history if remembered else []) + [prepared])
     drawn = 0.0
     try:
-        for view in service.chat_turn(session, settings, prepared, progress_reporter(progress)):
+        for view in service.chat_turn(session, settings, prepared, progress_reporter(progress), shown=turns):
             answer = {"role": "assistant", "content": view["text"] or "…"}
             redraw = view["done"] or time.monotonic() - drawn > PLOT_EVERY_S
             figures = panels(view) if redraw else (gr.skip(),) * 3
@@ -147,11 +186,11 @@ def respond(message, history: list, session: service.Session, settings: service.
 def submit(message, history, session, request: gr.Request, progress=gr.Progress(), **controls):
     """The Chat event (the API's ``/chat``): settings from the column's controls, by name
     (``settings.control_names()``), then :func:`respond`."""
-    service.track(session, getattr(request, "session_hash", None))
+    service.track(session, getattr(request, "session_hash", None), clients.client_of(request))
     try:
         settings = settings_from_named(controls)
-    except UserError as exc:
-        yield gr.skip(), gr.skip(), refusal(exc), *(gr.skip(),) * (len(ChatTab.OUTPUTS) - 3)
+    except UserError as exc:  # the chat and the message as they were, the reason under them
+        yield list(history or []), message, refusal(exc), *(gr.skip(),) * (len(ChatTab.OUTPUTS) - 3)
         return
     yield from respond(message, history, session, settings, progress)
 
@@ -217,8 +256,9 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
     chatbot = gr.Chatbot(label="Chat", height=420, elem_id="chatbot", buttons=["copy"],
                          group_consecutive_messages=False,  # the new-conversation marker gets its own line
                          placeholder="Attach images or a video, ask a question, and watch the panels below.")
-    textbox = gr.MultimodalTextbox(file_types=["image", "video"], file_count="multiple", elem_id="chat-input",
-                                   placeholder="Ask about your images or video…", show_label=False)
+    textbox = checked_controls.MultimodalTextbox(file_types=["image", "video"], file_count="multiple",
+                                                 elem_id="chat-input", show_label=False,
+                                                 placeholder="Ask about your images or video…")
     with gr.Row():
         stop_button = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")
         clear_button = gr.Button("New chat", size="sm", elem_id="new-chat")

@@ -15,7 +15,7 @@ import gradio as gr
 from engine import service
 from engine.errors import UserError
 
-from . import overlay, plots
+from . import checked_controls, clients, overlay, plots
 from .chat import PLOT_EVERY_S, fmt_bytes, parse_message, progress_reporter, refusal
 from .settings import SettingsPanel, settings_from_named
 
@@ -92,7 +92,7 @@ def refused(exc: UserError, box) -> tuple:
 
 def run(message, methods, session, request: gr.Request, progress=gr.Progress(), **controls):
     """The Compare event (the API's ``/compare``): settings by name, then :func:`respond`."""
-    service.track(session, getattr(request, "session_hash", None))
+    service.track(session, getattr(request, "session_hash", None), clients.client_of(request))
     try:
         settings = settings_from_named(controls)
     except UserError as exc:
@@ -138,11 +138,11 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     gr.Markdown("The full cache runs first, then each method in turn on the same input, with the budget and "
                 "parameters set on the left. The full cache's run is reused when the input repeats.")
     options = choices()
-    methods = gr.CheckboxGroup(options, value=[n for _, n in options[:2]], label=f"Methods (1 to {service.MAX_COMPARE})",
-                               elem_id="compare-methods")
-    textbox = gr.MultimodalTextbox(file_types=["image", "video"], file_count="multiple", elem_id="compare-input",
-                                   placeholder="One prompt with images or a video for every method…", show_label=False,
-                                   submit_btn=False)
+    methods = checked_controls.CheckboxGroup(options, value=[n for _, n in options[:2]],
+                                             label=f"Methods (1 to {service.MAX_COMPARE})", elem_id="compare-methods")
+    textbox = checked_controls.MultimodalTextbox(file_types=["image", "video"], file_count="multiple",
+                                                 elem_id="compare-input", show_label=False, submit_btn=False,
+                                                 placeholder="One prompt with images or a video for every method…")
     button = gr.Button("Compare", variant="primary", elem_id="compare-run")
     status = gr.Markdown(elem_id="compare-status")
     with gr.Row(equal_height=True):

@@ -9,6 +9,7 @@ UI. Every event receives the controls' values positionally (``SettingsPanel.inpu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -17,6 +18,9 @@ import gradio as gr
 from engine import service
 from engine.errors import UserError
 
+from . import checked_controls
+
+log = logging.getLogger(__name__)
 BASE_CONTROLS = ("model", "method", "budget", "max_new_tokens", "num_frames")
 DEFAULTS = {"budget": 0.5, "max_new_tokens": 48, "num_frames": 8}
 RANGES = {"budget": (0.01, 1.0), "max_new_tokens": (1, 512), "num_frames": (1, 32)}  # the sliders' ranges
@@ -105,14 +109,14 @@ def _control(spec: dict, label: str):
     """One Gradio control for a parameter spec (Param.to_dict())."""
     common = {"label": label, "info": spec["help"], "value": spec["default"]}
     if spec["kind"] == "choice":
-        return gr.Dropdown(choices=list(spec["choices"]), **common)
+        return checked_controls.Dropdown(choices=list(spec["choices"]), **common)
     if spec["kind"] == "bool":
         return gr.Checkbox(**common)
     if spec["kind"] in ("int", "float") and "minimum" in spec and "maximum" in spec:
         step = spec.get("step") or (1 if spec["kind"] == "int" else (spec["maximum"] - spec["minimum"]) / 100)
-        return gr.Slider(minimum=spec["minimum"], maximum=spec["maximum"], step=step, **common)
+        return checked_controls.Slider(minimum=spec["minimum"], maximum=spec["maximum"], step=step, **common)
     if spec["kind"] in ("int", "float"):
-        return gr.Number(precision=0 if spec["kind"] == "int" else None, **common)
+        return checked_controls.Number(precision=0 if spec["kind"] == "int" else None, **common)
     return gr.Textbox(**common)
 
 
@@ -182,6 +186,7 @@ def on_model(name: str, previous: str, progress=gr.Progress()):
     try:
         service.get_model(name, lambda f, text: progress(f, desc=text))
     except UserError as exc:
+        log.info("user error: %s", exc)
         gr.Warning(str(exc))
         return previous, previous, model_card(previous) + f"\n\n*Could not switch to {name}: {exc}*", gr.skip()
     return name, name, model_card(name), mpic_k(name)
@@ -190,14 +195,14 @@ def on_model(name: str, previous: str, progress=gr.Progress()):
 def build_settings() -> SettingsPanel:
     specs = service.method_specs()
     first = service.default_model()
-    model = gr.Dropdown(choices=service.model_choices(), value=first, label="Model", elem_id="model")
+    model = checked_controls.Dropdown(choices=service.model_choices(), value=first, label="Model", elem_id="model")
     card = gr.Markdown(model_card(first), elem_id="model-card")
-    method = gr.Dropdown(choices=[(s["title"], s["name"]) for s in specs], value="full", label="Method",
-                         elem_id="method")
+    method = checked_controls.Dropdown(choices=[(s["title"], s["name"]) for s in specs], value="full", label="Method",
+                                       elem_id="method")
     info = gr.Markdown(method_card("full"))
-    budget = gr.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=0.01, label="Budget", visible=False,
-                       info="Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).",
-                       elem_id="budget", elem_classes=["range-said"])
+    budget = checked_controls.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=0.01, label="Budget",
+                                     visible=False, elem_id="budget", elem_classes=["range-said"],
+                                     info="Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).")
     realised = gr.Markdown(budget_note(specs[0]), elem_id="realised")
     groups, params = {}, []
     with gr.Accordion("Advanced: the method's own parameters", open=False):
@@ -215,11 +220,10 @@ def build_settings() -> SettingsPanel:
     if k is not None:  # MPIC-k's k suits the model's image size (service.mpic_default_k says how)
         params[k].value = mpic_k(first)
         params[k].info += " Set for the model's image size: at most a quarter of its tokens per 448 px image."
-    max_new = gr.Slider(*RANGES["max_new_tokens"], value=DEFAULTS["max_new_tokens"], step=1, label="Max new tokens",
-                        elem_classes=["range-said"])
-    frames = gr.Slider(*RANGES["num_frames"], value=DEFAULTS["num_frames"], step=1, label="Video frames",
-                       elem_classes=["range-said"],
-                       info="Frames sampled uniformly from an attached video.")
+    max_new = checked_controls.Slider(*RANGES["max_new_tokens"], value=DEFAULTS["max_new_tokens"], step=1,
+                                      label="Max new tokens", elem_classes=["range-said"])
+    frames = checked_controls.Slider(*RANGES["num_frames"], value=DEFAULTS["num_frames"], step=1, label="Video frames",
+                                     elem_classes=["range-said"], info="Frames sampled uniformly from an attached video.")
     gr.Markdown(elem_id="range-note")  # where a typed value out of a slider's range is said (app.RANGE_JS)
     gr.Markdown("Changing the model, method or its settings starts a new conversation: "
                 "a cache built by one method cannot be continued by another.")

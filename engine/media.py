@@ -61,6 +61,9 @@ def load_image(source) -> Image.Image:
             if width * height > MAX_IMAGE_PIXELS:
                 raise UserError(f"'{name}' is {width} x {height} pixels; the limit is "
                                 f"{MAX_IMAGE_PIXELS / 1e6:g} million pixels. Downscale it and attach it again.")
+            if getattr(image, "n_frames", 1) > 1:  # reading its first frame alone would answer about a still
+                raise UserError(f"'{name}' is an animation of {image.n_frames} frames: attach it as a video "
+                                "(.mp4) or as a still image.")
             image.draft("RGB", fitted(width, height))  # JPEG: decode at a reduced scale (no-op otherwise)
             image.load()
             return bounded(image.convert("RGB"))

@@ -3,6 +3,10 @@ chat turn under a method, and the hand-made layers and attention calls the metho
 
 from __future__ import annotations
 
+import io
+import struct
+from pathlib import Path
+
 import numpy as np
 import torch
 from PIL import Image
@@ -62,3 +66,30 @@ def causal_probs(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torc
     scores = query[0] @ k.transpose(-1, -2) * scaling
     mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
     return scores.masked_fill(~mask, float("-inf")).softmax(-1)
+
+
+def write_mjpeg_avi(path, frames: list[Image.Image], seconds_per_frame: int) -> None:
+    """A Motion-JPEG AVI of ``frames``, each shown ``seconds_per_frame`` seconds (RIFF by hand:
+    no video encoder is needed, and a long video stays a few kilobytes)."""
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return tag + struct.pack("<I", len(data)) + data + b"\0" * (len(data) % 2)
+
+    jpegs = []
+    for frame in frames:
+        buffer = io.BytesIO()
+        frame.save(buffer, "JPEG")
+        jpegs.append(buffer.getvalue())
+    (w, h), n = frames[0].size, len(jpegs)
+    avih = struct.pack("<14I", seconds_per_frame * 10**6, 0, 0, 0x10, n, 0, 1, 0, w, h, 0, 0, 0, 0)
+    strh = struct.pack("<4s4sIHHIIIIIIIIhhhh", b"vids", b"MJPG", 0, 0, 0, 0, seconds_per_frame, 1, 0, n, 0,
+                       0xFFFFFFFF, 0, 0, 0, w, h)  # rate / scale = 1 / seconds_per_frame frames per second
+    strf = struct.pack("<IiiHH4sIiiII", 40, w, h, 1, 24, b"MJPG", w * h * 3, 0, 0, 0, 0)
+    strl = chunk(b"LIST", b"strl" + chunk(b"strh", strh) + chunk(b"strf", strf))
+    header = chunk(b"LIST", b"hdrl" + chunk(b"avih", avih) + strl)
+    movi = chunk(b"LIST", b"movi" + b"".join(chunk(b"00dc", j) for j in jpegs))
+    index, offset = b"", 4
+    for j in jpegs:
+        index += struct.pack("<4sIII", b"00dc", 0x10, offset, len(j))
+        offset += 8 + len(j) + len(j) % 2
+    body = b"AVI " + header + movi + chunk(b"idx1", index)
+    Path(path).write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)

@@ -20,10 +20,12 @@ CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/lib/chromium/chromium")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 SCENE = ROOT / "assets" / "arena_shape.png"
 
-sync_api = pytest.importorskip("playwright.sync_api")
+sync_api = pytest.importorskip("playwright.sync_api", reason="the browser test needs Playwright: "
+                               "pip install -r requirements-dev.txt")
 expect = sync_api.expect
 if not Path(CHROMIUM).is_file():
-    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+    pytest.skip(f"the browser test needs Chromium, not found at {CHROMIUM}: apt-get install chromium "
+                "(Debian, Ubuntu), or set CHROMIUM_PATH to a Chromium binary", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

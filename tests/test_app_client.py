@@ -9,16 +9,16 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
+import httpx
 import pytest
 from tests.support import make_image
 import gradio_client.client
 from gradio_client import Client, handle_file
 
-from components.chat import NOT_ANSWERED
+from components.chat import NEW_CONVERSATION, NOT_ANSWERED
 from components.settings import control_kwargs
 from engine import service
 from engine.service import sessions
@@ -97,18 +97,24 @@ def test_bad_input_is_a_message_and_the_app_keeps_serving(url, image, tmp_path):
     assert final[0][-1]["role"] == "assistant"
 
 
-def test_a_session_can_use_only_its_own_uploads(url, tmp_path, monkeypatch):
-    """Client b sends the server path of a's upload without uploading the bytes: refused. The file's
-    URL is served by Gradio to whoever holds it (it cannot tell sessions apart on a file request),
-    so the file is removed when a's session ends."""
+def fetch(url: str, client: Client | None = None) -> int:
+    """The status of a GET of ``url`` with ``client``'s cookies (None: a request without any)."""
+    return httpx.get(url, cookies=client.cookies if client else None, timeout=10).status_code
+
+
+def test_a_session_can_use_and_read_only_its_own_uploads(url, tmp_path, monkeypatch):
+    """Client b sends the server path of a's upload without uploading the bytes: refused, also
+    after a's second turn with its history (gradio_client uploads the history's files again).
+    The file's URL is served to a only; the file is removed when a's session ends."""
     a, b = Client(url, verbose=False), Client(url, verbose=False)
     image = tmp_path / "private.png"  # bytes no other test uploads
     make_image(7, (112, 112)).save(image)
-    send(a, "Mine.", [str(image)])
+    first, _ = send(a, "Mine.", [str(image)])
     path, = sessions._OPEN[a.session_hash].uploads
     file_url = f"{url}gradio_api/file={path}"
-    with urllib.request.urlopen(file_url, timeout=10) as response:
-        assert response.status == 200
+    assert fetch(file_url, a) == 200
+    assert fetch(file_url, b) == 404 and fetch(file_url) == 404  # another client, or none, holding the URL
+    send(a, "Still mine.", history=first[0])  # the history's picture is uploaded again, by a
     # a client that skips the upload and names the server path directly
     monkeypatch.setattr(gradio_client.client.Endpoint, "_upload_file",
                         lambda self, f, data_index: {"path": f["path"], "meta": {"_type": "gradio.FileData"}})
@@ -116,8 +122,7 @@ def test_a_session_can_use_only_its_own_uploads(url, tmp_path, monkeypatch):
     assert final[2].startswith(NOT_ANSWERED) and "was not uploaded in this session" in final[2]
     assert final[0] == []  # nothing answered
     service.release(a.session_hash)  # a's tab closes
-    with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(file_url, timeout=10)
+    assert fetch(file_url, a) in (403, 404)  # gone (Gradio answers 403 for a missing file)
 
 
 def test_two_clients_have_separate_sessions(url, tmp_path):
@@ -136,6 +141,27 @@ def test_two_clients_have_separate_sessions(url, tmp_path):
     # b's next turn continues b's chat only: no new-conversation divider, a's messages absent
     final, _ = send(b, "Again", history=histories[1])
     assert "Hello a" not in str(final[0]) and not any((m.get("metadata") or {}).get("title") for m in final[0])
+
+
+def test_history_is_the_conversation(url, image):
+    """``history=[]`` starts afresh every time (the session's cache does not grow); a history that is
+    not the session's conversation starts a new one, said in the reply."""
+    client = Client(url, verbose=False)
+    held = []
+    for _ in range(3):
+        final, _ = send(client, "What is in the picture?", [image])
+        session = sessions._OPEN[client.session_hash]
+        assert len(final[0]) == 2 and len(session.history) == 1
+        held.append(session.conv.cache.nbytes())
+    assert held[0] == held[1] == held[2]
+    edited = final[0][:-1] + [final[0][-1] | {"content": [{"type": "text", "text": "A different answer."}]}]
+    final, _ = send(client, "And the colours?", history=edited)
+    marker = final[0][len(edited)]
+    assert marker["metadata"]["title"] == NEW_CONVERSATION and "not the conversation" in str(marker["content"])
+    assert len(sessions._OPEN[client.session_hash].history) == 1
+    final, _ = send(client, "And the shapes?", history=final[0])  # the history as returned: continued
+    assert len(sessions._OPEN[client.session_hash].history) == 2
+    assert sum((m.get("metadata") or {}).get("title") == NEW_CONVERSATION for m in final[0]) == 1
 
 
 def test_compare_through_the_api(url, image):

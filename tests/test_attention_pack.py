@@ -4,6 +4,7 @@ and end-to-end behaviour on the tiny models."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -242,6 +243,25 @@ def test_default_rank_compresses_visual_tokens_and_reports_groups(models, image)
     assert conv.cache.tokens_per_layer() == full.metrics.tokens_held
 
 
+def test_the_same_request_gives_the_same_factors_and_answer_whatever_the_global_generator(models, image):
+    """The randomized SVD's test vectors come from a generator of its own, seeded by the method's
+    ``seed``: two identical requests give identical factors and tokens, and the global generator
+    neither decides them nor moves."""
+    loaded = models("tiny-qwen2-vl")
+    message = Message("Describe the image.", images=[image])
+    runs = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        before = torch.get_rng_state()
+        update, conv = answer(loaded, backends.make_backend("attention_pack", 0.3), message, 6)
+        assert torch.equal(torch.get_rng_state(), before)
+        runs.append((update.token_ids, [b.k_coef for layer in conv.cache.layers for b in layer.blocks]))
+    (ids_a, coefs_a), (ids_b, coefs_b) = runs
+    assert ids_a == ids_b and all(torch.equal(a, b) for a, b in zip(coefs_a, coefs_b))
+    _, other = answer(loaded, backends.make_backend("attention_pack", 0.3, seed=7), message, 6)
+    assert not torch.equal(other.cache.layers[0].blocks[0].k_coef, coefs_a[0])  # the seed is what decides
+
+
 def test_generated_tokens_are_packed_every_period(models, image):
     loaded = models("tiny-qwen2-vl")
     backend = backends.make_backend("attention_pack", 0.5, period=4)
@@ -308,6 +328,8 @@ def test_layers_share_one_forward_pass_of_rope_tables():
     keys = [layer.block_keys(layer.blocks[0], HEADS, DIM) for layer in layers]
     assert calls == [16] and not torch.equal(keys[0], keys[1])  # one table for both layers' own factors
     backend.after_forward(None, None)
+    assert layers[0].tables.rotary is None  # between passes the cache holds no function of the runtime
+    backend.before_forward(None, SimpleNamespace(rotary=counting_rotary))
     layers[0].block_keys(layers[0].blocks[0], HEADS, DIM)
     assert calls == [16, 16]  # a new forward pass computes them again
 

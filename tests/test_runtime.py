@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +20,8 @@ from engine.errors import UserError
 from engine.media import load_image, load_video
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def hf_reference(loaded, message: Message, max_new_tokens: int) -> list[int]:
@@ -92,6 +98,17 @@ def test_registry_imports_every_method_and_describes_it():
         assert info["name"] == name and info["params"][0]["name"] == "budget"
         for p in info["params"]:
             assert p["help"], (name, p["name"])
+
+
+def test_only_modules_of_backends_register_methods():
+    """A KVBackend subclass with a ``name`` defined outside ``backends/`` (as tests/test_streamingllm.py
+    defines one), imported before the registry is first read, stays out of it."""
+    code = ("import tests.test_streamingllm, backends; "
+            "print(','.join(backends.available()))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env=os.environ | {"OMP_NUM_THREADS": "1"}).stdout.strip()
+    assert "_masked_streaming_reference" not in out.split(",") and out.split(",")[0] == "full"
+    assert out.split(",") == backends.available()
 
 
 def test_every_method_reports_a_fresh_typed_report():

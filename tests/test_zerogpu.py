@@ -3,24 +3,30 @@ worker (multiprocessing, fork), its arguments go in pickled through a queue, its
 yield of a generator) come out pickled through a queue, and nothing it changes in Python objects
 reaches the app's process (as in ``spaces/zero/wrappers.py`` of the ``spaces`` package 0.51.3).
 
-A chat must still continue its compressed cache from turn to turn, MPIC's stored media must reach
-the app's store, and a comparison must keep its full-cache reference."""
+A chat must still continue its compressed cache from turn to turn (every method), MPIC's stored
+media must reach the app's store, and a comparison must keep its full-cache reference. What
+crosses is the state's own data: its caches, their token bookkeeping and the messages' media,
+never a module or the model."""
 
 from __future__ import annotations
 
 import inspect
+import io
 import multiprocessing
 import pickle
 import queue
 import time
+import types
 from pathlib import Path
 
 import pytest
 import torch
 from tests.support import make_image
 
+import backends
 from engine import service
 from engine.runtime.generate import Conversation
+from engine.runtime.models import LoadedModel
 from engine.service import zerogpu
 
 MODEL = "tiny-qwen2-vl"
@@ -139,6 +145,54 @@ def test_two_turns_continue_the_compressed_cache_across_fresh_workers(zero_gpu, 
     plain = [conv.ask(p.message, max_new_tokens=6).text for p in session.history]
     assert [first["text"], second["text"]] == plain
     assert first["reference"] is not None and second["agreement"] is not None
+
+
+class StrictPickler(pickle.Pickler):
+    """A pickler that refuses what a chat state must never carry (a module, the loaded model, a
+    method bound to an object, such as a Conversation's, which would bring its model along) and
+    counts the tensors it writes."""
+
+    def __init__(self, file) -> None:
+        super().__init__(file)
+        self.tensors = 0
+
+    def reducer_override(self, obj):
+        if isinstance(obj, (torch.nn.Module, LoadedModel)) or (
+                isinstance(obj, types.MethodType) and not isinstance(obj.__self__, type)):
+            raise AssertionError(f"the state pickles {type(obj).__name__}: {obj!r:.120}")
+        self.tensors += isinstance(obj, torch.Tensor)
+        return NotImplemented
+
+
+PER_TENSOR = 512  # what torch's pickling adds to each tensor (its storage record, shape, dtype)
+SMALL = 16 * 1024  # the rest: layouts, token ids, the last logits, the references' figures, the reports' scalars
+
+
+def allowance(state: service.ChatState, tensors: int) -> int:
+    """What a state may pickle to: its caches' bytes (``KVCache.nbytes``, both the chat's and the
+    full-cache reference's) with one int64 token index per held entry, its messages' pixels, and a
+    small constant."""
+    convs = [c for c in (state.conv, state.references.conv) if c is not None]
+    caches = sum(c.cache.nbytes() + 8 * sum(p.numel() for p in c.cache.kept_positions()) for c in convs)
+    media = sum(image.width * image.height * 3 for p in state.history for image in p.message.images)
+    media += sum(video.frames.nbytes for p in state.history for video in p.message.videos)
+    return caches + media + PER_TENSOR * tensors + SMALL
+
+
+@pytest.mark.parametrize("method", backends.available())
+def test_every_method_continues_its_chat_across_fresh_workers_and_sends_only_its_data(zero_gpu, picture, method):
+    session, config = service.Session(), settings(method)
+    chat(session, config, "What is in the picture?", picture)
+    assert session.conv.loaded is None  # came back from the worker without the model
+    after_first = session.conv.seen
+    second = chat(session, config, "And what colour is it?")
+    assert not second["new_chat"] and len(session.history) == 2 and session.conv.seen > after_first
+    state, buffer = session.chat_state(), io.BytesIO()
+    pickler = StrictPickler(buffer)
+    pickler.dump(state)
+    assert buffer.tell() <= allowance(state, pickler.tensors)
+    assert len(set(zero_gpu.pids)) == len(zero_gpu.pids) == 2  # a fresh worker on every call
+    session.close()
 
 
 def test_mpic_turn_stores_its_media_for_the_app(zero_gpu, picture):

@@ -69,6 +69,8 @@ def active_run() -> ForwardRun | None:
 
 @contextmanager
 def forward_run(run: ForwardRun):
+    """One forward pass through the runtime: the backend's ``before_forward`` opens it."""
+    run.cache.backend.before_forward(run.cache, run.call)
     token = _ACTIVE.set(run)
     try:
         yield run

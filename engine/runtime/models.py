@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import threading
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -285,6 +288,36 @@ def _generic_processor(family, image_processor, tokenizer, config):
                         f"use a Qwen-VL or LLaVA-1.5 model here ({exc.__class__.__name__}).") from None
 
 
+def hub_reachable(timeout: float = 1.5) -> bool:
+    """Whether the Hugging Face Hub (``HF_ENDPOINT``) accepts a connection within ``timeout``
+    seconds, name lookup included (never with ``HF_HUB_OFFLINE``)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urllib.parse.urlparse(constants.ENDPOINT)
+    answer: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                     timeout=timeout).close()
+            answer.append(True)
+        except OSError:
+            answer.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)  # a name lookup can outlast the socket's timeout
+    thread.start()
+    thread.join(timeout)
+    return bool(answer and answer[0])
+
+
+def _in_hub_cache(repo: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+
+
 def _load_hub(spec: ModelSpec, cls, dev, torch_dtype, quantization):
     """The real loading path: weights, tokenizer and PIL image processor from the hub (or a local dir)."""
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
@@ -302,15 +335,21 @@ def _load_hub(spec: ModelSpec, cls, dev, torch_dtype, quantization):
     elif dev.type == "cuda":
         kwargs["device_map"] = "auto"  # accelerate places layers, spilling to CPU if the GPU is small
     repo = os.environ.get("KV_ARENA_LOCAL_" + spec.repo.replace("/", "__").replace("-", "_").replace(".", "_"), spec.repo)
+    local = {}
+    if not os.path.isdir(repo) and not hub_reachable():  # say so now, not after the hub client's retries
+        if not _in_hub_cache(repo):
+            raise UserError(f"{spec.repo} must be downloaded from the Hugging Face Hub, which this server cannot "
+                            "reach; pick an offline model such as 'tiny-arena-vl'.")
+        local = {"local_files_only": True}  # downloaded before: load it from the cache, asking nothing
     try:
-        model = cls.from_pretrained(repo, **kwargs)
+        model = cls.from_pretrained(repo, **kwargs, **local)
         if "device_map" not in kwargs:
             model = model.to(dev)
-        tokenizer = AutoTokenizer.from_pretrained(repo)
-        image_processor = AutoImageProcessor.from_pretrained(repo, backend="pil")
+        tokenizer = AutoTokenizer.from_pretrained(repo, **local)
+        image_processor = AutoImageProcessor.from_pretrained(repo, backend="pil", **local)
         processor = None
         if not spec.family.startswith("qwen"):
-            processor = AutoProcessor.from_pretrained(repo, image_processor=image_processor, tokenizer=tokenizer)
+            processor = AutoProcessor.from_pretrained(repo, image_processor=image_processor, tokenizer=tokenizer, **local)
     except OSError as exc:
         raise UserError(f"Could not fetch '{spec.repo}': {str(exc).splitlines()[0]} "
                         "Check the network (or HF_TOKEN), or pick an offline model such as 'tiny-qwen2-vl'.") from None

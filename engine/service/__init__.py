@@ -20,7 +20,7 @@ tensor and never imports torch. The app imports this package only; its modules, 
   live in a namespace named by the server-side :attr:`Session.id` (never by anything a client
   sends), are stored when an MPIC turn adds media, listed by :func:`media_library` and dropped when
   the session closes or its model changes.
-* :mod:`.uploads`: which uploaded files a session may use.
+* :mod:`.uploads`: which uploaded files a session may use, and which client may read them.
 * :mod:`.methods`: the KV-cache methods described in plain values (titles, papers, parameters).
 """
 
@@ -42,12 +42,12 @@ from .mpic import media_library, mpic_ttft
 from .sessions import Session, close_session, release, track
 from .state import ChatState
 from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
-from .uploads import check_uploads, note_uploads
+from .uploads import check_uploads, may_read, note_uploads
 from .views import kept_visuals
 
 __all__ = [
     "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_VIDEO_BYTES", "ChatState", "Prepared", "Session", "Settings", "chat_on_gpu",
     "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
-    "is_trained_here", "kept_visuals", "media_hint", "media_library", "method_spec", "method_specs", "model_choices", "model_description",
-    "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release", "track",
+    "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",
+    "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release", "track",
 ]

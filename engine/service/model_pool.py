@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import threading
 from collections.abc import Callable
 
@@ -17,7 +16,7 @@ import backends
 from ..errors import UserError
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
-from ..runtime.models import ARENA, DEFAULT_MODEL, MODELS, LoadedModel, load_model, model_spec
+from ..runtime.models import ARENA, DEFAULT_MODEL, MODELS, LoadedModel, hub_reachable, load_model, model_spec
 from ..tiny import arena_scenes
 from ..tiny.arena_model import arena_weights_present
 from . import zerogpu
@@ -36,16 +35,6 @@ def silent(fraction: float, text: str) -> None:
 
 _MODELS: dict[str, LoadedModel] = {}
 _MODEL_LOCK = threading.Lock()
-
-
-def hub_reachable(timeout: float = 1.5) -> bool:
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        return False
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
 
 
 def default_model() -> str:

@@ -31,9 +31,13 @@ class Session:
         self.conv: Conversation | None = None
         self.cache_key: tuple | None = None  # Settings.cache_key of the method that built ``conv``
         self.history: list[Prepared] = []
+        # (question, attachments, answer) of each turn in ``conv``: what a chat showing this
+        # conversation must show since its last new-conversation marker
+        self.transcript: list[tuple[str, int, str]] = []
         self.references = ReferenceCache()
         self.visuals: list[dict] = []  # kept-token maps of the last answer, for the overlay
         self.uploads: set[str] = set()  # paths of the uploads it used (see check_uploads)
+        self.client: str | None = None  # the id of the browser or API client the tab belongs to (uploads.py)
         self.stop_requested = False
 
     @property
@@ -56,9 +60,14 @@ class Session:
         """Whether a message with these settings continues this chat's cache."""
         return self.chat_state().continues(settings)
 
+    def remembers(self, settings: Settings, transcript: list[tuple[str, int, str]]) -> bool:
+        """Whether a message with these settings, sent after a chat showing ``transcript``,
+        continues this session's conversation (same settings, same turns)."""
+        return self.continues(settings) and transcript == self.transcript
+
     def new_chat(self) -> None:
         self.conv, self.cache_key, self.history, self.visuals = None, None, [], []
-        self.reused = []
+        self.reused, self.transcript = [], []
 
     def use_model(self, model: str) -> None:
         """Another model: the stored media KV of the previous one is useless, so it goes."""
@@ -86,10 +95,13 @@ def close_session(session: Session | None) -> None:
 _OPEN: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
 
 
-def track(session: Session, session_hash: str | None) -> None:
-    """Remember which browser session owns ``session`` so closing the tab frees it at once."""
+def track(session: Session, session_hash: str | None, client: str | None = None) -> None:
+    """Remember which browser session owns ``session`` so closing the tab frees it at once, and
+    which client it belongs to (the id its requests carry; see :mod:`.uploads`)."""
     if session_hash:
         _OPEN[session_hash] = session
+    if client:
+        session.client = client
 
 
 def release(session_hash: str | None) -> None:

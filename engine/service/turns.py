@@ -71,22 +71,31 @@ def _chat_seconds(state: ChatState, settings: Settings, prepared: Prepared, sess
     return request_seconds(settings, prepared, answers + (settings.method == "mpic")) + 5 * replay
 
 
-def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress = silent) -> Iterator[dict]:
+def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress = silent,
+              shown: list[tuple[str, int, str]] | None = None) -> Iterator[dict]:
     """Answer one message, yielding a view after every token: ``text``, ``done``, ``new_chat``,
     ``method`` (its title), ``metrics`` (Metrics.to_dict()), ``layers`` (:func:`layer_figures`),
     ``reference`` (the full cache's text, metrics, layers and ``cached``; None for the full cache
     itself), and once done ``agreement`` with the reference and ``visuals`` (:func:`kept_visuals`).
 
+    ``shown`` is the transcript of the chat the message was sent after (``Session.transcript``'s
+    form): when it is not the session's conversation, that conversation ends and a new one starts,
+    so what a caller sees and what the model remembers agree (None: continue it).
+
     The model loads here, in the app's process (on ZeroGPU: on the CPU, moved to the GPU inside
     each GPU call); the turn itself runs in :func:`chat_on_gpu`, which hands back the new state."""
     settings.backend()  # bad parameters fail before any model work
     get_model(settings.model, progress)
+    if shown is not None and shown != session.transcript:
+        session.new_chat()
     session.use_model(settings.model)
     session.stop_requested = False
     for view in _relay(session, chat_on_gpu(session.chat_state(), settings, prepared, session.id), progress):
         if view["done"]:
             session.adopt(view.pop("state"))
             session.visuals = view["visuals"]
+            earlier = [] if view["new_chat"] else session.transcript
+            session.transcript = earlier + [(prepared.message.text, len(prepared.files), view["text"])]
             if settings.method == "mpic":
                 session.last_mpic = (settings, prepared)
         yield view
@@ -147,6 +156,7 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
 def compare(session: Session, settings: Settings, methods: list[str], prepared: Prepared,
             progress: Progress = silent) -> Iterator[dict]:
     """The full cache, then each method, one after another (never interleaved: honest timings)."""
+    methods = [methods] if isinstance(methods, str) else methods  # one name sent through the API
     methods = [m for m in dict.fromkeys(methods or []) if m != "full"]
     if not 1 <= len(methods) <= MAX_COMPARE:
         raise UserError(f"Pick 1 to {MAX_COMPARE} methods to compare with the full cache (got {len(methods)}).")

@@ -1,5 +1,14 @@
-"""Uploads: a session may only use files it uploaded (Gradio names a file by a keyed hash of its
-bytes and serves it to whoever holds the path, so the app keeps its own ledger of who uploaded what)."""
+"""Uploads: a file is used by, and served to, only the client that uploaded it.
+
+Gradio names an upload by a keyed hash of its bytes and serves it to whoever holds the path; it
+does not say who uploaded a file, and neither its upload request nor its file request carries the
+tab's session. So the app gives every client (a browser, a ``gradio_client.Client``) an id of its
+own in a cookie, which both keep and send with every request: its uploads, its events, its file
+requests. This module is the ledger: which clients uploaded each file (:func:`note_uploads`),
+whether an event's session may use a file (:func:`check_uploads`) and whether a client may read a
+file's URL (:func:`may_read`). An upload made without the cookie (a raw HTTP client that keeps no
+cookies) belongs to no client: such an upload may be used by one session, the first that names its
+path, as many times as it was uploaded that way."""
 
 from __future__ import annotations
 
@@ -16,9 +25,10 @@ from ..errors import UserError
 
 
 class Uploader(Protocol):
-    """What a session shows this module: its id and the uploads it used."""
+    """What a session shows this module: its id, its client's id and the uploads it used."""
 
     id: str
+    client: str | None
     uploads: set[str]
 
 
@@ -27,9 +37,15 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets"
 
 @dataclass
 class _Upload:
-    uploads: int = 0  # times the bytes were uploaded (Gradio names a file by a keyed hash of its bytes)
-    used: int = 0  # uploads some session has used
+    clients: set[str] = field(default_factory=set)  # ids of the clients that uploaded these bytes
+    anonymous: int = 0  # uploads without a client id
+    claimed: int = 0  # of those, the ones a session has used
     owners: set[str] = field(default_factory=set)  # ids of the live sessions using it
+    users: set[str] = field(default_factory=set)  # ids of the clients whose sessions used it
+
+    def awaited(self) -> bool:
+        """Whether an upload of it has not been used yet (its file must stay)."""
+        return bool(self.clients - self.users) or self.claimed < self.anonymous
 
 
 _UPLOADS: dict[str, _Upload] = {}
@@ -41,11 +57,15 @@ def upload_dir() -> Path:
     return Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
 
 
-def note_uploads(paths) -> None:
-    """Gradio received these files (one upload each); the app's upload hook calls this."""
+def note_uploads(paths, client: str | None = None) -> None:
+    """Gradio received these files from ``client`` (None: a request without the client cookie)."""
     with _UPLOADS_LOCK:
         for path in paths:
-            _UPLOADS.setdefault(str(Path(path).resolve()), _Upload()).uploads += 1
+            record = _UPLOADS.setdefault(str(Path(path).resolve()), _Upload())
+            if client:
+                record.clients.add(client)
+            else:
+                record.anonymous += 1
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,30 +78,47 @@ def _public_hashes() -> dict[int, set[str]]:
     return out
 
 
+def _in_upload_dir(path: Path) -> bool:
+    return upload_dir() in path.parents and path.is_file()
+
+
+def _public(path: Path) -> bool:
+    return file_hash(str(path)) in _public_hashes().get(path.stat().st_size, ())
+
+
 def check_uploads(session: Uploader, files: list[str]) -> None:
-    """Every file in Gradio's upload folder that an event receives must be one this session
-    uploaded. Two uploads of the same bytes share one path, so a path uploaded n times serves at
-    most n sessions: a client that sends another session's path without uploading the bytes
-    itself is refused. (Not closed: an upload that no session has used yet, e.g. a chat history an
-    API client uploads again with each turn, can be used by the first session that names its path.)
-    Files outside the folder (tests calling the functions directly) are not
-    uploads; Gradio's copies of the shipped examples are public."""
-    root = upload_dir()
+    """Every file in Gradio's upload folder that an event receives must have been uploaded by the
+    session's client (or be an unclaimed upload without a client, see the module's docstring); a
+    path sent by anyone else, however it got it, is refused. Files outside the folder (tests
+    calling the functions directly) are not uploads; Gradio's copies of the shipped examples are
+    public."""
     for name in files:
         path = Path(name).resolve()
-        if root not in path.parents or not path.is_file():
-            continue
-        if file_hash(str(path)) in _public_hashes().get(path.stat().st_size, ()):
+        if not _in_upload_dir(path) or _public(path):
             continue
         with _UPLOADS_LOCK:
             record = _UPLOADS.get(str(path), _Upload())
             if session.id not in record.owners:
-                if record.used >= record.uploads:
-                    raise UserError(f"'{path.name}' was not uploaded in this session: attach it from your computer.")
-                record.used += 1
+                if not (session.client and session.client in record.clients):
+                    if record.claimed >= record.anonymous:
+                        raise UserError(f"'{path.name}' was not uploaded in this session: "
+                                        "attach it from your computer.")
+                    record.claimed += 1
                 record.owners.add(session.id)
+                record.users.add(session.client or "")
                 _UPLOADS[str(path)] = record
         session.uploads.add(str(path))
+
+
+def may_read(name: str, client: str | None) -> bool:
+    """Whether ``client`` may fetch the file at ``name`` through Gradio's file route: an upload only
+    by a client that uploaded it; anything else (the examples, what the app drew) as Gradio decides."""
+    path = Path(name).resolve()
+    with _UPLOADS_LOCK:
+        record = _UPLOADS.get(str(path))
+    if record is None or not _in_upload_dir(path) or _public(path):
+        return True
+    return bool(client) and client in record.clients
 
 
 def forget_uploads(session: Uploader) -> None:
@@ -93,7 +130,7 @@ def forget_uploads(session: Uploader) -> None:
             if record is None:
                 continue
             record.owners.discard(session.id)
-            if record.owners or record.used < record.uploads:
+            if record.owners or record.awaited():
                 continue
             del _UPLOADS[path]
             try:

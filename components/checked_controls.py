@@ -1,0 +1,52 @@
+"""Controls whose values the app checks itself, so a bad value sent through the API gets the
+app's one-line message in the status line, as bad input in the browser does.
+
+Gradio checks a Slider's range, a Number's type, a Dropdown's or CheckboxGroup's choices and a
+MultimodalTextbox's file types in ``preprocess``, before any event runs, and answers with its own
+error (and a traceback in the server log; a budget of "abc" even with no message at all). These
+subclasses hand the value over as sent; the app checks it where it is used (``settings.checked``,
+a method's ``Param.coerce``, the model registry, ``service.compare``, ``engine.media``). They are
+drawn as their parent (``is_template``), so in the browser nothing changes: a slider still clamps
+what is typed into it, the file picker still offers images and videos. (Subclasses, because
+Gradio rebuilds a component from its class when an event updates it. Gradio writes a ``.pyi``
+stub next to this module for them; it is generated and ignored by git.)
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+
+class Slider(gr.Slider):
+    is_template = True
+
+    def preprocess(self, payload):
+        return payload
+
+
+class Number(gr.Number):
+    is_template = True
+
+    def preprocess(self, payload):
+        return payload
+
+
+class Dropdown(gr.Dropdown):
+    is_template = True
+
+    def preprocess(self, payload):
+        return payload
+
+
+class CheckboxGroup(gr.CheckboxGroup):
+    is_template = True
+
+    def preprocess(self, payload):
+        return payload
+
+
+class MultimodalTextbox(gr.MultimodalTextbox):
+    is_template = True
+
+    def preprocess(self, payload):
+        return None if payload is None else {"text": payload.text, "files": [f.path for f in payload.files]}
