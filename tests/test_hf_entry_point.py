@@ -57,8 +57,8 @@ def test_generate_gives_the_runtimes_tokens_and_bytes_over_two_turns(models, res
     assert press.nbytes() == conv.cache.nbytes() and press.cache.seen == conv.seen, method
     held, expected = press.kept_positions(), conv.cache.kept_positions()
     assert all(torch.equal(a, b) for a, b in zip(held, expected)), method
-    if backends.backend_class(method).uses_budget and method != "full":
-        assert press.nbytes() < press.full_nbytes()  # it compressed something
+    if backends.backend_class(method).uses_budget and method not in ("full", "infinipot_v"):
+        assert press.nbytes() < press.full_nbytes()  # it compressed something (InfiniPot-V: video tokens only)
     assert model.config.get_text_config()._attn_implementation == "sdpa"  # restored after the block
 
 
