@@ -25,7 +25,9 @@ v2 taught, kept here:
   eviction after the prefill does.
 New: a size curriculum (--scale-from: pictures and videos start smaller and reach the full sizes
 at --scale-until, cheaper steps while the basics are learnt), batches of about --tokens tokens,
-and out-of-scope pictures (--odd-share of every batch) taught to answer "unknown".
+and out-of-scope pictures (--odd-share of every batch from --odd-from on) taught to answer
+"unknown". (Given from step 0, while the curriculum still hid the scenes' background, they taught a
+second run that background in view means "unknown": at step 250 it answered "unknown" to everything.)
 """
 
 from __future__ import annotations
@@ -189,8 +191,8 @@ def draw(step: int, args, adapter) -> list[Sequence]:
     while total < args.tokens and len(seqs) < args.max_batch:
         seed = args.seed * 1_000_000 + step * 64 + i
         turns = int(rng.integers(1, scenes.MAX_TURNS + 1))
-        it = (scenes.out_of_scope(seed, turns, scale) if rng.random() < args.odd_share
-              else scenes.item(seed, kind, turns, scale))
+        odd = rng.random() < args.odd_share and step >= args.odd_from
+        it = scenes.out_of_scope(seed, turns, scale) if odd else scenes.item(seed, kind, turns, scale)
         seqs.append(encode(adapter, it))
         total += len(seqs[-1].ids)
         i += 1
@@ -250,6 +252,9 @@ def parse_args(argv=None):
     p.add_argument("--scale-from", type=float, default=0.4, help="picture size at step 0, relative to full")
     p.add_argument("--scale-until", type=int, default=1500, help="the step from which pictures are full size")
     p.add_argument("--odd-share", type=float, default=0.08, help="share of out-of-scope chats")
+    p.add_argument("--odd-from", type=int, default=1500,
+                   help="first step with out-of-scope chats: once the scenes' background is in view (--reveal's C), "
+                        "so that seeing background does not come to mean 'unknown'")
     p.add_argument("--evict-share", type=float, default=0.5, help="chance of each kind of training eviction")
     p.add_argument("--evict-from", type=int, default=1500, help="first step with training evictions")
     p.add_argument("--reveal", type=lambda t: tuple(int(x) for x in t.split(",")), default=(300, 800, 1500),
