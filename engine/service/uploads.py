@@ -58,6 +58,21 @@ def _public_hashes() -> dict[int, set[str]]:
     return out
 
 
+_DRAWN_HASHES: dict[int, set[str]] = {}  # size -> content hashes of media the app drew itself
+
+
+def make_public(paths) -> None:
+    """Files the app wrote itself (drawn scenes): Gradio's copies of them are public, as the examples'."""
+    with _UPLOADS_LOCK:
+        for path in paths:
+            _DRAWN_HASHES.setdefault(os.path.getsize(path), set()).add(file_hash(str(path)))
+
+
+def _is_public(path: Path) -> bool:
+    size, content = path.stat().st_size, file_hash(str(path))
+    return content in _public_hashes().get(size, ()) or content in _DRAWN_HASHES.get(size, ())
+
+
 def check_uploads(session: Uploader, files: list[str]) -> None:
     """Every file in Gradio's upload folder that an event receives must be one this session
     uploaded. Two uploads of the same bytes share one path, so a path uploaded n times serves at
@@ -71,7 +86,7 @@ def check_uploads(session: Uploader, files: list[str]) -> None:
         path = Path(name).resolve()
         if root not in path.parents or not path.is_file():
             continue
-        if file_hash(str(path)) in _public_hashes().get(path.stat().st_size, ()):
+        if _is_public(path):
             continue
         with _UPLOADS_LOCK:
             record = _UPLOADS.get(str(path), _Upload())
