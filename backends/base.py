@@ -326,6 +326,8 @@ class KVBackend:
     # has its own knob as a named parameter (ZipVL's tau, MPIC's mode), is built with budget 1.0 and
     # is compared at the fraction it realises.
     uses_budget: ClassVar[bool] = True
+    # what a token drawn clear in the overlay is (``report.overlay`` when set, else the kept tokens)
+    overlay_meaning: ClassVar[str] = "kept"
     # Parameters that, with budget 1.0, make the method reproduce the full cache exactly (the
     # registry-wide lossless test uses them; e.g. a quantising method turns quantisation off).
     lossless_params: ClassVar[dict[str, Any]] = {}

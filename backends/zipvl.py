@@ -241,6 +241,7 @@ class ZipVLReport(Report):
 @dataclass(eq=False)
 class ZipVL(KVBackend):
     name = "zipvl"
+    overlay_meaning = "at high precision (the rest: fewer bits)"
     title = "ZipVL"
     paper = "https://arxiv.org/abs/2410.08584"
     summary = ("Per layer, finds the fewest tokens holding tau (paper 0.975) of the probes' attention; prefill "

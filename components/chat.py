@@ -23,7 +23,10 @@ from .plots import fmt_bytes
 from .settings import SettingsPanel, realised_note, settings_from_named
 
 log = logging.getLogger(__name__)
-PLOT_EVERY_S = 0.4  # redraw the panels at most this often while streaming (the text every token)
+PLOT_EVERY_S = 0.4  # redraw the panels at most this often while streaming
+# send the text at most this often while streaming: each message costs Gradio a rebuild of every
+# output it skips (gr.skip()), ~10 ms each, more than a tiny model's whole decode step
+TEXT_EVERY_S = 0.1
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 EMPTY_INPUT = {"text": "", "files": []}
 NOT_ANSWERED = "**Not answered:**"
@@ -139,11 +142,15 @@ def respond(message, history: list, session: service.Session, settings: service.
                           "the messages above are not in its memory.", "metadata": {"title": "New conversation"}}]
     shown = shown + user_messages(text, files)
     answer = {"role": "assistant", "content": "…"}
-    yield shown + [answer], EMPTY_INPUT, "Working…", *skip
+    # the panels empty while it works (plain values: cheaper for Gradio than skipping them)
+    yield shown + [answer], EMPTY_INPUT, "Working…", None, None, None, overlay.MEAN, None, "", gr.skip()
     hint = service.media_hint(settings.model, (session.history if session.continues(settings) else []) + [prepared])
-    drawn = time.monotonic()  # the first figures when done, or after PLOT_EVERY_S of streaming
+    drawn = sent = time.monotonic()  # the first figures when done, or after PLOT_EVERY_S of streaming
     try:
         for view in service.chat_turn(session, settings, prepared, progress_reporter(progress)):
+            if not view["done"] and time.monotonic() - sent < TEXT_EVERY_S:
+                continue
+            sent = time.monotonic()
             answer = {"role": "assistant", "content": view["text"] or "…"}
             redraw = view["done"] or time.monotonic() - drawn > PLOT_EVERY_S
             figures = panels(view) if redraw else (gr.skip(),) * 3

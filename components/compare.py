@@ -17,8 +17,8 @@ import gradio as gr
 from engine import service
 from engine.errors import UserError
 
-from . import overlay, plots
-from .chat import ASSETS, PLOT_EVERY_S, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
+from . import at_scale, overlay, plots
+from .chat import ASSETS, TEXT_EVERY_S, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
 from .settings import RANGES, SettingsPanel, control, own_params, settings_from_named
 
 COLUMNS = ["Method", "Turn", "KV after prompt", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s",
@@ -73,27 +73,49 @@ def last_turn(run: dict) -> dict:
             "cached": turn.get("cached", False), "agreement": turn.get("agreement")}
 
 
-def answer_label(run: dict, full: dict) -> str:
-    """An answer column's title: the method and the fraction of the full cache's KV it really holds
-    after the first prompt."""
-    fraction = None
-    if run is not full and run["turns"] and "metrics" in run["turns"][0]:
-        fraction = plots.kept_fraction(run["turns"][0], full["turns"][0])
-    return plots.series_name(last_turn(run)) + ("" if fraction is None else f" · holds {fraction:.2f}x the full KV")
+def held_line(run: dict, full: dict) -> str:
+    """The fraction of the full cache's KV the method really holds after the first prompt."""
+    if run is full or not run["turns"] or "metrics" not in run["turns"][0]:
+        return ""
+    return f"holds {plots.kept_fraction(run['turns'][0], full['turns'][0]):.2f}x the full KV\n\n"
 
 
-def answer_text(run: dict) -> str:
-    """Each turn's question and answer, marked right or wrong where the scene is known."""
+def answer_text(run: dict, full: dict) -> str:
+    """What the method holds, then each turn's question and answer, marked right or wrong where the
+    scene is known."""
     lines = []
     for n, turn in enumerate(run["turns"], start=1):
         verdict = {True: "  ✓ right", False: f"  ✗ wrong (true: {turn.get('truth')})"}.get(turn.get("right"), "")
         lines.append(f"{n}. {turn.get('question', '')}\n→ {turn.get('text', '')}{verdict if turn.get('done') else ''}")
-    return "\n\n".join(lines)
+    cached = "the full cache's answers are from an earlier run on this input (cached)\n\n" \
+        if run is full and any(t.get("cached") for t in run["turns"]) else ""
+    return cached + held_line(run, full) + "\n\n".join(lines)
 
 
-def answer_boxes(runs: list[dict]) -> list:
-    boxes = [gr.Textbox(label=answer_label(run, runs[0]), value=answer_text(run), visible=True) for run in runs]
-    return boxes + [gr.Textbox(visible=False, value="")] * (SLOTS - len(boxes))
+def column_titles(methods: list[str]) -> list[str]:
+    """The answer columns' titles, known before anything runs: the full cache, then each method."""
+    chosen = [m for m in dict.fromkeys(methods or []) if m != "full"]
+    return (["Full cache"] + [service.method_spec(m)["title"] for m in chosen] + [""] * SLOTS)[:SLOTS]
+
+
+def answer_boxes(runs: list[dict], titles: list[str], first: bool) -> list:
+    """The answer columns: on the ``first`` yield an update with each column's title and
+    visibility, after that plain values (an update rebuilds the component in Gradio, ~10 ms each)."""
+    texts = [answer_text(run, runs[0]) for run in runs]
+    texts += ["waiting…" if title else "" for title in titles[len(runs):]]
+    if not first:
+        return texts
+    return [gr.Textbox(label=title or None, value=text, visible=bool(title)) for title, text in zip(titles, texts)]
+
+
+def scale_line(runs: list[dict]) -> str:
+    """The computed speed at real scale of each method, at the fraction it held after the first prompt."""
+    full = runs[0]["turns"][0] if runs[0]["turns"] else None
+    if not full or "metrics" not in full:
+        return ""
+    fractions = {run["method"]: plots.kept_fraction(run["turns"][0], full) for run in runs[1:]
+                 if run["turns"] and "metrics" in run["turns"][0]}
+    return at_scale.compare_speed_line(fractions, full["metrics"]["prompt_tokens"])
 
 
 def conversation(message, follow_up, num_frames: int, progress) -> list:
@@ -109,7 +131,8 @@ def conversation(message, follow_up, num_frames: int, progress) -> list:
 
 def respond(message, methods: list[str], session: service.Session, settings: service.Settings,
             progress=None, follow_up: str | None = "") -> Iterator[tuple]:
-    """Yields (5 answer boxes, table, status, memory, speed, layers, quality, overlay gallery, input box).
+    """Yields (5 answer boxes, table, status, memory, speed, layers, quality, overlay gallery, speed
+    at real scale, input box).
     Bad input is said once, in the status line: the rest keeps what it showed, rejected files
     leave the input box."""
     text, files = parse_message(message)
@@ -117,16 +140,24 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
         service.check_uploads(session, files)
         turns = conversation(message, follow_up, settings.num_frames, progress)
         views = service.compare(session, settings, methods, turns, progress_reporter(progress))
-        drawn = time.monotonic()  # the first figures when done, or after PLOT_EVERY_S of streaming
+        sent = time.monotonic()
+        titles, finished = column_titles(methods), -1
         for view in views:
             runs = view["runs"]
-            reference, others = last_turn(runs[0]), [last_turn(r) for r in runs[1:]]
-            redraw = view["done"] or time.monotonic() - drawn > PLOT_EVERY_S
-            figures = (plots.memory_figure(others, reference), plots.speed_figure(others, reference),
-                       plots.layer_figure(others, reference), plots.quality_figure(runs)) \
-                if redraw else (gr.skip(),) * 4
-            drawn = time.monotonic() if redraw else drawn
-            items = [item for run in runs[1:] for item in overlay.gallery(run["visuals"], prefix=run["method"] + ", ")]
+            done_runs = sum(run["done"] for run in runs)
+            if not view["done"] and done_runs == finished and time.monotonic() - sent < TEXT_EVERY_S:
+                continue  # a token of a running answer: sent at most every TEXT_EVERY_S
+            first = finished == -1
+            sent, finished = time.monotonic(), done_runs
+            # the panels are drawn once, when every method has run (empty until then: plain None
+            # costs Gradio less than gr.skip(), and the table shows the progress)
+            figures, items, scale = (None,) * 4, None, ""
+            if view["done"]:
+                scale = scale_line(runs)
+                reference, others = last_turn(runs[0]), [last_turn(r) for r in runs[1:]]
+                figures = (plots.memory_figure(others, reference), plots.speed_figure(others, reference),
+                           plots.layer_figure(others, reference), plots.quality_figure(runs))
+                items = [item for run in runs[1:] for item in overlay.gallery(run["visuals"], prefix=run["method"] + ", ")]
             status = "Done." if view["done"] else f"Running {runs[-1]['method']}…"
             if view["done"] and len(turns) > 1:
                 status += " The panels show the last turn; the table every turn."
@@ -134,14 +165,14 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
                 status += " Random weights: the answers are nonsense, the figures are real."
             hint = service.media_hint(settings.model, turns[:1])
             status += f" {hint}" if hint else ""
-            yield (*answer_boxes(runs), table(runs), status, *figures, items if view["done"] else gr.skip(), gr.skip())
+            yield (*answer_boxes(runs, titles, first=first), table(runs), status, *figures, items, scale, gr.skip())
     except UserError as exc:
         yield refused(exc, {"text": text, "files": []})
 
 
 def refused(exc: UserError, box) -> tuple:
     """Every output kept as it was but the status (the message) and the input box."""
-    return (*(gr.skip(),) * (SLOTS + 1), refusal(exc), *(gr.skip(),) * 5, box)
+    return (*(gr.skip(),) * (SLOTS + 1), refusal(exc), *(gr.skip(),) * 6, box)
 
 
 def run(message, follow_up, methods, session, request: gr.Request, progress=gr.Progress(), **controls):
@@ -220,11 +251,12 @@ class CompareTab:
     layers: gr.Plot
     quality: gr.Plot
     gallery: gr.Gallery
+    at_scale: gr.Markdown
 
     @property
     def outputs(self) -> list:
         return [*self.answers, self.table, self.status, self.memory, self.speed, self.layers, self.quality,
-                self.gallery, self.textbox]
+                self.gallery, self.at_scale, self.textbox]
 
 
 def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
@@ -279,9 +311,12 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     with gr.Row():
         layers = gr.Plot(label="Per-layer budget")
         quality = gr.Plot(label="Quality vs memory", elem_id="compare-quality")
-    gallery = gr.Gallery(label="Which visual tokens each method kept (averaged over layers)", columns=2, height="auto",
-                         object_fit="contain", preview=False, fit_columns=False)  # 2 columns: captions fit
-    tab = CompareTab(methods, textbox, follow_up, button, answers, grid, status, memory, speed, layers, quality, gallery)
+    speed_scale = gr.Markdown(elem_id="compare-scale")
+    gallery = gr.Gallery(label="Which visual tokens each method kept (averaged over layers; AttentionPack: which "
+                         "it holds at full rank, ZipVL: at high precision)", columns=2, height="auto",
+                         object_fit="contain", preview=False, fit_columns=False)
+    tab = CompareTab(methods, textbox, follow_up, button, answers, grid, status, memory, speed, layers, quality, gallery,
+                     speed_scale)
     methods.input(limit_methods, methods, [methods, status], queue=False, api_visibility="private")
     methods.change(show_knobs, methods, knobs, queue=False, api_visibility="private")
     settings.model.change(show_examples, settings.model, example_sets, queue=False, api_visibility="private")
