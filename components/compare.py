@@ -175,7 +175,8 @@ def refused(exc: UserError, box) -> tuple:
     return (*(gr.skip(),) * (SLOTS + 1), refusal(exc), *(gr.skip(),) * 6, box)
 
 
-def run(message, follow_up, methods, session, request: gr.Request, progress=gr.Progress(), **controls):
+def run(message, methods, follow_up: str | None = None, session=None, request: gr.Request = None, progress=gr.Progress(),
+        **controls):
     """The Compare event (the API's ``/compare``): settings by name (the budget and the methods'
     knobs from the Compare tab's own controls), then :func:`respond`."""
     service.track(session, getattr(request, "session_hash", None))
@@ -279,7 +280,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     textbox = gr.MultimodalTextbox(file_types=["image", "video"], file_count="multiple", elem_id="compare-input",
                                    placeholder="First question, with images or a video…", show_label=False,
                                    submit_btn=False)
-    follow_up = gr.Textbox(label="Then ask (optional follow-up, on the same compressed cache)", elem_id="compare-then",
+    follow_up = gr.Textbox(value="", label="Then ask (optional follow-up, on the same compressed cache)", elem_id="compare-then",
                            placeholder="e.g. a question about another object")
     trained = service.is_trained_here(settings.model.value)
     example_sets = []
@@ -322,6 +323,6 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     settings.model.change(show_examples, settings.model, example_sets, queue=False, api_visibility="private")
     scene_button.click(new_scene, scene_kind, [textbox, follow_up, status], queue=False, api_visibility="private")
     own = {"budget": budget} | {f"{m}_{p['name']}": knob for (m, p), knob in zip(knob_specs(), knobs)}
-    button.click(run, [textbox, follow_up, methods, session], tab.outputs, inputs_kwargs=settings.named | own,
+    button.click(run, [textbox, methods, follow_up, session], tab.outputs, inputs_kwargs=settings.named | own,
                  api_name="compare", concurrency_id="gpu", concurrency_limit=1)
     return tab

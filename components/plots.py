@@ -14,7 +14,7 @@ COLORS = ["#e4572e", "#2e86ab", "#f3a712", "#29bf12", "#a846a0"]
 GRID = "#ebf0f8"
 # plotly_white's look in a few fields: the template itself costs ~60 ms per figure (it is deep-copied),
 # most of a short answer's time in the app
-LAYOUT = dict(template=None, height=340, margin=dict(l=50, r=20, t=50, b=90), plot_bgcolor="white",
+LAYOUT = dict(template="none", height=340, margin=dict(l=50, r=20, t=50, b=90), plot_bgcolor="white",
               paper_bgcolor="white", legend=dict(orientation="h", y=-0.3, yanchor="top"), font=dict(size=12),
               colorway=["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"])
 AXIS = dict(gridcolor=GRID, linecolor=GRID, zerolinecolor=GRID, zerolinewidth=2, automargin=True)
