@@ -21,9 +21,9 @@ from . import at_scale, overlay, plots
 from .chat import ASSETS, TEXT_EVERY_S, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
 from .settings import RANGES, SettingsPanel, control, own_params, settings_from_named
 
-COLUMNS = ["Method", "Turn", "KV after prompt", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s",
-           "Decode vs full", "Answer (s)", "Same tokens as full", "Right?", "Note"]
-WIDTHS = ["13%", "5%", "9%", "7%", "7%", "9%", "8%", "9%", "7%", "8%", "6%", "12%"]
+COLUMNS = ["Method", "Turn", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",
+           "Answer (s)", "Same tokens as full", "Right?"]
+WIDTHS = ["16%", "6%", "8%", "8%", "13%", "8%", "13%", "8%", "9%", "11%"]
 SLOTS = 1 + service.MAX_COMPARE  # the full cache and up to four methods
 DEFAULT_METHODS = ["h2o", "snapkv", "attention_pack", "elastic_cache"]  # at 0.2 they differ on follow-ups
 DEFAULT_BUDGET = 0.2
@@ -43,7 +43,8 @@ def mark(turn: dict) -> str:
 
 def table(runs: list[dict]) -> list[list]:
     """One row per run and turn; every "vs full" column a ratio to the full cache's same turn, the
-    KV one measured after that turn's prompt (the fraction of the full cache's bytes it holds)."""
+    KV one measured after that turn's prompt (the fraction of the full cache's bytes it holds); a
+    full cache's row from an earlier run on the same input says "(cached)"."""
     full = runs[0]["turns"]
     rows = []
     for run in runs:
@@ -52,16 +53,14 @@ def table(runs: list[dict]) -> list[list]:
             if "metrics" not in turn:
                 continue
             m, fm = turn["metrics"], ref["metrics"]
-            note = "cached: from an earlier run on this input" if turn.get("cached") else (
-                "" if turn.get("done") else "running…")
             spread = plots.step_spread(turn, ref)
-            rows.append([run["method"], n, fmt_bytes(m["kv_bytes_prefill"]),
-                         "" if is_full else plots.vs_full(m["kv_bytes_prefill"], fm["kv_bytes_prefill"]),
+            name = run["method"] + (" (cached)" if turn.get("cached") else "" if turn.get("done") else " (running…)")
+            rows.append([name, n, "" if is_full else plots.vs_full(m["kv_bytes_prefill"], fm["kv_bytes_prefill"]),
                          round(m["ttft_s"], 3), "" if is_full else plots.vs_full(m["ttft_s"], fm["ttft_s"], spread),
                          round(m["decode_tok_s"], 1),
                          "" if is_full else plots.vs_full(m["decode_tok_s"], fm["decode_tok_s"], spread),
                          round(answer_seconds(m), 3),
-                         "" if turn.get("agreement") is None else f"{turn['agreement']:.0%}", mark(turn), note])
+                         "" if turn.get("agreement") is None else f"{turn['agreement']:.0%}", mark(turn)])
     return rows
 
 
@@ -288,7 +287,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
         with gr.Column(visible=shown) as column:
             rows = example_rows(kind)
             if rows:
-                gr.Examples(rows, inputs=[textbox, follow_up], label="Examples (both questions; answers marked right "
+                gr.Examples(rows, inputs=[textbox, follow_up], elem_id="compare-examples" if kind else None, label="Examples (both questions; answers marked right "
                             "or wrong)" if kind else "Examples (for hub models)")
             if kind:
                 with gr.Row():
@@ -315,7 +314,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     speed_scale = gr.Markdown(elem_id="compare-scale")
     gallery = gr.Gallery(label="Which visual tokens each method kept (averaged over layers; AttentionPack: which "
                          "it holds at full rank, ZipVL: at high precision)", columns=2, height="auto",
-                         object_fit="contain", preview=False, fit_columns=False)
+                         object_fit="contain", preview=False, fit_columns=False, elem_id="compare-overlay")
     tab = CompareTab(methods, textbox, follow_up, button, answers, grid, status, memory, speed, layers, quality, gallery,
                      speed_scale)
     methods.input(limit_methods, methods, [methods, status], queue=False, api_visibility="private")

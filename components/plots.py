@@ -14,8 +14,10 @@ COLORS = ["#e4572e", "#2e86ab", "#f3a712", "#29bf12", "#a846a0"]
 GRID = "#ebf0f8"
 # plotly_white's look in a few fields: the template itself costs ~60 ms per figure (it is deep-copied),
 # most of a short answer's time in the app
-LAYOUT = dict(template="none", height=340, margin=dict(l=50, r=20, t=50, b=90), plot_bgcolor="white",
-              paper_bgcolor="white", legend=dict(orientation="h", y=-0.3, yanchor="top"), font=dict(size=12),
+# no figure titles (each panel's label names it; a long title was clipped at half width); the legend
+# above the plot, where it cannot cover the axis titles (right of the panel's own label)
+LAYOUT = dict(template="none", height=360, margin=dict(l=60, r=20, t=70, b=50), plot_bgcolor="white",
+              paper_bgcolor="white", legend=dict(orientation="h", x=0.12, y=1.02, yanchor="bottom"), font=dict(size=12),
               colorway=["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"])
 AXIS = dict(gridcolor=GRID, linecolor=GRID, zerolinecolor=GRID, zerolinewidth=2, automargin=True)
 
@@ -71,16 +73,16 @@ def series_name(run: dict) -> str:
     return run["method"] + (" (cached)" if run.get("cached") else "")
 
 
-def _figure(title: str, uirevision: str, traces: list[dict] = (), xaxis: dict | None = None,
+def _figure(uirevision: str, traces: list[dict] = (), xaxis: dict | None = None,
             yaxis: dict | None = None, **layout) -> go.Figure:
     """One figure built in one go (plotly's per-call updates cost milliseconds each)."""
-    return go.Figure(data=list(traces), layout=LAYOUT | {"title": title, "uirevision": uirevision,
+    return go.Figure(data=list(traces), layout=LAYOUT | {"uirevision": uirevision,
                                                           "xaxis": AXIS | (xaxis or {}), "yaxis": AXIS | (yaxis or {})}
                      | layout)
 
 
-def _empty(title: str, uirevision: str) -> go.Figure:
-    return _figure(title, uirevision)
+def _empty(uirevision: str) -> go.Figure:
+    return _figure(uirevision)
 
 
 def memory_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
@@ -90,10 +92,9 @@ def memory_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
     drawn dashed, and every method's name in the legend says its saving at its last point (labels on
     the lines overlapped when methods hold about the same).
     """
-    title = "KV cache memory while answering"
     everything = [r for r in ([reference] if reference else []) + runs if r and r["metrics"]["kv_trace"]]
     if not everything:
-        return _empty(title, "memory")
+        return _empty("memory")
     scale, unit = byte_unit(max(max(r["metrics"]["kv_trace"]) for r in everything))
     full = reference["metrics"]["kv_trace"] if reference else None
     traces = []
@@ -111,7 +112,7 @@ def memory_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
             name += f": {1 - held / ref:.0%} saved" if ref else ""
         traces.append(dict(type="scatter", y=[b / scale for b in trace], name=name, mode="lines",
                            line=dict(color=COLORS[i % len(COLORS)])))
-    return _figure(title, "memory", traces, xaxis=dict(title="generated tokens (0 = after the prompt)"),
+    return _figure("memory", traces, xaxis=dict(title="generated tokens (0 = after the prompt)"),
                    yaxis=dict(title=f"KV cache ({unit})", rangemode="tozero"))
 
 
@@ -166,7 +167,7 @@ def layer_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
         if layers.get("planned"):
             traces.append(dict(type="scatter", x=x, y=layers["planned"], name=f"{run['method']}: planned", mode="markers",
                                marker=dict(color=color, symbol="line-ew-open", size=18, line=dict(width=3))))
-    return _figure("Kept per layer", "layers", traces, xaxis=dict(title="layer", dtick=1 if count <= 40 else None),
+    return _figure("layers", traces, xaxis=dict(title="layer", dtick=1 if count <= 40 else None),
                    yaxis=dict(title="share of the full cache's bytes" if full else "tokens held / tokens seen",
                               tickformat=".0%", rangemode="tozero"), barmode="group")
 
@@ -198,9 +199,10 @@ def quality_figure(runs: list[dict]) -> go.Figure:
                            hovertext=[f"{run['method']}, turn {n + 1}" for _, _, n in points],
                            marker=dict(color=color, size=12, symbol=[TURN_SYMBOLS[n % len(TURN_SYMBOLS)]
                                                                      for _, _, n in points])))
-    return _figure("Same answer as full vs KV held (● first question, ◆ follow-up)", "quality", traces,
-                   xaxis=dict(title="fraction of the full cache's KV bytes held (measured)", range=[0, 1.08]),
-                   yaxis=dict(title="answer tokens same as full", tickformat=".0%", range=[-0.05, 1.1]))
+    return _figure("quality", traces,
+                   xaxis=dict(title="KV bytes held / full cache's (measured)", range=[0, 1.08]),
+                   yaxis=dict(title="answer tokens same as full (● turn 1, ◆ turn 2)", tickformat=".0%",
+                              range=[-0.05, 1.1]))
 
 
 TTFT_LABELS = {"recompute": "Full recompute", "prefix": "Prefix caching", "mpic": "MPIC"}
@@ -209,7 +211,7 @@ TTFT_LABELS = {"recompute": "Full recompute", "prefix": "Prefix caching", "mpic"
 def ttft_figure(ttft: dict | None) -> go.Figure:
     """TTFT of one prompt under prefix caching vs MPIC-k, full recompute in grey as the reference
     (``ttft``: the service's ``mpic_ttft``; None draws an empty panel)."""
-    fig = _empty("TTFT for this prompt: prefix caching vs MPIC", "mpic-ttft")
+    fig = _empty("mpic-ttft")
     if not ttft:
         return fig
     times = ttft["ttft_s"]

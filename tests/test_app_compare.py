@@ -23,17 +23,17 @@ def test_compare_runs_full_then_each_method(media):
     assert re.match(r"holds 0\.\d\dx the full KV\n\n1\. What is this\?\n→ ", boxes[1])
     assert [row[:2] for row in table] == [["Full cache", 1], ["StreamingLLM", 1]]
     assert all(re.fullmatch(r"\d+\.\d\dx(, too few steps to tell)?|same within noise", cell)
-               for cell in (table[1][3], table[1][5], table[1][7]))
-    assert table[1][10] == ""  # no right/wrong mark: the app did not draw this picture
+               for cell in (table[1][2], table[1][4], table[1][6]))
+    assert table[1][9] == ""  # no right/wrong mark: the app did not draw this picture
     assert status.startswith("Done") and len(gallery) == 1 and gallery[0][1] is None  # the caption is drawn in
     assert {t.name.split(":")[0] for t in memory.data} == {"Full cache", "StreamingLLM"}
     held = float(boxes[1].split("holds ")[1].split("x")[0])
     point = next(t for t in quality.data if t.name == "StreamingLLM")  # quality against the measured fraction
-    assert abs(point.x[0] - held) < 0.006 and f"{point.y[0]:.0%}" == table[1][9]
+    assert abs(point.x[0] - held) < 0.006 and f"{point.y[0]:.0%}" == table[1][8]
     assert [t.name for t in quality.data][0] == "Full cache" and tuple(quality.data[0].x) == (1.0,)
     assert scale.startswith("*Computed, not measured*") and "StreamingLLM" in scale
     again = list(compare.respond(ask("What is this?", media["image"]), ["streamingllm"], session, config(max_new_tokens=4)))
-    assert again[-1][compare.SLOTS][0][-1].startswith("cached")  # the table's full-cache row
+    assert again[-1][compare.SLOTS][0][0] == "Full cache (cached)"  # the table's full-cache row
 
 
 def test_compare_asks_a_follow_up_on_each_methods_own_cache(media):
@@ -55,9 +55,9 @@ def test_the_offline_models_example_is_marked_right_or_wrong_and_methods_differ(
     outputs = list(compare.respond(first, compare.DEFAULT_METHODS, service.Session(), settings_from(values),
                                    follow_up=then))
     *boxes, table, status, memory, speed, layers, quality, gallery, scale, _ = outputs[-1]
-    assert len(table) == 2 * 5 and all(row[10] in ("right",) or row[10].startswith("wrong (") for row in table)
-    assert [row[10] for row in table[:2]] == ["right", "right"]  # the full cache answers both right
-    differ = {row[0] for row in table[2:] if row[9] != "100%"}
+    assert len(table) == 2 * 5 and all(row[9] == "right" or row[9].startswith("wrong (") for row in table)
+    assert [row[9] for row in table[:2]] == ["right", "right"]  # the full cache answers both right
+    differ = {row[0] for row in table[2:] if row[8] != "100%"}
     assert len(differ) >= 2
     assert all("✓ right" in box or "✗ wrong" in box for box in boxes)
 
@@ -67,7 +67,7 @@ def test_question_before_or_with_the_media():
     values = control_values(model=service.ARENA, budget=0.2, compress="before_question")
     outputs = list(compare.respond(first, ["snapkv"], service.Session(), settings_from(values)))
     table = outputs[-1][compare.SLOTS]
-    assert table[0][10] == "right" and table[1][4] > 0  # answered, its TTFT counts both prefills
+    assert table[0][9] == "right" and table[1][3] > 0  # answered, its TTFT counts both prefills
     with pytest.raises(UserError, match="When the cache is compressed"):
         settings_from(control_values(model=service.ARENA, compress="sometimes"))
 

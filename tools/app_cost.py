@@ -1,7 +1,8 @@
 """What the app itself adds to an answer: drive ``/chat`` and ``/compare`` with gradio_client and
 print, per method, the wall time of the call against the model's own time (time to first token and
 decode, of the method and of the full-cache reference when it was computed for that call), as the
-app reports them (the chat's status line, the Compare table's "Answer (s)" column).
+app reports them (the chat's status line, the Compare table's "Answer (s)" column). The first row
+is Gradio's own floor on the machine: an app that only echoes the same message back.
 
     python tools/app_cost.py                      # starts the app in this process (offline model)
     python tools/app_cost.py --url http://127.0.0.1:7860/ --repeats 5
@@ -43,6 +44,32 @@ def start_app() -> tuple[str, object]:
     return url, demo
 
 
+def start_echo() -> tuple[str, object]:
+    """Gradio's own floor on this machine: an event taking the same message (an upload) and
+    streaming two outputs back, doing nothing else."""
+    import gradio as gr
+
+    def echo(message, history):
+        yield "…"
+        yield message["text"]
+
+    with gr.Blocks() as demo:
+        box, chat, out = gr.MultimodalTextbox(), gr.Chatbot(), gr.Textbox()
+        box.submit(echo, [box, chat], out, api_name="chat")
+    demo.queue()
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    return url, demo
+
+
+def echo_once(url: str, text: str, files: list[str]) -> tuple[float, float]:
+    from gradio_client import Client, handle_file
+
+    client = Client(url, verbose=False, download_files=False)
+    start = time.perf_counter()
+    client.predict({"text": text, "files": [handle_file(f) for f in files]}, [], api_name="/chat")
+    return time.perf_counter() - start, 0.0
+
+
 def chat_once(url: str, model: str, method: str, budget: float, text: str, files: list[str]) -> tuple[float, float]:
     """(wall s, model s) of one ``/chat`` call in a fresh session."""
     from gradio_client import Client, handle_file
@@ -70,8 +97,8 @@ def compare_once(url: str, model: str, methods: list[str], budget: float, text: 
                             methods=methods, model=model, budget=budget, api_name="/compare")
     wall = time.perf_counter() - start
     grid = next(r for r in result if isinstance(r, dict) and "headers" in r)
-    answer, note = grid["headers"].index("Answer (s)"), grid["headers"].index("Note")
-    return wall, sum(float(row[answer]) for row in grid["data"] if not str(row[note]).startswith("cached"))
+    answer = grid["headers"].index("Answer (s)")
+    return wall, sum(float(row[answer]) for row in grid["data"] if not str(row[0]).endswith("(cached)"))
 
 
 def median_row(name: str, samples: list[tuple[float, float]]) -> list[str]:
@@ -98,9 +125,16 @@ def main(argv=None) -> int:
     text, then, files = ((scene.questions[0], scene.questions[-1], list(scene.files)) if scene else
                          ("What shapes do you see?", "What colour is the triangle?", [str(ROOT / "assets/shapes.png")]))
     methods = [m for m in args.methods.split(",") if m]
+    rows = [["call", "wall (s)", "model (s)", "app adds (s)"]]
+    echo_url, echo_demo = start_echo()
+    try:
+        echo_once(echo_url, text, files)  # warm-up
+        rows.append(median_row("Gradio alone (an echo, same upload)",
+                               [echo_once(echo_url, text, files) for _ in range(args.repeats)]))
+    finally:
+        echo_demo.close()
     url, demo = (args.url, None) if args.url else start_app()
     try:
-        rows = [["call", "wall (s)", "model (s)", "app adds (s)"]]
         for method in methods:
             chat_once(url, args.model, method, args.budget, text, files)  # warm-up
             rows.append(median_row(f"/chat {method}", [chat_once(url, args.model, method, args.budget, text, files)
