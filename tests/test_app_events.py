@@ -48,7 +48,8 @@ def test_a_method_without_budget_hides_the_slider_and_shows_what_it_holds(media)
     assert error is None and re.search(r"MPIC.* holds \d\.\d\dx of the full cache's KV bytes", realised)
 
 
-def test_chat_turn_streams_text_panels_and_overlay(media):
+def test_chat_turn_streams_text_panels_and_overlay(media, monkeypatch):
+    monkeypatch.setattr(chat, "TEXT_EVERY_S", 0.0)  # every token sent (the app sends at most every 0.1 s)
     session = service.Session()
     outputs, error = turn(session, ask("What is this?", media["image"]), max_new_tokens=6)
     assert error is None and len(outputs) >= 3  # the echo, then one update per token
