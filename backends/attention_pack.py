@@ -379,6 +379,8 @@ class AttentionPack(KVBackend):
                       0, 2**31 - 1, 1)
     needs_decode_attention = True  # the decode query's attention row feeds the statistic
     report_type: ClassVar[type[Report]] = AttentionPackReport
+    # every token is held, as factors: the overlay shows which ones at full rank
+    overlay_meaning = "at full rank (the rest: rank R/4)"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -442,13 +444,17 @@ class AttentionPack(KVBackend):
 
     def _report(self, call, layer: PackedLayer) -> None:
         report = self.report
-        report.ensure_layers(call.num_layers, "full_rank", "reduced_rank", "ranks", "bytes")
+        report.ensure_layers(call.num_layers, "full_rank", "reduced_rank", "ranks", "bytes", "overlay")
         i, blocks = call.layer_idx, layer.blocks
         full = [b.positions[b.full] for b in blocks]
         reduced = [b.positions[~b.full] for b in blocks]
         report.full_rank[i] = torch.cat(full) if full else torch.zeros(0, dtype=torch.long)
         report.reduced_rank[i] = torch.cat(reduced) if reduced else torch.zeros(0, dtype=torch.long)
         report.ranks[i] = [(b.k_coef.shape[1], b.v_coef.shape[1]) for b in blocks]
+        # the overlay: tokens held densely or rebuilt at full rank (what a reduced-rank token lacks)
+        dense_positions = layer.positions[0] if getattr(layer, "positions", None) is not None else None
+        shown = [report.full_rank[i]] + ([dense_positions.reshape(-1)] if dense_positions is not None else [])
+        report.overlay[i] = torch.cat(shown).view(1, -1)
         factors = sum(_nbytes(t) for b in blocks for t in (b.k_coef, b.k_basis, b.v_coef, b.v_basis))
         dense = _nbytes(layer.keys) + _nbytes(layer.values)
         report.bytes[i] = {"factors": factors, "dense": dense, "scalars": layer.nbytes() - factors - dense}

@@ -362,6 +362,8 @@ class KVBackend:
     # True: the method can hold a streamed prefill under a byte cap (``AttentionCall.cap_bytes``),
     # evicting between chunks as the frames arrive; any method streams without a cap.
     streams_under_cap: ClassVar[bool] = False
+    # what a token drawn clear in the overlay is (``report.overlay`` when set, else the kept tokens)
+    overlay_meaning: ClassVar[str] = "kept"
     # Parameters that, with budget 1.0, make the method reproduce the full cache exactly (the
     # registry-wide lossless test uses them; e.g. a quantising method turns quantisation off).
     lossless_params: ClassVar[dict[str, Any]] = {}

@@ -35,8 +35,9 @@ on the comparison axis at its realised fraction (``realised_fraction`` in the re
 with both bit widths at 16 (``lossless_params``) that is the full cache.
 
 Report (:class:`ZipVLReport`, ``self.report``), per layer: ``important`` / ``other`` (1-D token
-indices held at each precision), ``important_ratio`` (important / tokens split so far, also as
-``layer_budgets`` for the layer panel), ``p`` (Eq. 6's count at the last split, over every key the
+indices held at each precision), ``important_ratio`` (important / tokens split so far),
+``layer_budgets`` (the bytes that split plans, as a share of the full cache's: the layer panel's
+scale), ``p`` (Eq. 6's count at the last split, over every key the
 probes saw: a later turn's count includes the history), ``bytes`` (codes, scales, buffer) and
 ``overlay`` ((1, n) important indices, which the service draws instead of the kept tokens);
 ``realised_fraction`` (bytes held / the same tokens' bytes in full precision, all layers) and ``tau``.
@@ -218,8 +219,10 @@ def _width_bytes(layer: KVLayer) -> int:
 
 @dataclass
 class ZipVLReport(Report):
-    """ZipVL's split per layer; ``layer_budgets`` repeats ``important_ratio`` for the layer panel,
-    ``overlay`` holds the (1, n) important indices and ``realised_fraction`` the bytes held / full."""
+    """ZipVL's split per layer; ``layer_budgets`` is the share of the full cache's bytes the split
+    plans for the layer (its codes: important tokens at ``bits_important``, the rest at
+    ``bits_other``; scales and the full-precision buffer come on top), on the same scale as the
+    bytes the layer panel draws; ``overlay`` holds the (1, n) important indices and ``realised_fraction`` the bytes held / full."""
 
     # per layer: 1-D token indices held at ``bits_important``
     important: list[torch.Tensor | None] | None = None
@@ -238,6 +241,7 @@ class ZipVLReport(Report):
 @dataclass(eq=False)
 class ZipVL(KVBackend):
     name = "zipvl"
+    overlay_meaning = "at high precision (the rest: fewer bits)"
     title = "ZipVL"
     paper = "https://arxiv.org/abs/2410.08584"
     summary = ("Per layer, finds the fewest tokens holding tau (paper 0.975) of the probes' attention; prefill "
@@ -350,7 +354,9 @@ class ZipVL(KVBackend):
         important, other = torch.cat(self._important[i]), torch.cat(self._other[i])
         ratio = important.numel() / max(1, important.numel() + other.numel())
         report.important[i], report.other[i] = important, other
-        report.important_ratio[i] = report.layer_budgets[i] = ratio
+        report.important_ratio[i] = ratio
+        full_bits = 8 * (layer.keys.element_size() if layer.keys is not None else 2)
+        report.layer_budgets[i] = (ratio * self.bits_important + (1 - ratio) * self.bits_other) / full_bits
         report.overlay[i] = important.view(1, -1)
         report.bytes[i] = (layer.byte_parts() if isinstance(layer, ZipVLLayer)
                            else {"codes": layer.nbytes(), "scales": 0, "buffer": 0})

@@ -31,20 +31,40 @@ recomputing it. The *budget* is the fraction of the full cache a method keeps (1
 PANELS = """
 ### What the panels show
 - **KV memory**: bytes the cache really holds (codes, scales and factors included) after the prompt
-  (x = 0) and after each new token, for the method and the full cache (dashed); the label is the saving.
+  (x = 0) and after each new token, for the method and the full cache (dashed); the legend says the saving.
 - **Speed**: time to first token (reading the media, the prompt pass and the method's own work) and
   decode speed in tokens per second, method next to the full cache, labelled with the ratio to it
-  (0.80x); **~ same** when the difference is smaller than the spread of the decode steps' times, i.e. noise.
-- Under the memory panel, a line **computed, not measured**: the fraction of the full cache's KV
-  measured here, projected onto real architectures (bytes per token from their configs, times this
-  prompt's tokens; how many tokens or video frames fit in 16 GiB of KV).
-- **Per-layer budget**: the share of the full cache each layer keeps; methods that give layers
-  different budgets show their plan as markers.
+  (0.80x); **same within noise** when the difference is smaller than the spread of the decode steps'
+  times, **too few steps to tell** when the answer was too short to measure that spread. On the tiny
+  offline model a step is mostly Python overhead, which says nothing about a method's speed at scale.
+- Under the memory panel (and under Compare's panels), lines **computed, not measured**: the
+  fraction of the full cache's KV measured here, projected onto real architectures (bytes per token
+  from their configs, times this prompt's tokens; how many tokens or video frames fit in 16 GiB of
+  KV), and what it means for speed there: a first token from the prefill's FLOPs, a decode step
+  from the bytes it reads (weights and cache) at a GPU's peak rates.
+- **Per-layer budget**: the share of the full cache's bytes each layer holds; methods that plan
+  per layer show their plan as markers on the same scale (ZipVL: the bytes its split plans).
 - **Kept visual tokens**: each cell of the picture is one visual token; dark red cells were dropped.
-- **Same tokens as full**: how many answer tokens match the full cache's answer, position by position.
-- **Quality vs memory** (Compare): each method as a point, the fraction of the full cache's bytes it
-  really held against its share of tokens equal to the full cache's answer; whatever a method's own
-  knob (a budget, ZipVL's threshold, MPIC's mode), it lands on this one axis.
+  AttentionPack keeps every token as low-rank factors: its clear cells are those held at full rank.
+  ZipVL keeps every token in fewer bits: its clear cells are those at high precision.
+- **Same tokens as full**: how many answer tokens match the full cache's answer, position by
+  position (the end-of-turn token is not counted). **Right / wrong**: on the offline model's scenes
+  (the examples, "New scene") the app knows the true answer and marks each one.
+- **Quality vs memory** (Compare): each method as one point per turn, the fraction of the full cache's
+  bytes it really held against its share of tokens equal to the full cache's answer; whatever a
+  method's own knob (a budget, ZipVL's threshold, MPIC's mode), it lands on this one axis.
+### When do the methods differ?
+- **Not on a one-word first answer** with the cache compressed *with the question*: that word comes
+  from the prefill's own logits, computed from the whole prompt before anything is evicted. Only the
+  methods that are sparse *during* the prefill (ZipVL) can change it.
+- **On a follow-up** (Compare's "Then ask", or a second message in Chat): it is answered from what the
+  method kept for the *first* question. A method that scored tokens by that question's attention
+  (SnapKV, PyramidKV) may have dropped the object the follow-up asks about.
+- **Before the question** ("When the cache is compressed": before the question): the media are
+  prefilled and compressed first, as a cached picture is, and the question comes after, on top of
+  the compressed cache; the first answer then depends on what was kept.
+- **On long answers** (hub models): every token after the first is read from the compressed cache.
+
 - A figure marked **cached** comes from an earlier full-cache run on exactly the same input, so the
   full cache is not paid for twice.
 

@@ -23,7 +23,10 @@ from .plots import fmt_bytes
 from .settings import SettingsPanel, realised_note, settings_from_named
 
 log = logging.getLogger(__name__)
-PLOT_EVERY_S = 0.4  # redraw the panels at most this often while streaming (the text every token)
+PLOT_EVERY_S = 0.4  # redraw the panels at most this often while streaming
+# send the text at most this often while streaming: each message costs Gradio a rebuild of every
+# output it skips (gr.skip()), ~10 ms each, more than a tiny model's whole decode step
+TEXT_EVERY_S = 0.1
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 EMPTY_INPUT = {"text": "", "files": []}
 NOT_ANSWERED = "**Not answered:**"
@@ -100,8 +103,12 @@ def status_line(view: dict, settings: service.Settings) -> str:
         parts[-1] += f" vs {fmt_bytes(same_point)} full ({1 - m['kv_bytes'] / same_point:.0%} saved)"
         parts.append(f"after the prompt it held {plots.kept_fraction(view, reference_run(view)):.2f}x of the full KV")
     parts += [f"first token after {m['ttft_s']:.2f} s", f"{m['decode_tok_s']:.1f} tokens/s"]
+    if view.get("right") is not None:
+        parts.append("**right**" if view["right"] else f"**wrong** (the scene's answer: {view['truth']})")
     if view.get("agreement") is not None:
-        parts.append(f"{view['agreement']:.0%} of tokens match the full cache's answer")
+        parts.append(f"{view['agreement']:.0%} of its answer tokens match the full cache's")
+    if view.get("done"):
+        parts.append(model_time(m, ref))
     if ref and ref["cached"]:
         parts.append("full-cache figures reused from an earlier run on this input (cached)")
     if view.get("mpic"):
@@ -109,6 +116,17 @@ def status_line(view: dict, settings: service.Settings) -> str:
     if service.has_random_weights(settings.model):
         parts.append("random weights: the text is nonsense, the figures are real")
     return " · ".join(parts)
+
+
+def model_time(metrics: dict, reference: dict | None) -> str:
+    """The model's own time for this message (first token and decode), and the full-cache
+    reference's when it was computed now: what the wait was made of, besides the app."""
+    own = metrics["ttft_s"] + metrics["decode_s"]
+    line = f"model time {own:.3f} s"
+    if reference and not reference["cached"]:
+        full = reference["metrics"]["ttft_s"] + reference["metrics"]["decode_s"]
+        line += f" + {full:.3f} s for the full-cache reference"
+    return line
 
 
 def mpic_line(reuse: dict) -> str:
@@ -163,11 +181,15 @@ def respond(message, history: list, session: service.Session, settings: service.
         shown = shown + [{"role": "assistant", "content": WHY_NEW[why], "metadata": {"title": NEW_CONVERSATION}}]
     shown = shown + user_messages(text, files)
     answer = {"role": "assistant", "content": "…"}
-    yield shown + [answer], EMPTY_INPUT, "Working…", *skip
+    # the panels empty while it works (plain values: cheaper for Gradio than skipping them)
+    yield shown + [answer], EMPTY_INPUT, "Working…", None, None, None, overlay.MEAN, None, "", gr.skip()
     hint = service.media_hint(settings.model, (session.history if remembered else []) + [prepared])
-    drawn = 0.0
+    drawn = sent = time.monotonic()  # the first figures when done, or after PLOT_EVERY_S of streaming
     try:
         for view in service.chat_turn(session, settings, prepared, progress_reporter(progress), shown=turns):
+            if not view["done"] and time.monotonic() - sent < TEXT_EVERY_S:
+                continue
+            sent = time.monotonic()
             answer = {"role": "assistant", "content": view["text"] or "…"}
             redraw = view["done"] or time.monotonic() - drawn > PLOT_EVERY_S
             figures = panels(view) if redraw else (gr.skip(),) * 3

@@ -38,6 +38,13 @@ class Dropdown(gr.Dropdown):
         return payload
 
 
+class Radio(gr.Radio):
+    is_template = True
+
+    def preprocess(self, payload):
+        return payload
+
+
 class CheckboxGroup(gr.CheckboxGroup):
     is_template = True
 

@@ -1,5 +1,7 @@
-"""The Compare tab: one prompt and media, the full cache and 1 to 4 methods run one after another
-(never interleaved, so each timing is its own), answers in columns, a table and the same panels.
+"""The Compare tab: a short conversation (a question with media, then an optional follow-up), the
+full cache and 1 to 4 methods run one after another through it (never interleaved, so each timing
+is its own), each on its own compressed cache; answers per turn in columns, marked right or wrong
+where the scene is known, a table per turn and the same panels.
 
 :func:`respond` holds the logic with plain arguments; :func:`run` is the wired event.
 """
@@ -15,90 +17,174 @@ import gradio as gr
 from engine import service
 from engine.errors import UserError
 
-from . import checked_controls, clients, overlay, plots
-from .chat import PLOT_EVERY_S, fmt_bytes, parse_message, progress_reporter, refusal
-from .settings import SettingsPanel, settings_from_named
+from . import at_scale, checked_controls, clients, overlay, plots
+from .chat import ASSETS, TEXT_EVERY_S, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
+from .settings import RANGES, SettingsPanel, control, own_params, settings_from_named
 
-COLUMNS = ["Method", "KV after prompt", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",
-           "Same tokens as full", "Note"]
-WIDTHS = ["15%", "10%", "8%", "8%", "10%", "9%", "10%", "9%", "21%"]  # the Note column gets room for its words
+COLUMNS = ["Method", "Turn", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",
+           "Answer (s)", "Same tokens as full", "Right?"]
+WIDTHS = ["16%", "6%", "8%", "8%", "13%", "8%", "13%", "8%", "9%", "11%"]
 SLOTS = 1 + service.MAX_COMPARE  # the full cache and up to four methods
+DEFAULT_METHODS = ["h2o", "snapkv", "attention_pack", "elastic_cache"]  # at 0.2 they differ on follow-ups
+DEFAULT_BUDGET = 0.2
+
+
+def answer_seconds(metrics: dict) -> float:
+    """The model's own time for one answer: to the first token, then every decode step."""
+    return metrics["ttft_s"] + metrics["decode_s"]
+
+
+def mark(turn: dict) -> str:
+    """Right or wrong against the scene's true answer; "" when there is none (uploads, hub models)."""
+    if turn.get("right") is None:
+        return ""
+    return "right" if turn["right"] else f"wrong ({turn['truth']})"
 
 
 def table(runs: list[dict]) -> list[list]:
-    """One row per run; every "vs full" column a ratio to the full cache (the first run), the
-    KV one measured after the prompt (the fraction of the full cache's bytes the method holds)."""
-    full = runs[0]
+    """One row per run and turn; every "vs full" column a ratio to the full cache's same turn, the
+    KV one measured after that turn's prompt (the fraction of the full cache's bytes it holds); a
+    full cache's row from an earlier run on the same input says "(cached)"."""
+    full = runs[0]["turns"]
     rows = []
     for run in runs:
-        m, fm = run["metrics"], full["metrics"]
-        is_full = run is full
-        note = "cached: from an earlier run on this input" if run.get("cached") else ("" if run.get("done") else "running…")
-        spread = plots.step_spread(run, full)
-        rows.append([run["method"], fmt_bytes(m["kv_bytes_prefill"]),
-                     "" if is_full else plots.vs_full(m["kv_bytes_prefill"], fm["kv_bytes_prefill"]),
-                     round(m["ttft_s"], 3), "" if is_full else plots.vs_full(m["ttft_s"], fm["ttft_s"], spread),
-                     round(m["decode_tok_s"], 1),
-                     "" if is_full else plots.vs_full(m["decode_tok_s"], fm["decode_tok_s"], spread),
-                     "" if run.get("agreement") is None else f"{run['agreement']:.0%}", note])
+        is_full = run is runs[0]
+        for n, (turn, ref) in enumerate(zip(run["turns"], full), start=1):
+            if "metrics" not in turn:
+                continue
+            m, fm = turn["metrics"], ref["metrics"]
+            spread = plots.step_spread(turn, ref)
+            name = run["method"] + (" (cached)" if turn.get("cached") else "" if turn.get("done") else " (running…)")
+            rows.append([name, n, "" if is_full else plots.vs_full(m["kv_bytes_prefill"], fm["kv_bytes_prefill"]),
+                         round(m["ttft_s"], 3), "" if is_full else plots.vs_full(m["ttft_s"], fm["ttft_s"], spread),
+                         round(m["decode_tok_s"], 1),
+                         "" if is_full else plots.vs_full(m["decode_tok_s"], fm["decode_tok_s"], spread),
+                         round(answer_seconds(m), 3),
+                         "" if turn.get("agreement") is None else f"{turn['agreement']:.0%}", mark(turn)])
     return rows
 
 
-def answer_label(run: dict, full: dict) -> str:
-    """An answer column's title: the method and the fraction of the full cache's KV it really holds."""
-    fraction = plots.kept_fraction(run, full) if run is not full and run.get("metrics") else None
-    return plots.series_name(run) + ("" if fraction is None else f" · holds {fraction:.2f}x the full KV")
+def last_turn(run: dict) -> dict:
+    """A run as the memory, speed and layer panels draw it: its last answered turn."""
+    done = [t for t in run["turns"] if "metrics" in t]
+    turn = done[-1] if done else {}
+    return {"method": run["method"], "metrics": turn.get("metrics"), "layers": turn.get("layers"),
+            "cached": turn.get("cached", False), "agreement": turn.get("agreement")}
 
 
-def answer_boxes(runs: list[dict]) -> list:
-    boxes = [gr.Textbox(label=answer_label(run, runs[0]), value=run.get("text", ""), visible=True) for run in runs]
-    return boxes + [gr.Textbox(visible=False, value="")] * (SLOTS - len(boxes))
+def held_line(run: dict, full: dict) -> str:
+    """The fraction of the full cache's KV the method really holds after the first prompt."""
+    if run is full or not run["turns"] or "metrics" not in run["turns"][0]:
+        return ""
+    return f"holds {plots.kept_fraction(run['turns'][0], full['turns'][0]):.2f}x the full KV\n\n"
+
+
+def answer_text(run: dict, full: dict) -> str:
+    """What the method holds, then each turn's question and answer, marked right or wrong where the
+    scene is known."""
+    lines = []
+    for n, turn in enumerate(run["turns"], start=1):
+        verdict = {True: "  ✓ right", False: f"  ✗ wrong (true: {turn.get('truth')})"}.get(turn.get("right"), "")
+        lines.append(f"{n}. {turn.get('question', '')}\n→ {turn.get('text', '')}{verdict if turn.get('done') else ''}")
+    cached = "the full cache's answers are from an earlier run on this input (cached)\n\n" \
+        if run is full and any(t.get("cached") for t in run["turns"]) else ""
+    return cached + held_line(run, full) + "\n\n".join(lines)
+
+
+def column_titles(methods: list[str]) -> list[str]:
+    """The answer columns' titles, known before anything runs: the full cache, then each method."""
+    chosen = [m for m in dict.fromkeys(methods or []) if m != "full"]
+    return (["Full cache"] + [service.method_spec(m)["title"] for m in chosen] + [""] * SLOTS)[:SLOTS]
+
+
+def answer_boxes(runs: list[dict], titles: list[str], first: bool) -> list:
+    """The answer columns: on the ``first`` yield an update with each column's title and
+    visibility, after that plain values (an update rebuilds the component in Gradio, ~10 ms each)."""
+    texts = [answer_text(run, runs[0]) for run in runs]
+    texts += ["waiting…" if title else "" for title in titles[len(runs):]]
+    if not first:
+        return texts
+    return [gr.Textbox(label=title or None, value=text, visible=bool(title)) for title, text in zip(titles, texts)]
+
+
+def scale_line(runs: list[dict]) -> str:
+    """The computed speed at real scale of each method, at the fraction it held after the first prompt."""
+    full = runs[0]["turns"][0] if runs[0]["turns"] else None
+    if not full or "metrics" not in full:
+        return ""
+    fractions = {run["method"]: plots.kept_fraction(run["turns"][0], full) for run in runs[1:]
+                 if run["turns"] and "metrics" in run["turns"][0]}
+    return at_scale.compare_speed_line(fractions, full["metrics"]["prompt_tokens"])
+
+
+def conversation(message, follow_up, num_frames: int, progress) -> list:
+    """The first message (question and media) and the optional follow-up (text only), prepared."""
+    text, files = parse_message(message)
+    if follow_up is not None and not isinstance(follow_up, str):
+        raise UserError(f"The follow-up must be text; got {type(follow_up).__name__}.")
+    turns = [service.prepare(text, files, num_frames, progress_reporter(progress))]
+    if (follow_up or "").strip():
+        turns.append(service.prepare(follow_up, [], num_frames))
+    return turns
 
 
 def respond(message, methods: list[str], session: service.Session, settings: service.Settings,
-            progress=None) -> Iterator[tuple]:
-    """Yields (5 answer boxes, table, status, memory, speed, layers, quality, overlay gallery, input box).
+            progress=None, follow_up: str | None = "") -> Iterator[tuple]:
+    """Yields (5 answer boxes, table, status, memory, speed, layers, quality, overlay gallery, speed
+    at real scale, input box).
     Bad input is said once, in the status line: the rest keeps what it showed, rejected files
     leave the input box."""
     text, files = parse_message(message)
     try:
         service.check_uploads(session, files)
-        prepared = service.prepare(text, files, settings.num_frames, progress_reporter(progress))
-        views = service.compare(session, settings, methods, prepared, progress_reporter(progress))
-        drawn = 0.0
+        turns = conversation(message, follow_up, settings.num_frames, progress)
+        views = service.compare(session, settings, methods, turns, progress_reporter(progress))
+        sent = time.monotonic()
+        titles, finished = column_titles(methods), -1
         for view in views:
             runs = view["runs"]
-            reference, others = runs[0], runs[1:]
-            redraw = view["done"] or time.monotonic() - drawn > PLOT_EVERY_S
-            figures = (plots.memory_figure(others, reference), plots.speed_figure(others, reference),
-                       plots.layer_figure(others, reference), plots.quality_figure(others, reference)) \
-                if redraw else (gr.skip(),) * 4
-            drawn = time.monotonic() if redraw else drawn
-            items = [item for run in others for item in overlay.gallery(run["visuals"], prefix=run["method"] + ", ")]
+            done_runs = sum(run["done"] for run in runs)
+            if not view["done"] and done_runs == finished and time.monotonic() - sent < TEXT_EVERY_S:
+                continue  # a token of a running answer: sent at most every TEXT_EVERY_S
+            first = finished == -1
+            sent, finished = time.monotonic(), done_runs
+            # the panels are drawn once, when every method has run (empty until then: plain None
+            # costs Gradio less than gr.skip(), and the table shows the progress)
+            figures, items, scale = (None,) * 4, None, ""
+            if view["done"]:
+                scale = scale_line(runs)
+                reference, others = last_turn(runs[0]), [last_turn(r) for r in runs[1:]]
+                figures = (plots.memory_figure(others, reference), plots.speed_figure(others, reference),
+                           plots.layer_figure(others, reference), plots.quality_figure(runs))
+                items = [item for run in runs[1:] for item in overlay.gallery(run["visuals"], prefix=run["method"] + ", ")]
             status = "Done." if view["done"] else f"Running {runs[-1]['method']}…"
+            if view["done"] and len(turns) > 1:
+                status += " The panels show the last turn; the table every turn."
             if service.has_random_weights(settings.model):
                 status += " Random weights: the answers are nonsense, the figures are real."
-            hint = service.media_hint(settings.model, [prepared])
+            hint = service.media_hint(settings.model, turns[:1])
             status += f" {hint}" if hint else ""
-            yield (*answer_boxes(runs), table(runs), status, *figures, items if view["done"] else gr.skip(), gr.skip())
+            yield (*answer_boxes(runs, titles, first=first), table(runs), status, *figures, items, scale, gr.skip())
     except UserError as exc:
         yield refused(exc, {"text": text, "files": []})
 
 
 def refused(exc: UserError, box) -> tuple:
     """Every output kept as it was but the status (the message) and the input box."""
-    return (*(gr.skip(),) * (SLOTS + 1), refusal(exc), *(gr.skip(),) * 5, box)
+    return (*(gr.skip(),) * (SLOTS + 1), refusal(exc), *(gr.skip(),) * 6, box)
 
 
-def run(message, methods, session, request: gr.Request, progress=gr.Progress(), **controls):
-    """The Compare event (the API's ``/compare``): settings by name, then :func:`respond`."""
+def run(message, methods, follow_up: str | None = None, session=None, request: gr.Request = None, progress=gr.Progress(),
+        **controls):
+    """The Compare event (the API's ``/compare``): settings by name (the budget and the methods'
+    knobs from the Compare tab's own controls), then :func:`respond`."""
     service.track(session, getattr(request, "session_hash", None), clients.client_of(request))
     try:
         settings = settings_from_named(controls)
     except UserError as exc:
         yield refused(exc, gr.skip())
         return
-    yield from respond(message, methods, session, settings, progress)
+    yield from respond(message, methods, session, settings, progress, follow_up)
 
 
 def limit_methods(chosen: list[str]) -> tuple[list[str], str]:
@@ -114,10 +200,48 @@ def choices() -> list[tuple[str, str]]:
     return [(spec["title"], spec["name"]) for spec in service.method_specs() if spec["name"] != "full"]
 
 
+def knob_specs() -> list[tuple[str, dict]]:
+    """(method, parameter) of each method that takes no budget: the one knob that sets what it holds
+    (ZipVL's tau, MPIC's mode), shown on the tab when the method is ticked."""
+    return [(spec["name"], own_params(spec)[0]) for spec in service.method_specs()
+            if not spec["uses_budget"] and spec["name"] != "full" and own_params(spec)]
+
+
+def show_knobs(chosen: list[str]) -> list:
+    return [gr.update(visible=method in (chosen or [])) for method, _ in knob_specs()]
+
+
+def new_scene(kind: str) -> tuple:
+    """A fresh scene of ``kind`` from the model's scene generator, with its true answers: it fills
+    the first question (with its media) and the follow-up."""
+    try:
+        scene = service.draw_scene(kind)
+    except UserError as exc:
+        return gr.skip(), gr.skip(), refusal(exc)
+    return ({"text": scene.questions[0], "files": list(scene.files)}, scene.questions[1] if len(scene.questions) > 1 else "",
+            f"A new {kind} scene: its answers are marked right or wrong.")
+
+
+GENERAL_EXAMPLES = [("What shapes do you see?", "What colour is the triangle?", ["shapes.png"]),
+                    ("Which bar is the tallest?", "Which bar is the shortest?", ["chart.png"]),
+                    ("Where does the ball go?", "What colour is the ball?", ["bouncing_ball.mp4"])]
+
+
+def example_rows(trained: bool) -> list[list]:
+    """Clickable examples filling both questions: the offline model's scenes (answers known), or
+    general ones for hub models."""
+    if trained:
+        return [[{"text": s.questions[0], "files": list(s.files)}, s.questions[1] if len(s.questions) > 1 else ""]
+                for s in service.scene_examples()]
+    return [[{"text": first, "files": [str(ASSETS / f) for f in files]}, then] for first, then, files in GENERAL_EXAMPLES
+            if all((ASSETS / f).is_file() for f in files)]
+
+
 @dataclass
 class CompareTab:
     methods: gr.CheckboxGroup
     textbox: gr.MultimodalTextbox
+    follow_up: gr.Textbox
     button: gr.Button
     answers: list
     table: gr.Dataframe
@@ -127,40 +251,77 @@ class CompareTab:
     layers: gr.Plot
     quality: gr.Plot
     gallery: gr.Gallery
+    at_scale: gr.Markdown
 
     @property
     def outputs(self) -> list:
         return [*self.answers, self.table, self.status, self.memory, self.speed, self.layers, self.quality,
-                self.gallery, self.textbox]
+                self.gallery, self.at_scale, self.textbox]
 
 
 def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
-    gr.Markdown("The full cache runs first, then each method in turn on the same input, with the budget and "
-                "parameters set on the left. The full cache's run is reused when the input repeats.")
+    gr.Markdown("The full cache answers first, then each method in turn, each through the whole conversation (the "
+                "question, then the follow-up) on its own compressed cache. The full cache's run is reused when the "
+                "input repeats. Budget and knobs below apply here; other parameters are the papers' defaults or as "
+                "set under Advanced on the left.")
     options = choices()
-    methods = checked_controls.CheckboxGroup(options, value=[n for _, n in options[:2]],
-                                             label=f"Methods (1 to {service.MAX_COMPARE})", elem_id="compare-methods")
+    methods = checked_controls.CheckboxGroup(options, value=DEFAULT_METHODS, label=f"Methods (1 to {service.MAX_COMPARE})",
+                                             elem_id="compare-methods")
+    with gr.Row():
+        low, high = RANGES["budget"]
+        budget = checked_controls.Slider(low, high, value=DEFAULT_BUDGET, step=0.01, label="Budget of every method compared",
+                           info="Fraction of the full cache's KV bytes each method may hold.", elem_id="compare-budget",
+                           elem_classes=["range-said"])
+        knobs = [control(p, f"{service.method_spec(m)['title']}: {p['name'].replace('_', ' ')}")
+                 for m, p in knob_specs()]
+        for (method, _), knob in zip(knob_specs(), knobs):
+            knob.visible = method in DEFAULT_METHODS
     textbox = checked_controls.MultimodalTextbox(file_types=["image", "video"], file_count="multiple",
                                                  elem_id="compare-input", show_label=False, submit_btn=False,
-                                                 placeholder="One prompt with images or a video for every method…")
+                                                 placeholder="First question, with images or a video…")
+    follow_up = gr.Textbox(value="", label="Then ask (optional follow-up, on the same compressed cache)", elem_id="compare-then",
+                           placeholder="e.g. a question about another object")
+    trained = service.is_trained_here(settings.model.value)
+    example_sets = []
+    for shown, kind in ((trained, True), (not trained, False)):  # one set per kind of model, one visible
+        with gr.Column(visible=shown) as column:
+            rows = example_rows(kind)
+            if rows:
+                gr.Examples(rows, inputs=[textbox, follow_up], elem_id="compare-examples" if kind else None, label="Examples (both questions; answers marked right "
+                            "or wrong)" if kind else "Examples (for hub models)")
+            if kind:
+                with gr.Row():
+                    scene_kind = gr.Dropdown(list(service.scene_types()), value=service.scene_types()[0],
+                                             label="Scene type", scale=1, elem_id="scene-kind")
+                    scene_button = gr.Button("New scene", scale=1, elem_id="new-scene")
+        example_sets.append(column)
     button = gr.Button("Compare", variant="primary", elem_id="compare-run")
     status = gr.Markdown(elem_id="compare-status")
     with gr.Row(equal_height=True):
         answers = [gr.Textbox(visible=False, lines=6, max_lines=12, elem_classes=["answer"]) for _ in range(SLOTS)]
     grid = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="compare-table", wrap=True, column_widths=WIDTHS)
-    gr.Markdown("Every *vs full* column is a ratio to the full cache (0.50x = half). *~ same*: the difference is "
-                "smaller than the spread of the decode steps' times on this machine, i.e. noise; *(noise ?)*: too few "
-                "decode steps to measure that spread.")
+    gr.Markdown("Every *vs full* column is a ratio to the full cache's same turn (0.50x = half). *same within noise*: "
+                "the difference is smaller than the spread of the decode steps' times on this machine; *too few steps "
+                "to tell*: the answer was too short to measure that spread. *Answer (s)*: the model's own time for "
+                "the answer (first token and decode). *Right?*: against the scene's true answer (the offline "
+                "model's scenes only).")
     with gr.Row():
         memory = gr.Plot(label="KV memory")
         speed = gr.Plot(label="Speed")
     with gr.Row():
         layers = gr.Plot(label="Per-layer budget")
         quality = gr.Plot(label="Quality vs memory", elem_id="compare-quality")
-    gallery = gr.Gallery(label="Which visual tokens each method kept (averaged over layers)", columns=2, height="auto",
-                         object_fit="contain", preview=False, fit_columns=False)  # 2 columns: captions fit
-    tab = CompareTab(methods, textbox, button, answers, grid, status, memory, speed, layers, quality, gallery)
+    speed_scale = gr.Markdown(elem_id="compare-scale")
+    gallery = gr.Gallery(label="Which visual tokens each method kept (averaged over layers; AttentionPack: which "
+                         "it holds at full rank, ZipVL: at high precision)", columns=2, height="auto",
+                         object_fit="contain", preview=False, fit_columns=False, elem_id="compare-overlay")
+    tab = CompareTab(methods, textbox, follow_up, button, answers, grid, status, memory, speed, layers, quality, gallery,
+                     speed_scale)
     methods.input(limit_methods, methods, [methods, status], queue=False, api_visibility="private")
-    button.click(run, [textbox, methods, session], tab.outputs, inputs_kwargs=settings.named, api_name="compare",
-                 concurrency_id="gpu", concurrency_limit=1)
+    methods.change(show_knobs, methods, knobs, queue=False, api_visibility="private")
+    settings.model.change(show_examples, settings.model, example_sets, queue=False, api_visibility="private")
+    scene_button.click(new_scene, scene_kind, [textbox, follow_up, status], queue=False, api_visibility="private")
+    own = {"budget": budget} | {f"{m}_{p['name']}": knob for (m, p), knob in zip(knob_specs(), knobs)}
+    button.click(run, [textbox, methods, follow_up, session], tab.outputs, inputs_kwargs=settings.named | own,
+                 api_name="compare", concurrency_id="gpu", concurrency_limit=1)
     return tab

@@ -9,7 +9,7 @@ strip of frames, one per temporal token.
 from __future__ import annotations
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 MEAN = "mean over layers"
 DROPPED = np.array([110, 0, 0], dtype=np.float32)
@@ -61,11 +61,31 @@ def render(visual: dict, layer: int | None = None) -> tuple[Image.Image, str]:
     return image, caption
 
 
-def gallery(visuals: list[dict] | None, choice: str | None = None, prefix: str = "") -> list[tuple[Image.Image, str]]:
-    """Gallery items for a list of visuals at the chosen layer."""
+CAPTION_PX = 14
+
+
+def with_caption(image: Image.Image, caption: str) -> Image.Image:
+    """The caption written on a white strip under the picture, never over it (Gradio's gallery
+    writes captions over the bottom of the image, which hid the bottom row of cells)."""
+    font = ImageFont.load_default(size=CAPTION_PX)
+    width = max(image.width, int(ImageDraw.Draw(image).textlength(caption, font=font)) + 8)
+    out = Image.new("RGB", (width, image.height + CAPTION_PX + 10), "white")
+    out.paste(image, (0, 0))
+    ImageDraw.Draw(out).text((4, image.height + 4), caption, fill=(40, 40, 40), font=font)
+    return out
+
+
+def gallery(visuals: list[dict] | None, choice: str | None = None, prefix: str = "") -> list[tuple[Image.Image, None]]:
+    """Gallery items for a list of visuals at the chosen layer: each picture with its caption
+    under it (drawn in; the gallery's own caption would cover the picture)."""
     layer = layer_index(choice)
-    items = []
-    for visual in visuals or []:
-        image, caption = render(visual, layer)
-        items.append((image, prefix + caption))
-    return items
+    return [(with_caption(*_prefixed(render(visual, layer), prefix)), None) for visual in visuals or []]
+
+
+def captions(visuals: list[dict] | None, choice: str | None = None, prefix: str = "") -> list[str]:
+    """The captions :func:`gallery` draws, as text."""
+    return [prefix + render(visual, layer_index(choice))[1] for visual in visuals or []]
+
+
+def _prefixed(rendered: tuple[Image.Image, str], prefix: str) -> tuple[Image.Image, str]:
+    return rendered[0], prefix + rendered[1]

@@ -8,12 +8,18 @@ figures come from an earlier run on the same input.
 from __future__ import annotations
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 FULL_COLOR = "#8c8c8c"
 COLORS = ["#e4572e", "#2e86ab", "#f3a712", "#29bf12", "#a846a0"]
-LAYOUT = dict(template="plotly_white", height=340, margin=dict(l=50, r=20, t=50, b=90),
-              legend=dict(orientation="h", y=-0.3, yanchor="top"), font=dict(size=12))
+GRID = "#ebf0f8"
+# plotly_white's look in a few fields: the template itself costs ~60 ms per figure (it is deep-copied),
+# most of a short answer's time in the app
+# no figure titles (each panel's label names it; a long title was clipped at half width); the legend
+# above the plot, where it cannot cover the axis titles (right of the panel's own label)
+LAYOUT = dict(template="none", height=360, margin=dict(l=60, r=20, t=70, b=50), plot_bgcolor="white",
+              paper_bgcolor="white", legend=dict(orientation="h", x=0.12, y=1.02, yanchor="bottom"), font=dict(size=12),
+              colorway=["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"])
+AXIS = dict(gridcolor=GRID, linecolor=GRID, zerolinecolor=GRID, zerolinewidth=2, automargin=True)
 
 
 def byte_unit(largest: float) -> tuple[float, str]:
@@ -40,16 +46,21 @@ def step_spread(*runs: dict) -> float | None:
     return max(spreads, default=None)
 
 
+SAME = "same within noise"
+FEW_STEPS = "too few steps to tell"
+
+
 def vs_full(value: float, reference: float, spread: float | None = 0.0) -> str:
-    """Every "vs full" figure in one unit, a ratio to the full cache ("0.50x"); "~ same" when the
-    difference is smaller than ``spread`` (relative), i.e. within the noise of repeated steps;
-    "(noise ?)" when there were too few steps to measure that spread."""
+    """Every "vs full" figure in one unit, a ratio to the full cache ("0.50x"), said in words when it
+    means nothing: "same within noise" when the difference is smaller than ``spread`` (relative),
+    the spread of repeated decode steps; "too few steps to tell" when there were too few steps to
+    measure that spread."""
     if not reference:
         return "n/a"
     ratio = value / reference
     if spread is None:
-        return f"{ratio:.2f}x (noise ?)"
-    return "~ same" if abs(ratio - 1) < spread else f"{ratio:.2f}x"
+        return f"{ratio:.2f}x, {FEW_STEPS}"
+    return SAME if abs(ratio - 1) < spread else f"{ratio:.2f}x"
 
 
 def kept_fraction(run: dict, reference: dict | None) -> float | None:
@@ -62,73 +73,85 @@ def series_name(run: dict) -> str:
     return run["method"] + (" (cached)" if run.get("cached") else "")
 
 
-def _empty(title: str, uirevision: str) -> go.Figure:
-    fig = go.Figure()
-    fig.update_layout(title=title, uirevision=uirevision, **LAYOUT)
-    return fig
+def _figure(uirevision: str, traces: list[dict] = (), xaxis: dict | None = None,
+            yaxis: dict | None = None, **layout) -> go.Figure:
+    """One figure built in one go (plotly's per-call updates cost milliseconds each)."""
+    return go.Figure(data=list(traces), layout=LAYOUT | {"uirevision": uirevision,
+                                                          "xaxis": AXIS | (xaxis or {}), "yaxis": AXIS | (yaxis or {})}
+                     | layout)
+
+
+def _empty(uirevision: str) -> go.Figure:
+    return _figure(uirevision)
 
 
 def memory_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
     """KV bytes held after the prompt (x = 0) and after each generated token, per method.
 
     ``runs``: dicts with ``method`` and ``metrics["kv_trace"]``; ``reference``: the full cache's,
-    drawn dashed, and every method's last point is labelled with its saving against it.
+    drawn dashed, and every method's name in the legend says its saving at its last point (labels on
+    the lines overlapped when methods hold about the same).
     """
-    fig = _empty("KV cache memory while answering", "memory")
     everything = [r for r in ([reference] if reference else []) + runs if r and r["metrics"]["kv_trace"]]
     if not everything:
-        return fig
+        return _empty("memory")
     scale, unit = byte_unit(max(max(r["metrics"]["kv_trace"]) for r in everything))
     full = reference["metrics"]["kv_trace"] if reference else None
+    traces = []
     if full:
-        fig.add_scatter(y=[b / scale for b in full], name=series_name(reference), mode="lines",
-                        line=dict(color=FULL_COLOR, dash="dash"))
+        traces.append(dict(type="scatter", y=[b / scale for b in full], name=series_name(reference), mode="lines",
+                           line=dict(color=FULL_COLOR, dash="dash")))
     for i, run in enumerate(runs):
         trace = run["metrics"]["kv_trace"]
         if not trace:
             continue
-        fig.add_scatter(y=[b / scale for b in trace], name=series_name(run), mode="lines",
-                        line=dict(color=COLORS[i % len(COLORS)]))
+        name = series_name(run)
         if full:  # the saving at the same point of the answer
             last = len(trace) - 1
             held, ref = trace[last], full[min(last, len(full) - 1)]
-            fig.add_annotation(x=last, y=held / scale, text=f"{1 - held / ref:.0%} saved" if ref else "",
-                               showarrow=True, arrowhead=2, ax=-40, ay=-30, font=dict(color=COLORS[i % len(COLORS)]))
-    fig.update_xaxes(title="generated tokens (0 = after the prompt)")
-    fig.update_yaxes(title=f"KV cache ({unit})", rangemode="tozero")
-    return fig
+            name += f": {1 - held / ref:.0%} saved" if ref else ""
+        traces.append(dict(type="scatter", y=[b / scale for b in trace], name=name, mode="lines",
+                           line=dict(color=COLORS[i % len(COLORS)])))
+    return _figure("memory", traces, xaxis=dict(title="generated tokens (0 = after the prompt)"),
+                   yaxis=dict(title=f"KV cache ({unit})", rangemode="tozero"))
+
+
+SPEED_ROWS = (("ttft_s", "<b>Time to first token</b> (s), lower is better", (0.6, 1.0)),
+              ("decode_tok_s", "<b>Decode speed</b> (tokens/s), higher is better", (0.0, 0.4)))
 
 
 def speed_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
     """Time to first token and decode tokens/s, one horizontal bar per method (names never collide,
-    however many), the full cache first, labelled with the ratio to it ("~ same" within the spread
-    of the decode steps)."""
-    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.2,
-                        subplot_titles=("<b>Time to first token</b> (s), lower is better",
-                                        "<b>Decode speed</b> (tokens/s), higher is better"))
-    fig.update_annotations(font_size=13)
-    fig.update_layout(uirevision="speed", showlegend=False, **(LAYOUT | {"margin": dict(l=20, r=20, t=40, b=30)}))
-    bars = ([reference] if reference else []) + [r for r in runs if r]
-    for row, key in ((1, "ttft_s"), (2, "decode_tok_s")):
+    however many), the full cache first, labelled with the ratio to it, said in words where it is
+    within the noise of the decode steps (:func:`vs_full`)."""
+    bars = ([reference] if reference else []) + [r for r in runs if r and r.get("metrics")]
+    traces, axes, titles = [], {}, []
+    for row, (key, title, domain) in enumerate(SPEED_ROWS, start=1):
         ref = reference["metrics"][key] if reference else None
         labels = [f"{r['metrics'][key]:.3g}" + ("" if r is reference or ref is None else
                                                f"  {vs_full(r['metrics'][key], ref, step_spread(r, reference))}")
                   for r in bars]
         colors = [FULL_COLOR if r is reference else COLORS[(i - bool(reference)) % len(COLORS)] for i, r in enumerate(bars)]
         values = [r["metrics"][key] for r in bars]
-        fig.add_bar(y=[series_name(r) for r in bars], x=values, orientation="h", text=labels, textposition="outside",
-                    cliponaxis=False, marker_color=colors, textfont=dict(size=12), row=row, col=1)
-        fig.update_xaxes(range=[0, 1.6 * max(values, default=0) or 1], row=row, col=1)  # room for the labels
-        fig.update_yaxes(autorange="reversed", automargin=True, tickfont=dict(size=12), row=row, col=1)
-    fig.update_layout(uniformtext=dict(minsize=12, mode="show"))  # never shrink a label to fit a short bar
-    return fig
+        suffix = "" if row == 1 else str(row)
+        traces.append(dict(type="bar", y=[series_name(r) for r in bars], x=values, orientation="h", text=labels,
+                           textposition="outside", cliponaxis=False, marker_color=colors, textfont=dict(size=12),
+                           xaxis=f"x{suffix}", yaxis=f"y{suffix}"))
+        axes[f"xaxis{suffix}"] = AXIS | dict(range=[0, 2.2 * max(values, default=0) or 1], anchor=f"y{suffix}")  # room for the labels
+        axes[f"yaxis{suffix}"] = AXIS | dict(domain=list(domain), autorange="reversed", tickfont=dict(size=12),
+                                             anchor=f"x{suffix}")
+        titles.append(dict(text=title, x=0.5, xref="paper", xanchor="center", y=domain[1], yref="paper",
+                           yanchor="bottom", showarrow=False, font=dict(size=13)))
+    layout = LAYOUT | {"margin": dict(l=20, r=20, t=40, b=30), "uirevision": "speed", "showlegend": False,
+                       "annotations": titles, "uniformtext": dict(minsize=12, mode="show")} | axes
+    return go.Figure(data=traces, layout=layout)
 
 
 def layer_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
     """Per layer: the share of the full cache's bytes each method holds (tokens held / tokens seen
     when there is no reference), with the method's planned per-layer budget where it reports one."""
-    fig = _empty("Kept per layer", "layers")
-    full = reference["layers"]["bytes"] if reference else None
+    full = reference["layers"]["bytes"] if reference and reference.get("layers") else None
+    traces, count = [], 0
     for i, run in enumerate(runs):
         layers = run.get("layers")
         if not layers:
@@ -139,34 +162,47 @@ def layer_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
         else:
             shares = [t / layers["seen"] if layers["seen"] else 0.0 for t in layers["tokens"]]
         x = list(range(1, len(shares) + 1))
-        fig.add_bar(x=x, y=shares, name=series_name(run), marker_color=color)
+        count = len(x)
+        traces.append(dict(type="bar", x=x, y=shares, name=series_name(run), marker_color=color))
         if layers.get("planned"):
-            fig.add_scatter(x=x, y=layers["planned"], name=f"{run['method']}: planned budget", mode="markers",
-                            marker=dict(color=color, symbol="line-ew-open", size=18, line=dict(width=3)))
-    fig.update_xaxes(title="layer", dtick=1 if len(fig.data) and len(fig.data[0].x or ()) <= 40 else None)
-    fig.update_yaxes(title="share of the full cache" if full else "tokens held / tokens seen",
-                     tickformat=".0%", rangemode="tozero")
-    fig.update_layout(barmode="group")
-    return fig
+            traces.append(dict(type="scatter", x=x, y=layers["planned"], name=f"{run['method']}: planned", mode="markers",
+                               marker=dict(color=color, symbol="line-ew-open", size=18, line=dict(width=3))))
+    return _figure("layers", traces, xaxis=dict(title="layer", dtick=1 if count <= 40 else None),
+                   yaxis=dict(title="share of the full cache's bytes" if full else "tokens held / tokens seen",
+                              tickformat=".0%", rangemode="tozero"), barmode="group")
 
 
-def quality_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
-    """One point per method: x the fraction of the full cache's KV bytes it really holds (measured
-    after the prompt), y the share of its answer tokens equal to the full cache's, position by
-    position. Methods with different knobs (a budget, ZipVL's tau, MPIC's mode) meet on this axis."""
-    fig = _empty("Same answer as the full cache vs KV held", "quality")
-    if reference:
-        fig.add_scatter(x=[1.0], y=[1.0], name=series_name(reference), mode="markers",
-                        marker=dict(color=FULL_COLOR, symbol="star", size=16))
-    for i, run in enumerate(runs):
-        held, same = kept_fraction(run, reference), run.get("agreement")
-        if held is None or same is None:  # still running, or no reference to measure against
+TURN_SYMBOLS = ["circle", "diamond", "square", "triangle-up"]
+
+
+def quality_figure(runs: list[dict]) -> go.Figure:
+    """One marker per method and turn (a Compare run's ``turns``; the full cache first): x the
+    fraction of the full cache's KV bytes it really holds after that turn's prompt (measured), y
+    the share of its answer tokens equal to the full cache's, position by position. A method's
+    turns are joined by a line, first question (circle) to follow-up (diamond). Methods with
+    different knobs (a budget, ZipVL's tau, MPIC's mode) meet on this axis. No labels on the
+    markers: methods at one point would write over each other; the legend names them."""
+    traces = []
+    full = runs[0]["turns"] if runs else []
+    if full:
+        traces.append(dict(type="scatter", x=[1.0] * len(full), y=[1.0] * len(full), name=series_name(runs[0] | full[0]),
+                           mode="markers", marker=dict(color=FULL_COLOR, symbol="star", size=16)))
+    for i, run in enumerate(runs[1:]):
+        points = [(kept_fraction(turn, ref), turn.get("agreement"), n)
+                  for n, (turn, ref) in enumerate(zip(run["turns"], full)) if "metrics" in turn and "metrics" in ref]
+        points = [(x, y, n) for x, y, n in points if x is not None and y is not None]
+        if not points:  # still running, or no reference to measure against
             continue
-        fig.add_scatter(x=[held], y=[same], name=series_name(run), mode="markers+text", text=[run["method"]],
-                        textposition="top center", marker=dict(color=COLORS[i % len(COLORS)], size=12))
-    fig.update_xaxes(title="fraction of the full cache's KV bytes held (measured)", range=[0, 1.08])
-    fig.update_yaxes(title="answer tokens same as full", tickformat=".0%", range=[0, 1.1])
-    return fig
+        color = COLORS[i % len(COLORS)]
+        traces.append(dict(type="scatter", x=[x for x, _, _ in points], y=[y for _, y, _ in points], name=run["method"],
+                           mode="markers+lines", line=dict(color=color, width=1, dash="dot"),
+                           hovertext=[f"{run['method']}, turn {n + 1}" for _, _, n in points],
+                           marker=dict(color=color, size=12, symbol=[TURN_SYMBOLS[n % len(TURN_SYMBOLS)]
+                                                                     for _, _, n in points])))
+    return _figure("quality", traces,
+                   xaxis=dict(title="KV bytes held / full cache's (measured)", range=[0, 1.08]),
+                   yaxis=dict(title="answer tokens same as full (● turn 1, ◆ turn 2)", tickformat=".0%",
+                              range=[-0.05, 1.1]))
 
 
 TTFT_LABELS = {"recompute": "Full recompute", "prefix": "Prefix caching", "mpic": "MPIC"}
@@ -175,7 +211,7 @@ TTFT_LABELS = {"recompute": "Full recompute", "prefix": "Prefix caching", "mpic"
 def ttft_figure(ttft: dict | None) -> go.Figure:
     """TTFT of one prompt under prefix caching vs MPIC-k, full recompute in grey as the reference
     (``ttft``: the service's ``mpic_ttft``; None draws an empty panel)."""
-    fig = _empty("TTFT for this prompt: prefix caching vs MPIC", "mpic-ttft")
+    fig = _empty("mpic-ttft")
     if not ttft:
         return fig
     times = ttft["ttft_s"]

@@ -21,8 +21,11 @@ from engine.errors import UserError
 from . import checked_controls
 
 log = logging.getLogger(__name__)
-BASE_CONTROLS = ("model", "method", "budget", "max_new_tokens", "num_frames")
-DEFAULTS = {"budget": 0.5, "max_new_tokens": 48, "num_frames": 8}
+BASE_CONTROLS = ("model", "method", "budget", "max_new_tokens", "num_frames", "compress")
+DEFAULTS = {"budget": 0.5, "max_new_tokens": 48, "num_frames": 8, "compress": "with_question"}
+# When the method compresses a message with media: (label, API value)
+COMPRESS = [("With the question (the method sees what you ask)", "with_question"),
+            ("Before the question (the media are cached first, as a stored picture is)", "before_question")]
 RANGES = {"budget": (0.01, 1.0), "max_new_tokens": (1, 512), "num_frames": (1, 32)}  # the sliders' ranges
 LABELS = {"budget": "The budget", "max_new_tokens": "Max new tokens", "num_frames": "Video frames"}
 
@@ -37,6 +40,14 @@ def checked(name: str, value) -> float:
     if not low <= number <= high:
         raise UserError(f"{LABELS[name]} must lie between {low:g} and {high:g}; got {number:g}. Nothing was changed.")
     return number
+
+
+def question_after(value) -> bool:
+    """The "when the cache is compressed" control's value -> whether the question comes after."""
+    values = [v for _, v in COMPRESS]
+    if value not in values:
+        raise UserError(f"When the cache is compressed must be one of {', '.join(values)}; got {value!r}.")
+    return value == "before_question"
 
 
 def own_params(spec: dict) -> list[dict]:
@@ -77,7 +88,8 @@ def settings_from(values: Sequence) -> service.Settings:
     return service.Settings.make(params=params, model=base["model"], method=base["method"],
                                  budget=checked("budget", base["budget"]),
                                  max_new_tokens=int(checked("max_new_tokens", base["max_new_tokens"])),
-                                 num_frames=int(checked("num_frames", base["num_frames"])))
+                                 num_frames=int(checked("num_frames", base["num_frames"])),
+                                 question_after=question_after(base["compress"]))
 
 
 def control_values(model: str | None = None, method: str = "full", params: dict[str, dict] | None = None,
@@ -105,7 +117,7 @@ def model_card(name: str) -> str:
     return f"**{name}**: weights from the Hugging Face Hub."
 
 
-def _control(spec: dict, label: str):
+def control(spec: dict, label: str):
     """One Gradio control for a parameter spec (Param.to_dict())."""
     common = {"label": label, "info": spec["help"], "value": spec["default"]}
     if spec["kind"] == "choice":
@@ -129,13 +141,14 @@ class SettingsPanel:
     budget: gr.Slider
     max_new_tokens: gr.Slider
     num_frames: gr.Slider
+    compress: gr.Radio
     realised: gr.Markdown | None = None  # the fraction the method really held, after a message
     groups: dict[str, gr.Group] = field(default_factory=dict)
     params: list = field(default_factory=list)
 
     @property
     def inputs(self) -> list:
-        return [self.model, self.method, self.budget, self.max_new_tokens, self.num_frames, *self.params]
+        return [self.model, self.method, self.budget, self.max_new_tokens, self.num_frames, self.compress, *self.params]
 
     @property
     def named(self) -> dict:
@@ -214,7 +227,7 @@ def build_settings() -> SettingsPanel:
             with gr.Group(visible=False) as group:  # the full cache is picked at start
                 paper = f" ([paper]({spec['paper']}))" if spec["paper"] else ""
                 gr.Markdown(f"Parameters of **{spec['title']}**{paper}, with the paper's defaults.")
-                params += [_control(p, p["name"].replace("_", " ")) for p in own]
+                params += [control(p, p["name"].replace("_", " ")) for p in own]
             groups[spec["name"]] = group
     k = mpic_k_index()
     if k is not None:  # MPIC-k's k suits the model's image size (service.mpic_default_k says how)
@@ -224,10 +237,14 @@ def build_settings() -> SettingsPanel:
                                       label="Max new tokens", elem_classes=["range-said"])
     frames = checked_controls.Slider(*RANGES["num_frames"], value=DEFAULTS["num_frames"], step=1, label="Video frames",
                                      elem_classes=["range-said"], info="Frames sampled uniformly from an attached video.")
+    compress = checked_controls.Radio(COMPRESS, value=DEFAULTS["compress"], label="When the cache is compressed",
+                                      info="A message with media: compressed together with its question, or the media "
+                                           "first (prefilled and compressed before the question is known), then the question.",
+                                      elem_id="compress")
     gr.Markdown(elem_id="range-note")  # where a typed value out of a slider's range is said (app.RANGE_JS)
     gr.Markdown("Changing the model, method or its settings starts a new conversation: "
                 "a cache built by one method cannot be continued by another.")
-    panel = SettingsPanel(model, card, method, info, budget, max_new, frames, realised, groups, params)
+    panel = SettingsPanel(model, card, method, info, budget, max_new, frames, compress, realised, groups, params)
     loaded = gr.State(first)  # the last model that loaded, to fall back to
     method.change(on_method, method, [info, budget, realised, *groups.values()], queue=False, api_visibility="private")
     # .input, not .change: falling back to the previous model must not trigger another load

@@ -12,6 +12,7 @@ resize, as it would have anyway."""
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,3 +115,32 @@ def load_video(source, num_frames: int = 8) -> Video:
     index = np.linspace(0, total - 1, num=min(num_frames, total)).round().astype(int)
     frames = reader.get_batch(list(index)).asnumpy()
     return Video(frames=frames, timestamps=[float(i) / fps for i in index], fps=fps, source=path)
+
+
+def _riff(tag: bytes, data: bytes) -> bytes:
+    return tag + struct.pack("<I", len(data)) + data + (b"\0" if len(data) % 2 else b"")
+
+
+def _riff_list(kind: bytes, body: bytes) -> bytes:
+    return b"LIST" + struct.pack("<I", len(body) + 4) + kind + body
+
+
+def write_avi(path, frames: np.ndarray, fps: int = 2) -> None:
+    """Frames (N, H, W, 3) uint8 -> an uncompressed AVI (24-bit DIB frames), pixel for pixel, which
+    :func:`load_video` reads back exactly; written by hand so no encoder package is needed (the
+    app's drawn scenes; browsers do not preview it, the model reads it)."""
+    n, h, w, _ = frames.shape
+    size = w * h * 3
+    avih = struct.pack("<14I", 1_000_000 // fps, size * fps, 0, 0x10, n, 0, 1, size, w, h, 0, 0, 0, 0)
+    strh = b"vidsDIB " + struct.pack("<IHHIIIIIIIIhhhh", 0, 0, 0, 0, 1, fps, 0, n, size, 0xFFFFFFFF, 0, 0, 0, w, h)
+    strf = struct.pack("<IiiHHIIiiII", 40, w, h, 1, 24, 0, size, 0, 0, 0, 0)  # BITMAPINFOHEADER
+    header = _riff_list(b"hdrl", _riff(b"avih", avih) + _riff_list(b"strl", _riff(b"strh", strh) + _riff(b"strf", strf)))
+    chunks, index, offset = [], [], 4
+    for frame in frames:
+        data = np.ascontiguousarray(frame[::-1, :, ::-1]).tobytes()  # a DIB is bottom-up BGR
+        chunks.append(_riff(b"00db", data))
+        index.append(b"00db" + struct.pack("<III", 0x10, offset, len(data)))
+        offset += len(chunks[-1])
+    body = b"AVI " + header + _riff_list(b"movi", b"".join(chunks)) + _riff(b"idx1", b"".join(index))
+    with open(path, "wb") as out:
+        out.write(b"RIFF" + struct.pack("<I", len(body)) + body)

@@ -3,7 +3,8 @@ app with its default model: a corrupt image (a message, the file cleared), an ex
 answered, a second turn, another method, a comparison; screenshots of each step.
 
 Skipped when Playwright or Chromium is absent. Screenshots go to ``outputs/``; with
-``KV_ARENA_UPDATE_SCREENSHOT=1`` the chat screenshot also replaces ``assets/screenshot.png``.
+``KV_ARENA_UPDATE_SCREENSHOT=1`` the Compare conversation's screenshot also replaces
+``assets/screenshot.png``.
 """
 
 from __future__ import annotations
@@ -44,15 +45,21 @@ def url():
 
 
 @pytest.fixture(scope="module")
-def page(url):
+def browser():
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-        page = browser.new_page(viewport={"width": 1440, "height": 1100})
-        page.set_default_timeout(90_000)
-        page.goto(url)
-        page.locator("#chat-input textarea").wait_for()
-        yield page
+        yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(url, browser):
+    page = browser.new_page(viewport={"width": 1440, "height": 1100})
+    page.set_default_timeout(90_000)
+    page.goto(url)
+    page.locator("#chat-input textarea").wait_for()
+    yield page
+    page.close()
 
 
 def pick(page, elem_id: str, option: str) -> None:
@@ -146,6 +153,40 @@ def test_a_newcomer_recovers_from_a_bad_file_then_chats_switches_method_and_comp
 
     with Image.open(chat_shot) as shot:
         assert shot.width >= 1000 and shot.height >= 800
+
+
+def test_a_fresh_page_compares_an_example_conversation_with_marks(url, browser):
+    """Done when: on a fresh page, one example clicked in Compare (four methods at 0.2 by default)
+    shows first and follow-up answers marked right or wrong, and at least two methods differ from
+    the full cache on some turn; at 1280 x 800, as a laptop shows it."""
+    if True:  # a fresh page of its own
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.set_default_timeout(90_000)
+        page.goto(url)
+        page.get_by_role("tab", name="Compare").click()
+        expect(page.locator("#compare-budget input[type=number]")).to_have_value("0.2")  # its own, visible
+        examples = page.locator("#compare-examples")
+        examples.get_by_text("What colour is the circle?").first.click()
+        expect(page.locator("#compare-then textarea")).not_to_have_value("")  # the follow-up filled too
+        page.locator("#compare-input img").first.wait_for()
+        page.locator("#compare-run").click()
+        page.locator("#compare-status").get_by_text("Done").wait_for()
+        answers = [box.input_value() for box in page.locator(".answer textarea").all() if box.is_visible()]
+        assert len(answers) == 5 and all("1. " in a and "2. " in a for a in answers)
+        assert all(a.count("✓ right") + a.count("✗ wrong") == 2 for a in answers)
+
+        def said(answer: str) -> list[str]:
+            return [line for line in answer.splitlines() if line.startswith("→ ")]
+
+        assert sum(said(a) != said(answers[0]) for a in answers[1:]) >= 2  # the columns differ where the methods do
+        page.locator("#compare-quality .js-plotly-plot").wait_for()
+        for image in page.locator("#compare-overlay img").all():  # the overlays loaded, for the screenshot
+            image.scroll_into_view_if_needed()
+            expect(image).to_have_js_property("complete", True)
+        page.get_by_role("tab", name="Compare").scroll_into_view_if_needed()
+        shot = save(page, "app_compare_conversation.png")
+        page.close()
+    with Image.open(shot) as image:
         if os.environ.get("KV_ARENA_UPDATE_SCREENSHOT") == "1":  # the README's, kept small
-            small = shot.convert("RGB").resize((shot.width * 3 // 4, shot.height * 3 // 4), Image.LANCZOS)
+            small = image.convert("RGB").resize((image.width * 3 // 4, image.height * 3 // 4), Image.LANCZOS)
             small.quantize(colors=256).save(ROOT / "assets" / "screenshot.png", optimize=True)

@@ -73,7 +73,7 @@ def test_chat_turn_with_an_image_upload(url, image):
     client = Client(url, verbose=False)
     final, outputs = send(client, "What is in the picture?", [image])
     history, box, status, memory, speed, layers, picker, gallery, scale, realised = final
-    assert len(outputs) >= 3  # streamed: the echo, then token by token
+    assert len(outputs) >= 2  # streamed: the echo, then the answer (its text at most every chat.TEXT_EVERY_S)
     assert history[0]["role"] == "user" and history[-1]["role"] == "assistant"
     assert any(block.get("type") == "file" for block in history[0]["content"])  # the upload is in the chat
     assert "saved" in status and "StreamingLLM" in status
@@ -170,6 +170,19 @@ def test_compare_through_the_api(url, image):
                             **controls(), api_name="/compare")
     table = result[5]
     assert [row[0] for row in table["data"]] == ["Full cache", "StreamingLLM"]
+
+
+def test_compare_with_a_follow_up_and_its_own_budget_through_the_api(url, image):
+    client = Client(url, verbose=False)
+    message = {"text": "Describe.", "files": [handle_file(image)]}
+    result = client.predict(message=message, methods=["h2o"], follow_up="And the colours?", model=MODEL, budget=0.2,
+                            max_new_tokens=3, api_name="/compare")
+    assert [row[:2] for row in result[5]["data"]] == [["Full cache", 1], ["Full cache", 2], ["H2O (heavy hitters)", 1],
+                                                      ["H2O (heavy hitters)", 2]]
+    refused = client.predict(message={"text": "", "files": []}, methods=["h2o"], follow_up="And then?", model=MODEL,
+                             api_name="/compare")  # a follow-up without a first question
+    status = refused[6]
+    assert status.startswith(NOT_ANSWERED) and "The message is empty" in status and "\n" not in status
 
 
 def test_python_app_py_honours_server_name_and_port():

@@ -8,7 +8,7 @@ import re
 import pytest
 from tests.app_support import MODEL, ask, turn
 
-from components import chat, media_library
+from components import chat, media_library, overlay
 from engine import service
 from engine.mpic.kv_store import KVStore
 from engine.service import store as service_store
@@ -41,7 +41,7 @@ def test_mpic_stores_uploads_and_reuses_them_in_the_next_turn(media, media_store
     assert reused > 0 and "recomputed (" not in status
     assert len(media_library.library_rows(session)) == 2  # stored once, found again
     gallery = second[-1][7]
-    assert len(gallery) == 4 and all("reused" in caption for _, caption in gallery)
+    assert len(gallery) == 4 and all("reused" in caption for caption in overlay.captions(session.visuals))
     table, figure = media_library.refresh(session)
     assert len(table) == 2 and list(figure.data[0].x) == ["Full recompute", "Prefix caching", "MPIC-4"]
     assert all(t > 0 for t in figure.data[0].y)

@@ -216,7 +216,7 @@ def test_compare_keeps_its_reference_and_asks_for_more_time_per_method(zero_gpu,
     assert views[-1]["done"] and [r["name"] for r in views[-1]["runs"]] == ["full", "streamingllm", "h2o"]
     assert len(session.references.results) == 1
     again = list(service.compare(session, settings("full"), ["snapkv"], prepared))
-    assert again[-1]["runs"][0]["cached"]  # the reference came back out of the first worker
+    assert again[-1]["runs"][0]["turns"][0]["cached"]  # the reference came back out of the first worker
     one, three = zero_gpu.seconds[-1], zero_gpu.seconds[0]
     assert three > one  # the duration grows with the methods compared
 

@@ -84,17 +84,8 @@ def run_method(loaded, name: str, budget: float, params: dict, media: dict, prom
                max_new_tokens: int, question_after: bool, ignore_eos: bool = False):
     backend = backends.make_backend(name, budget=budget, **params)
     conv = Conversation(loaded, backend)
-    if question_after:
-        setup = conv.feed(Message("", **media))
-        update = conv.ask(Message(prompt), max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
-        m = update.metrics
-        m.prompt_tokens += setup.prompt_tokens
-        m.visual_tokens += setup.visual_tokens
-        m.prefill_s += setup.prefill_s
-        m.overhead_s += setup.overhead_s
-        m.ttft_s += setup.prefill_s
-    else:
-        update = conv.ask(Message(prompt, **media), max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
+    update = conv.ask(Message(prompt, **media), max_new_tokens=max_new_tokens, ignore_eos=ignore_eos,
+                      question_after=question_after)
     return update, backend, conv
 
 
@@ -151,7 +142,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             "kv_bytes_full_prefill": full.kv_bytes_prefill, "kv_bytes_full": full.kv_bytes,
             "kv_ratio": m.kv_bytes / full.kv_bytes if full.kv_bytes else None,
             "kv_ratio_prefill": realised,
-            "token_agreement": agreement(update.token_ids, full_update.token_ids),
+            "token_agreement": agreement(update.token_ids, full_update.token_ids, loaded.adapter.eos_ids),
             "tokens_held": m.tokens_held, "peak_memory_bytes": m.peak_memory_bytes,
             "question_after": args.question_after, "report": backend.report.to_dict(),
         }))

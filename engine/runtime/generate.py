@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -22,8 +22,11 @@ from .inputs import DEFAULT_SYSTEM, Chunk, Message
 from .models import LoadedModel
 
 
-def agreement(a: list[int], b: list[int]) -> float:
-    """Share of positions where two answers have the same token (over the longer answer)."""
+def agreement(a: list[int], b: list[int], ignore: frozenset[int] | set[int] = frozenset()) -> float:
+    """Share of positions where two answers have the same token (over the longer answer). Tokens in
+    ``ignore`` (an end-of-turn) are left out first: two wrong one-word answers that both end do not
+    half agree."""
+    a, b = [t for t in a if t not in ignore], [t for t in b if t not in ignore]
     longest = max(len(a), len(b))
     return sum(x == y for x, y in zip(a, b)) / longest if longest else 1.0
 
@@ -200,17 +203,31 @@ class Conversation:
 
     @torch.inference_mode()
     def stream(self, message: Message, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int = 0, should_stop=None, ignore_eos: bool = False) -> Iterator[Update]:
+               seed: int = 0, should_stop=None, ignore_eos: bool = False,
+               question_after: bool = False) -> Iterator[Update]:
         """Answer one user turn, yielding after every token. ``should_stop()`` ends it early;
-        ``ignore_eos`` generates exactly ``max_new_tokens`` (benchmarks on random weights)."""
+        ``ignore_eos`` generates exactly ``max_new_tokens`` (benchmarks on random weights).
+        ``question_after``: a message with media and a question is fed in two prefills, the media
+        first (compressed by the method as it would be cached, before any question is known:
+        :meth:`feed`), then the question on top of the compressed cache; the metrics count both
+        (TTFT from the start of the first)."""
         start = time.perf_counter()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
         if not message.text.strip() and not message.images and not message.videos:
             raise UserError("The message is empty: type a question or attach an image or a video.")
+        setup = None
+        if question_after and message.text.strip() and (message.images or message.videos):
+            setup = self.feed(replace(message, text=""))
+            message = replace(message, images=[], videos=[])
         chunk = self._encode(message, close_turn=True)
         self._check_length(chunk, max_new_tokens)
         m = self._prefill(chunk, start)
+        if setup is not None:
+            m.prompt_tokens += setup.prompt_tokens
+            m.visual_tokens += setup.visual_tokens
+            m.prefill_s += setup.prefill_s
+            m.overhead_s += setup.overhead_s
         self.turn_open = False
         generator = torch.Generator().manual_seed(seed)
         ids: list[int] = []

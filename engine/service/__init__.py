@@ -22,6 +22,8 @@ tensor and never imports torch. The app imports this package only; its modules, 
   the session closes or its model changes.
 * :mod:`.uploads`: which uploaded files a session may use, and which client may read them.
 * :mod:`.methods`: the KV-cache methods described in plain values (titles, papers, parameters).
+* :mod:`.scenes`: the offline model's scenes with their true answers (examples, "New scene"), so
+  answers are marked right or wrong.
 """
 
 from ..media import MAX_VIDEO_BYTES  # the largest upload the app takes
@@ -38,6 +40,8 @@ from .model_pool import (
     mpic_default_k,
 )
 from .methods import method_spec, method_specs
+from .scenes import Scene, draw_scene, scene_types
+from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_ttft
 from .sessions import Session, close_session, release, track
 from .state import ChatState
@@ -46,7 +50,8 @@ from .uploads import check_uploads, may_read, note_uploads
 from .views import kept_visuals
 
 __all__ = [
-    "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_VIDEO_BYTES", "ChatState", "Prepared", "Session", "Settings", "chat_on_gpu",
+    "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_VIDEO_BYTES", "ChatState", "Prepared", "Scene", "Session", "Settings",
+    "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",
     "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
     "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",
     "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release", "track",

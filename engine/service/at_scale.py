@@ -21,16 +21,38 @@ FRAME_TOKENS = {"qwen2_vl": 128, "qwen2_5_vl": 128, "qwen3_vl": 98, "qwen3_vl_mo
 
 
 @dataclass(frozen=True)
+class Hardware:
+    """A GPU at its datasheet's peak rates (dense bf16), which real kernels approach but do not reach."""
+
+    name: str
+    bandwidth: float  # bytes/s of memory
+    flops: float  # FLOP/s, dense bf16
+
+
+A100 = Hardware("an A100 80GB", 2.039e12, 312e12)  # NVIDIA A100 datasheet (SXM)
+
+
+@dataclass(frozen=True)
 class Architecture:
     name: str
     model_type: str
     layers: int
     kv_heads: int
     head_dim: int
+    hidden: int = 0
+    intermediate: int = 0
+    vocab: int = 0
+    heads: int = 0
 
     @property
     def bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES
+
+    @property
+    def decoder_params(self) -> int:
+        """Weights of the language model: attention (q, k, v, o), gated MLP, embeddings and head."""
+        attention = self.hidden * (2 * self.heads * self.head_dim + 2 * self.kv_heads * self.head_dim)
+        return self.layers * (attention + 3 * self.hidden * self.intermediate) + 2 * self.vocab * self.hidden
 
 
 def architecture(name: str, config: dict) -> Architecture:
@@ -39,7 +61,8 @@ def architecture(name: str, config: dict) -> Architecture:
     heads = text["num_attention_heads"]
     head_dim = text.get("head_dim") or text["hidden_size"] // heads
     return Architecture(name, config.get("model_type", ""), text["num_hidden_layers"],
-                        text.get("num_key_value_heads") or heads, head_dim)
+                        text.get("num_key_value_heads") or heads, head_dim, text["hidden_size"],
+                        text.get("intermediate_size", 4 * text["hidden_size"]), text.get("vocab_size", 0), heads)
 
 
 @lru_cache(maxsize=1)
@@ -61,3 +84,18 @@ def project(arch: Architecture, kept_fraction: float, prompt_tokens: int, memory
             "fit_full_tokens": full_tokens, "fit_method_tokens": method_tokens,
             "fit_full_frames": full_tokens // frame if frame else None,
             "fit_method_frames": method_tokens // frame if frame and method_tokens else None}
+
+
+def speed(arch: Architecture, kept_fraction: float, prompt_tokens: int, hardware: Hardware = A100) -> dict:
+    """Time to first token and one decode step on ``hardware`` at peak rates, full cache and a
+    method holding ``kept_fraction`` of its bytes (computed, not measured). The prefill is compute
+    bound: 2 FLOPs per weight per token plus attention's 4 x layers x tokens^2 x heads x head dim;
+    the methods compress after it (or alongside it), so it is the same for both. A batch-1 decode
+    step is memory bound: it reads every weight and the whole cache once."""
+    weights = arch.decoder_params * DTYPE_BYTES
+    kv_full = prompt_tokens * arch.bytes_per_token
+    flops = 2 * arch.decoder_params * prompt_tokens + 4 * arch.layers * prompt_tokens**2 * arch.heads * arch.head_dim
+    return {"name": arch.name, "hardware": hardware.name, "ttft_s": flops / hardware.flops,
+            "step_full_s": (weights + kv_full) / hardware.bandwidth,
+            "step_method_s": (weights + kv_full * kept_fraction) / hardware.bandwidth,
+            "weight_bytes": weights, "kv_full_bytes": kv_full}

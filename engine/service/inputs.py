@@ -30,6 +30,7 @@ class Settings:
     max_new_tokens: int = 48
     num_frames: int = 8
     temperature: float = 0.0
+    question_after: bool = False  # the media prefilled and compressed first, then the question
     params: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()  # (method, ((name, value), ...))
 
     @classmethod
@@ -57,7 +58,7 @@ class Settings:
     @property
     def generation(self) -> tuple:
         """What else, besides the messages, decides the answer (part of a reference's key)."""
-        return self.model, self.max_new_tokens, self.temperature
+        return self.model, self.max_new_tokens, self.temperature, self.question_after
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Prepared:
     message: Message
     key: str  # content hash: same text, same media bytes, same frame count -> same key
     files: list[str] = field(default_factory=list)
+    media: str = ""  # content hash of the media alone (which scene it shows; "" without media)
 
 
 def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = silent) -> Prepared:
@@ -76,6 +78,7 @@ def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = si
     if not text and not files:
         raise UserError("The message is empty: type a question or attach an image or a video.")
     digest = hashlib.sha1(f"{text}\x00{num_frames}".encode())
+    media = hashlib.sha1()
     images, videos = [], []
     for i, path in enumerate(files):
         progress(0.05 + 0.2 * i / len(files), f"Reading {Path(path).name}...")
@@ -83,9 +86,11 @@ def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = si
             videos.append(load_video(path, num_frames))
         else:  # anything else must be an image; load_image says so readably when it is not
             images.append(load_image(path))
-        digest.update(file_hash(path).encode())
+        content = file_hash(path).encode()
+        digest.update(content)
+        media.update(content)
     message = Message(text, images=images, videos=videos, num_frames=num_frames)
-    return Prepared(message, digest.hexdigest(), files)
+    return Prepared(message, digest.hexdigest(), files, media.hexdigest() if files else "")
 
 
 def media_hint(model: str, messages: list[Prepared]) -> str:

@@ -56,7 +56,8 @@ class ReferenceCache:
         if key in self.results:
             self.results.move_to_end(key)
             return self.results[key], True
-        generation = {"max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature}
+        generation = {"max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature,
+                      "question_after": settings.question_after}
         resume, self.conv_key = self.conv_key, None  # None until this answer completes: a failure
         if self.conv is None or resume != key[:-1]:  # would leave the cache half-written
             self.conv = Conversation(loaded, backends.make_backend("full"))

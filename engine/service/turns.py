@@ -16,6 +16,7 @@ from .model_pool import Progress, free_memory, get_model, silent
 from .mpic import reuse_summary, store_media
 from .sessions import Session, stopping
 from .state import ChatState, Reference, ReferenceCache, arrive, depart
+from .scenes import is_right, true_answer
 from .store import media_store
 from .views import kept_visuals, layer_figures
 from .zerogpu import gpu_function
@@ -76,7 +77,9 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
     """Answer one message, yielding a view after every token: ``text``, ``done``, ``new_chat``,
     ``method`` (its title), ``metrics`` (Metrics.to_dict()), ``layers`` (:func:`layer_figures`),
     ``reference`` (the full cache's text, metrics, layers and ``cached``; None for the full cache
-    itself), and once done ``agreement`` with the reference and ``visuals`` (:func:`kept_visuals`).
+    itself), and once done ``agreement`` with the reference (answer tokens, end-of-turn left out),
+    ``visuals`` (:func:`kept_visuals`), and ``truth`` and ``right`` when the scene is one the app
+    drew (:mod:`.scenes`; None otherwise).
 
     ``shown`` is the transcript of the chat the message was sent after (``Session.transcript``'s
     form): when it is not the session's conversation, that conversation ends and a new one starts,
@@ -130,15 +133,18 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
     yield {"progress": (0.7, f"Prefilling with {conv.backend.title}...")}
     if mpic:
         conv.backend.reset_report()  # a prompt without stored media must not show the last one's reuse
+    media = next((p.media for p in reversed(history) if p.media), "")  # the scene the chat is about
     for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
-                              temperature=settings.temperature, should_stop=lambda: stopping(session_id)):
+                              temperature=settings.temperature, question_after=settings.question_after,
+                              should_stop=lambda: stopping(session_id)):
         view = {"text": update.text, "done": update.done, "new_chat": new_chat, "metrics": update.metrics.to_dict(),
                 "method": conv.backend.title, "reference": _reference_view(reference, cached),
                 "layers": layer_figures(conv), "agreement": None, "visuals": None, "mpic": None}
         if update.done:
             state.history = history
+            view = marked(view, media, prepared.message.text)
             if reference is not None:
-                view["agreement"] = agreement(update.token_ids, reference.token_ids)
+                view["agreement"] = agreement(update.token_ids, reference.token_ids, loaded.adapter.eos_ids)
             elif not stopping(session_id):  # a full-cache answer is itself the reference
                 key = settings.generation + tuple(p.key for p in history)
                 state.references.store(key, Reference(update.text, update.token_ids, view["metrics"], view["layers"]))
@@ -153,70 +159,102 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
         yield view
 
 
-def compare(session: Session, settings: Settings, methods: list[str], prepared: Prepared,
+def compare(session: Session, settings: Settings, methods: list[str], turns: Prepared | list[Prepared],
             progress: Progress = silent) -> Iterator[dict]:
-    """The full cache, then each method, one after another (never interleaved: honest timings)."""
+    """The full cache, then each method, one after another (never interleaved: honest timings),
+    each through the whole conversation ``turns`` (the first question with its media, then any
+    follow-ups) on its own compressed cache."""
     methods = [methods] if isinstance(methods, str) else methods  # one name sent through the API
+    turns = [turns] if isinstance(turns, Prepared) else list(turns)
     methods = [m for m in dict.fromkeys(methods or []) if m != "full"]
     if not 1 <= len(methods) <= MAX_COMPARE:
         raise UserError(f"Pick 1 to {MAX_COMPARE} methods to compare with the full cache (got {len(methods)}).")
+    if not turns:
+        raise UserError("The message is empty: type a question or attach an image or a video.")
     for method in methods:  # bad parameters fail before any model work
         settings.backend(method)
-    return _compare(session, settings, methods, prepared, progress)
+    return _compare(session, settings, methods, turns, progress)
 
 
-def _compare(session: Session, settings: Settings, methods: list[str], prepared: Prepared,
+def _compare(session: Session, settings: Settings, methods: list[str], turns: list[Prepared],
              progress: Progress) -> Iterator[dict]:
     get_model(settings.model, progress)
     session.use_model(settings.model)
     session.stop_requested = False
-    views = compare_on_gpu(session.references, settings, methods, prepared, session.id)
+    views = compare_on_gpu(session.references, settings, methods, turns, session.id)
     for view in _relay(session, views, progress):
         if view["done"]:
             session.references = view.pop("references")
         yield view
 
 
-def _compare_seconds(references: ReferenceCache, settings: Settings, methods: list[str], prepared: Prepared,
+def _compare_seconds(references: ReferenceCache, settings: Settings, methods: list[str], turns: list[Prepared],
                      session_id: str) -> float:
-    return request_seconds(settings, prepared, runs=1 + len(methods) + ("mpic" in methods))
+    runs = (1 + len(methods) + ("mpic" in methods)) * len(turns)
+    return request_seconds(settings, turns[0], runs=runs)
 
 
 @gpu_function(duration=_compare_seconds)
-def compare_on_gpu(references: ReferenceCache, settings: Settings, methods: list[str], prepared: Prepared,
+def compare_on_gpu(references: ReferenceCache, settings: Settings, methods: list[str], turns: list[Prepared],
                    session_id: str) -> Iterator[dict]:
     """A comparison as a pure function: yields progress and views; the last view holds
-    ``references``, the session's full-cache references with this input's added."""
-    yield from _guarded(_compare_runs(references, settings, methods, prepared, session_id), chat=False)
+    ``references``, the session's full-cache references with this conversation's added."""
+    yield from _guarded(_compare_runs(references, settings, methods, turns, session_id), chat=False)
 
 
-def _compare_runs(references: ReferenceCache, settings: Settings, methods: list[str], prepared: Prepared,
+def marked(turn: dict, media: str, question: str) -> dict:
+    """A turn's answer with its true answer and right/wrong where the scene is known (else None)."""
+    truth = true_answer(media, question)
+    return turn | {"question": question, "truth": truth, "right": is_right(turn["text"], truth)}
+
+
+def _compare_runs(references: ReferenceCache, settings: Settings, methods: list[str], turns: list[Prepared],
                   session_id: str) -> Iterator[dict]:
+    """Views: ``runs`` (the full cache first), each with ``name``, ``method``, ``visuals`` and
+    ``turns``, one dict per answered turn: ``question``, ``text``, ``metrics``, ``layers``,
+    ``agreement`` (answer tokens equal to the full cache's, end-of-turn left out), ``cached``
+    (the full cache's, from an earlier run), ``truth`` and ``right`` (None when unknown), ``done``."""
     built = [settings.backend(m) for m in methods]
     loaded = get_model(settings.model)
     references = arrive(references, loaded, session_id)
+    eos = loaded.adapter.eos_ids
+    media = next((t.media for t in turns if t.media), "")
     if "mpic" in methods:
         yield {"progress": (0.2, "Storing the KV of the media...")}
-        store_media(session_id, loaded, prepared)
+        store_media(session_id, loaded, turns[0])
         media_store().flush()
-    yield {"progress": (0.3, "Full cache...")}
-    reference, cached = references.get(loaded, settings, [prepared])
-    runs = [{"name": "full", "method": "Full cache", "text": reference.text, "metrics": reference.metrics,
-             "layers": reference.layers, "agreement": 1.0, "cached": cached, "done": True, "visuals": None}]
+    full = {"name": "full", "method": "Full cache", "turns": [], "visuals": None, "done": False}
+    runs = [full]
+    answers = []
+    for i, prepared in enumerate(turns):
+        yield {"progress": (0.3, f"Full cache, turn {i + 1}...")}
+        reference, cached = references.get(loaded, settings, turns[:i + 1])
+        answers.append(reference)
+        full["turns"].append(marked({"text": reference.text, "metrics": reference.metrics, "layers": reference.layers,
+                                     "agreement": 1.0, "cached": cached, "done": True}, media, prepared.message.text))
+    full["done"] = True
     yield {"runs": runs, "done": False}
     for i, backend in enumerate(built):
         yield {"progress": (0.4 + 0.6 * i / len(built), f"{backend.title}...")}
         linker = Linker(media_store(), session_id) if backend.name == "mpic" else None
         conv = Conversation(loaded, backend, linker=linker)
-        run = {"name": backend.name, "method": backend.title, "cached": False, "visuals": None, "agreement": None}
+        run = {"name": backend.name, "method": backend.title, "turns": [], "visuals": None, "done": False}
         runs.append(run)
-        for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
-                                  temperature=settings.temperature, should_stop=lambda: stopping(session_id)):
-            run.update(text=update.text, metrics=update.metrics.to_dict(), layers=layer_figures(conv), done=update.done)
-            if update.done:
-                run["agreement"] = agreement(update.token_ids, reference.token_ids)
-                run["visuals"] = kept_visuals(conv, [prepared])
-            yield {"runs": runs, "done": False}
+        for prepared, reference in zip(turns, answers):
+            turn = {"question": prepared.message.text, "agreement": None, "cached": False, "truth": None, "right": None}
+            run["turns"].append(turn)
+            for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
+                                      temperature=settings.temperature, question_after=settings.question_after,
+                                      should_stop=lambda: stopping(session_id)):
+                turn.update(text=update.text, metrics=update.metrics.to_dict(), done=update.done)
+                if update.done:  # the per-layer figures once per answer: they walk every layer
+                    turn.update(marked(turn, media, prepared.message.text), layers=layer_figures(conv),
+                                agreement=agreement(update.token_ids, reference.token_ids, eos))
+                yield {"runs": runs, "done": False}
+            if stopping(session_id):
+                break
+        run["visuals"], run["done"] = kept_visuals(conv, turns[:len(run["turns"])]), True
+        yield {"runs": runs, "done": False}
         if stopping(session_id):
             break
     yield {"runs": runs, "done": True, "references": depart(references)}

@@ -82,8 +82,19 @@ def _in_upload_dir(path: Path) -> bool:
     return upload_dir() in path.parents and path.is_file()
 
 
+_DRAWN_HASHES: dict[int, set[str]] = {}  # size -> content hashes of media the app drew itself
+
+
+def make_public(paths) -> None:
+    """Files the app wrote itself (drawn scenes): Gradio's copies of them are public, as the examples'."""
+    with _UPLOADS_LOCK:
+        for path in paths:
+            _DRAWN_HASHES.setdefault(os.path.getsize(path), set()).add(file_hash(str(path)))
+
+
 def _public(path: Path) -> bool:
-    return file_hash(str(path)) in _public_hashes().get(path.stat().st_size, ())
+    size, content = path.stat().st_size, file_hash(str(path))
+    return content in _public_hashes().get(size, ()) or content in _DRAWN_HASHES.get(size, ())
 
 
 def check_uploads(session: Uploader, files: list[str]) -> None:

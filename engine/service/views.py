@@ -20,13 +20,14 @@ def layer_figures(conv: Conversation) -> dict:
 
 
 def kept_visuals(conv: Conversation, history: list[Prepared], highlight: list | None = None,
-                 meaning: str = "kept") -> list[dict]:
+                 meaning: str | None = None) -> list[dict]:
     """For each image and video of the chat, the share of KV heads keeping each visual token, per layer.
 
     Returns dicts with ``label``, ``kind``, ``meaning``, ``pictures`` (the image, or the frames a
     video's temporal tokens cover, as the model saw them) and ``keep`` of shape (layers, t, h, w).
     ``highlight`` (per layer, token indices) replaces the kept tokens, e.g. MPIC's reused ones.
     """
+    meaning = meaning or conv.backend.overlay_meaning
     held = np.zeros((len(conv.cache.layers), conv.seen), dtype=np.float32)
     # a method that keeps every token may name the ones to highlight instead (ZipVL: its 4-bit tokens)
     chosen = highlight if highlight is not None else conv.backend.report.overlay or conv.cache.kept_positions()

@@ -1,0 +1,152 @@
+"""The offline model's scenes with their true answers, so the app can mark each answer right or
+wrong: the clickable examples (the scene generator's own, each with a follow-up about another
+object of the same media) and fresh scenes drawn on request ("New scene"), one type at a time.
+
+A scene is known by the content of its media files (:attr:`Prepared.media`), so Gradio's copies of
+them are recognised; an answer is right when it equals the true one whole, case, spaces and
+punctuation aside. Media the app did not draw (uploads, hub models' examples) get no mark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tempfile
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import UserError
+from ..media import write_avi
+from ..tiny.arena_model import bundled_version, scenes
+from .uploads import ASSETS, file_hash, make_public
+
+SCENE_DIR = Path(tempfile.gettempdir()) / "kv-arena-scenes"  # drawn scenes' files (public, like the examples)
+KEEP = 256  # drawn scenes remembered for their answers
+
+
+@dataclass(frozen=True)
+class Scene:
+    """Media files and a conversation about them with its true answers (first question, follow-up)."""
+
+    kind: str
+    questions: tuple[str, ...]
+    answers: tuple[str, ...]
+    files: tuple[str, ...]
+
+
+def generator():
+    """The scene module of the bundled model's generation (its QUESTION_TYPES, fresh(), Item)."""
+    return scenes(bundled_version())
+
+
+def normalised(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def media_digest(files) -> str:
+    """What :func:`engine.service.inputs.prepare` calls the media's key: a hash of the files' contents."""
+    digest = hashlib.sha1()
+    for path in files:
+        digest.update(file_hash(str(path)).encode())
+    return digest.hexdigest()
+
+
+_DRAWN: OrderedDict[str, Scene] = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def _objects(picture) -> list:
+    things = picture.things
+    return list(things.values() if isinstance(things, dict) else things)
+
+
+def _follow_up(item) -> tuple[str, str] | None:
+    """A colour question about an object the first question is not about (the generator's own
+    follow-ups are of this kind); None when the scene has no other object."""
+    first = normalised(f"{item.turns[0].text} {item.turns[0].answer}").split()
+    seen = set()
+    for picture in item.pictures:
+        for thing in _objects(picture):
+            if (thing.shape, thing.colour) in seen or thing.shape in first or thing.colour in first:
+                continue
+            seen.add((thing.shape, thing.colour))
+            return f"What colour is the {thing.shape}?", thing.colour
+    return None
+
+
+@lru_cache(maxsize=1)
+def examples() -> tuple[Scene, ...]:
+    """The generator's clickable examples (files in assets/), each with a follow-up; none when the
+    bundled generation has no examples drawn."""
+    found = getattr(generator(), "examples", None)
+    out = []
+    for kind, (item, files) in (found() if found else {}).items():
+        paths = tuple(str(ASSETS / f) for f in files)
+        if not all(Path(p).is_file() for p in paths):
+            continue
+        turns = [(q.text, q.answer) for q in item.turns[:1]] + [t for t in [_follow_up(item)] if t]
+        out.append(Scene(kind, tuple(q for q, _ in turns), tuple(a for _, a in turns), paths))
+    return tuple(out)
+
+
+@lru_cache(maxsize=1)
+def _example_digests() -> dict[str, Scene]:
+    return {media_digest(scene.files): scene for scene in examples()}
+
+
+def scene_types() -> tuple[str, ...]:
+    return tuple(generator().QUESTION_TYPES)
+
+
+def draw_scene(kind: str, seed: int | None = None) -> Scene:
+    """A fresh scene of ``kind`` from the generator, with its first question and follow-up; its
+    media are written under :data:`SCENE_DIR` (a video as an uncompressed AVI, read back pixel
+    for pixel) and count as public files, as the examples do."""
+    sc = generator()
+    if kind not in sc.QUESTION_TYPES:
+        raise UserError(f"The scene type must be one of {', '.join(sc.QUESTION_TYPES)}; got {kind!r}.")
+    item = sc.fresh(kind, turns=2, seed=seed)
+    folder = SCENE_DIR / uuid.uuid4().hex[:12]
+    folder.mkdir(parents=True, exist_ok=True)
+    if item.video:
+        paths = [folder / f"{kind}.avi"]
+        write_avi(paths[0], item.frames(), fps=int(getattr(item, "fps", 2)))
+    else:
+        paths = [folder / f"{kind}_{i}.png" for i in range(1, len(item.pictures) + 1)]
+        for picture, path in zip(item.pictures, paths):
+            picture.image().save(path)
+    make_public([str(p) for p in paths])
+    scene = Scene(kind, tuple(q.text for q in item.turns), tuple(q.answer for q in item.turns),
+                  tuple(str(p) for p in paths))
+    with _LOCK:
+        _DRAWN[media_digest(paths)] = scene
+        while len(_DRAWN) > KEEP:
+            _DRAWN.popitem(last=False)
+    return scene
+
+
+def scene_of(media: str) -> Scene | None:
+    """The drawn or example scene whose media have this content key (:attr:`Prepared.media`)."""
+    if not media:
+        return None
+    with _LOCK:
+        drawn = _DRAWN.get(media)
+    return drawn or _example_digests().get(media)
+
+
+def true_answer(media: str, question: str) -> str | None:
+    """The true answer to ``question`` about the scene with these media, or None when unknown."""
+    scene = scene_of(media)
+    if scene is None:
+        return None
+    asked = normalised(question)
+    return next((a for q, a in zip(scene.questions, scene.answers) if normalised(q) == asked), None)
+
+
+def is_right(answer: str, truth: str | None) -> bool | None:
+    """Whole answer, normalised, against the true one; None when there is no true answer."""
+    return None if truth is None else normalised(answer) == normalised(truth)
