@@ -129,18 +129,20 @@ def test_bad_chat_input_is_one_line_and_the_chat_stays(chat, files, theirs, what
 
 
 COMPARE_CASES = [
-    ("five methods", ["streamingllm", "h2o", "snapkv", "pyramidkv", "vl_cache"], "Pick 1 to 4 methods"),
-    ("an unknown method", ["streamingllm", "lossless_magic"], "unknown method 'lossless_magic'"),
-    ("no method", [], "Pick 1 to 4 methods"),
+    ("five methods", ["streamingllm", "h2o", "snapkv", "pyramidkv", "vl_cache"], {}, "Pick 1 to 4 methods"),
+    ("an unknown method", ["streamingllm", "lossless_magic"], {}, "unknown method 'lossless_magic'"),
+    ("no method", [], {}, "Pick 1 to 4 methods"),
+    ("Compare's budget out of range", ["snapkv"], {"budget": 5}, "The budget must lie between"),
+    ("an unknown time of compression", ["snapkv"], {"compress": "later"}, "When the cache is compressed must be one of"),
 ]
 
 
-@pytest.mark.parametrize("what, methods, expected", COMPARE_CASES, ids=[c[0] for c in COMPARE_CASES])
-def test_bad_comparisons_are_one_line(chat, files, what, methods, expected, caplog, capfd):
+@pytest.mark.parametrize("what, methods, settings, expected", COMPARE_CASES, ids=[c[0] for c in COMPARE_CASES])
+def test_bad_comparisons_are_one_line(chat, files, what, methods, settings, expected, caplog, capfd):
     client, _ = chat
     caplog.set_level(logging.INFO, logger="components")
     result = client.predict(message={"text": "Describe.", "files": [handle_file(files["good.png"])]},
-                            methods=methods, **controls(), api_name="/compare")
+                            methods=methods, **(controls() | settings), api_name="/compare")
     one_refusal(result[SLOTS + 1], expected)
     assert len(user_error_lines(caplog)) == 1
     assert "Traceback" not in capfd.readouterr().err
