@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT / "training"))
 from engine.tiny.arena_scenes import CELL, MAX_TURNS, QUESTION_TYPES, SMALL, Item, held_out, item  # noqa: E402
 from engine.runtime.inputs import DEFAULT_SYSTEM, QwenVLAdapter  # noqa: E402
 from checkpoints import lr_at, record, resume, setup, update  # noqa: E402
+from curriculum import hide_for_training, reveal  # noqa: E402
 
 
 @dataclass
@@ -224,32 +225,6 @@ def forward(model, batcher: Batcher, seqs: list[Sequence]):
     right[answer] = logits.argmax(-1) == labels[answer]
     hits = [[all(bool(right[i, at]) for at, _ in turn) for turn in s.answers] for i, s in enumerate(seqs)]
     return loss, hits, logits
-
-
-def hide_for_training(seq: Sequence, rng: np.random.Generator, share: float, objects: float = 0.0,
-                      background: float = 0.0) -> None:
-    """Evictions the questions of ``seq`` do not see. The curriculum: ``objects`` / ``background``,
-    the share of the objects no question of the chat asks about / of the background tokens hidden
-    (see --reveal). Then, with probability ``share`` each, more of the background (a third of the
-    time all of it) and a random part of the system prompt (never its first token)."""
-    asked = {k for q in seq.item.turns[:len(seq.answers)] for k in q.tokens}
-    informative = set(seq.item.informative)
-    if rng.random() < share:
-        background = max(background, 1.0 if rng.random() < 1 / 3 else rng.random())
-    for k, at in enumerate(seq.visual_at):
-        rate = 0.0 if k in asked else objects if k in informative else background
-        if rate and rng.random() < rate:
-            seq.hidden.append(at)
-    if rng.random() < share:
-        rate = rng.random()
-        seq.hidden += [k for k in range(seq.system[0] + 1, seq.system[1]) if rng.random() < rate]
-
-
-def reveal(step: int, stages: tuple[int, int, int]) -> tuple[float, float]:
-    """(other objects, background) hidden shares at ``step``: all hidden until stages[0], the other
-    objects shown gradually until stages[1], then the background until stages[2]."""
-    a, b, c = stages
-    return float(np.clip((b - step) / max(1, b - a), 0, 1)), float(np.clip((c - step) / max(1, c - b), 0, 1))
 
 
 PROBES = {

@@ -48,6 +48,7 @@ from engine.runtime.inputs import DEFAULT_SYSTEM, Message, QwenVLAdapter  # noqa
 from engine.tiny import drawn_scenes as scenes  # noqa: E402
 from engine.tiny.arena_model import arena_image_processor, build_arena_model, tokenizer  # noqa: E402
 from checkpoints import lr_at, record, resume, update  # noqa: E402
+from curriculum import hide_for_training, reveal  # noqa: E402
 
 VERSION = 3
 
@@ -91,35 +92,6 @@ def encode(adapter: QwenVLAdapter, it: scenes.Item) -> Sequence:
     visual_at = [i for v in lay.visuals for i in range(*v.span)]
     return Sequence(ids, torch.cat(pos, dim=1), first.model_kwargs, answers, visual_at,
                     lay.visuals[-1].span[1] + 1, lay.system, it)
-
-
-def hide_for_training(seq: Sequence, rng: np.random.Generator, share: float, objects: float = 0.0,
-                      background: float = 0.0) -> None:
-    """Evictions the questions of ``seq`` do not see. The curriculum: ``objects`` / ``background``,
-    the share of the objects no question of the chat asks about / of the background tokens hidden
-    (see --reveal). Then, with probability ``share`` each, more of the background (a third of the
-    time all of it) and a random part of the system prompt (never its first token). Out-of-scope
-    pictures keep every token: "unknown" is learnt from how they look."""
-    if seq.item.kind == "unknown":
-        return
-    asked = {k for q in seq.item.turns[:len(seq.answers)] for k in q.tokens}
-    informative = set(seq.item.informative)
-    if rng.random() < share:
-        background = max(background, 1.0 if rng.random() < 1 / 3 else rng.random())
-    for k, at in enumerate(seq.visual_at):
-        rate = 0.0 if k in asked else objects if k in informative else background
-        if rate and rng.random() < rate:
-            seq.hidden.append(at)
-    if rng.random() < share:
-        rate = rng.random()
-        seq.hidden += [k for k in range(seq.system[0] + 1, seq.system[1]) if rng.random() < rate]
-
-
-def reveal(step: int, stages: tuple[int, int, int]) -> tuple[float, float]:
-    """(other objects, background) hidden shares at ``step``: all hidden until stages[0], the other
-    objects shown gradually until stages[1], then the background until stages[2]."""
-    a, b, c = stages
-    return float(np.clip((b - step) / max(1, b - a), 0, 1)), float(np.clip((c - step) / max(1, c - b), 0, 1))
 
 
 def visual_features(model, seqs: list[Sequence]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
