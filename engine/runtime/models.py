@@ -102,6 +102,12 @@ class LoadedModel:
     def language_model(self):
         return self.model.model.language_model
 
+    def vision_modules(self) -> list[torch.nn.Module]:
+        """What turns pixels into visual embeddings: the vision encoder (and LLaVA's projector)."""
+        inner = self.model.model
+        return [m for m in (getattr(inner, n, None) for n in ("visual", "vision_tower", "multi_modal_projector"))
+                if m is not None]
+
 
 def _model_class(family: str):
     import transformers as tf
@@ -126,6 +132,27 @@ def shipped_config(repo: str, num_layers: int | None = None):
         if "layer_types" in data["text_config"]:
             data["text_config"]["layer_types"] = data["text_config"]["layer_types"][: int(num_layers)]
     return AutoConfig.for_model(**data)
+
+
+def shrink_vision(config, layers: int) -> None:
+    """Cut the vision encoder of ``config`` to its first ``layers`` blocks (random weights on a CPU:
+    a full-depth tower dominates every figure). Qwen2.5-VL keeps a full-attention block among them."""
+    vision = config.vision_config
+    if layers < 1:
+        raise UserError("--vision-layers must be at least 1")
+    if hasattr(vision, "depth"):  # Qwen2-VL, Qwen2.5-VL
+        if layers > vision.depth:
+            raise UserError(f"--vision-layers {layers} exceeds the vision encoder's {vision.depth} blocks")
+        vision.depth = layers
+        if getattr(vision, "fullatt_block_indexes", None):
+            vision.fullatt_block_indexes = [i for i in vision.fullatt_block_indexes if i < layers] or [layers - 1]
+        return
+    if layers > vision.num_hidden_layers:  # CLIP, SigLIP
+        raise UserError(f"--vision-layers {layers} exceeds the vision encoder's {vision.num_hidden_layers} layers")
+    picked = getattr(config, "vision_feature_layer", -1)
+    if any(i >= layers or i < -(layers + 1) for i in (picked if isinstance(picked, list) else [picked])):
+        raise UserError(f"--vision-layers {layers} drops the layer the projector reads ({picked})")
+    vision.num_hidden_layers = layers
 
 
 def _offline_processors(family: str, config):
@@ -174,9 +201,12 @@ def pick_dtype(name: str | None, device: torch.device) -> tuple[str, torch.dtype
 
 def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: str | None = None,
                num_layers: int | None = None, quantization: str | None = None, seed: int = 0,
-               progress=None) -> LoadedModel:
-    """Load a model by registry name. ``quantization``: None, "8bit" or "4bit" (hub models, CUDA)."""
+               progress=None, vision_layers: int | None = None) -> LoadedModel:
+    """Load a model by registry name. ``quantization``: None, "8bit" or "4bit" (hub models, CUDA).
+    ``num_layers`` / ``vision_layers`` cut the decoder / vision encoder of a random-weight model."""
     spec = model_spec(name)
+    if vision_layers and spec.source in ("hub", "trained"):
+        raise UserError(f"--vision-layers cuts random-weight models only, not '{name}'")
     dev = pick_device(device)
     _, torch_dtype = pick_dtype(dtype, dev)
     say = progress or (lambda fraction, text: None)
@@ -195,6 +225,8 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
                 config.get_text_config().num_hidden_layers = int(num_layers)
         else:
             config = shipped_config(spec.repo, num_layers)
+        if vision_layers:
+            shrink_vision(config, int(vision_layers))
         tokenizer, image_processor, processor = _offline_processors(spec.family, config)
         if spec.source == "random":
             _retarget_special_ids(config, tokenizer)
