@@ -221,9 +221,9 @@ def test_ttft_parts_add_up_and_linking_skips_the_vision_encoder(tmp_path):
     for figures in (recompute, mpic):
         parts = figures["vision_s"] + figures["linking_s"] + figures["lm_s"] + figures["other_s"]
         assert parts == pytest.approx(figures["ttft_s"], abs=1e-3) and figures["lm_s"] > 0
-    assert recompute["vision_s"] > 0 and recompute["computed_tokens"] == recompute["prompt_tokens"]
+    assert recompute["vision_s"] > 0 and recompute["new_kv_tokens"] == recompute["prompt_tokens"]
     assert mpic["status"] == ["linked", "linked"] and mpic["vision_s"] == 0
-    assert mpic["computed_tokens"] < mpic["prompt_tokens"]
+    assert mpic["new_kv_tokens"] < mpic["prompt_tokens"]
 
 
 def test_mpic_bench_reports_ratio_ranges_and_parts_per_count(capsys):
@@ -239,8 +239,8 @@ def test_mpic_bench_reports_ratio_ranges_and_parts_per_count(capsys):
             assert low <= row[f"{mode}_ratio"] <= high
         parts = row["parts"]
         assert parts["recompute"]["vision_s"] > 0 and parts["mpic"]["vision_s"] == 0
-        assert parts["prefix"]["computed_tokens"] < row["prompt_tokens"]  # the shared system prefix is reused
-        assert parts["mpic"]["computed_tokens"] < parts["cacheblend"]["computed_tokens"] < row["prompt_tokens"]
+        assert parts["prefix"]["new_kv_tokens"] < row["prompt_tokens"]  # the shared system prefix is reused
+        assert parts["mpic"]["new_kv_tokens"] < parts["cacheblend"]["new_kv_tokens"] < row["prompt_tokens"]
         assert row["linked"] == ["linked"] * row["images"]
 
 

@@ -42,7 +42,7 @@ from .methods import synthetic_images
 
 MODES = ("recompute", "prefix", "full_reuse", "cacheblend", "mpic")
 LINKING = ("full_reuse", "cacheblend", "mpic")  # their language-model passes recompute part of a linked cache
-PARTS = ("vision_s", "linking_s", "lm_s", "other_s", "computed_tokens")
+PARTS = ("vision_s", "linking_s", "lm_s", "other_s", "new_kv_tokens")
 EARLIER = "Describe these pictures one by one."
 QUESTION = "Which of these pictures is the brightest, and why?"
 SESSION = "bench"
@@ -136,7 +136,7 @@ def count_row(n: int, runs: dict[str, list[dict]]) -> dict:
     return row
 
 
-COLUMNS = (("images", 6), ("tokens", 6), ("mode", 10), ("computed", 8), ("ttft s", 8), ("/ recompute", 20),
+COLUMNS = (("images", 6), ("tokens", 6), ("mode", 10), ("new kv", 6), ("ttft s", 8), ("/ recompute", 20),
            ("vision s", 8), ("linking s", 9), ("recompute s", 11), ("prefill s", 9), ("other s", 7))
 
 
@@ -149,8 +149,8 @@ def live(row: dict, first: bool) -> str:
         lines += [f"model {row['model']}: decoder {row['layers']} layers, {depth}, {row['device']} {row['dtype']}, "
                   f"{row['threads']} thread(s); images' KV stored, question changed ahead of the images; "
                   f"MPIC-{row['k']}, CacheBlend-{row['ratio'] * 100:g}%; {row['repeats']} rounds, modes interleaved",
-                  f"{SPREAD_NOTE}; parts in seconds (medians); computed: prompt tokens the language model "
-                  "computed (mean over layers); * first token differs from full recompute's",
+                  f"{SPREAD_NOTE}; parts in seconds (medians); new kv: prompt tokens whose KV this prompt "
+                  "computed (mean over layers; the rest reused); * first token differs from full recompute's",
                   "  ".join(name.rjust(width) for name, width in COLUMNS)]
     for m in MODES:
         part = row["parts"][m]
@@ -158,7 +158,7 @@ def live(row: dict, first: bool) -> str:
             Spread(row[f"{m}_ratio"], *row[f"{m}_ratio_range"], row["repeats"]).cell()
             + ("" if row[f"{m}_same_first_token"] else "*"))
         lm = f"{part['lm_s']:.3f}"
-        cells = [str(row["images"]), str(row["prompt_tokens"]), m, f"{part['computed_tokens']:.0f}",
+        cells = [str(row["images"]), str(row["prompt_tokens"]), m, f"{part['new_kv_tokens']:.0f}",
                  f"{row['ttft_s'][m]:.3f}", ratio, f"{part['vision_s']:.3f}", f"{part['linking_s']:.3f}",
                  lm if m in LINKING else "-", "-" if m in LINKING else lm, f"{part['other_s']:.3f}"]
         lines.append("  ".join(c.rjust(width) for c, (_, width) in zip(cells, COLUMNS)))

@@ -66,18 +66,19 @@ class StageClock:
 
 def time_prompt(loaded: LoadedModel, store: KVStore, session: str, message: Message, mode: str, **params) -> dict:
     """One answer token under ``mode``: its TTFT and its parts (module docstring), the token, what
-    the linker did per visual, and how many prompt tokens the language model computed (mean over
-    layers; the rest were reused)."""
+    the linker did per visual, and how many prompt tokens' KV this prompt computed (mean over
+    layers; the rest were reused). CacheBlend still runs a layer's projections and MLP over every
+    row until it narrows them (after its check layer), so its KV count understates its work there."""
     conv = Conversation(loaded, backends.make_backend("mpic", mode=mode, **params), linker=Linker(store, session))
     clock = StageClock(loaded.device.type == "cuda")
     with clock.watching({"vision": loaded.vision_modules(), "lm": [loaded.language_model()]}):
         update = conv.ask(message, max_new_tokens=1)
     m, report = update.metrics, conv.backend.report
     recomputed = getattr(report, "recomputed", None)
-    computed = (sum(len(r) for r in recomputed) / len(recomputed)) if recomputed else m.prompt_tokens
+    new_kv = (sum(len(r) for r in recomputed) / len(recomputed)) if recomputed else m.prompt_tokens
     vision, lm = clock.seconds["vision"], clock.seconds["lm"]
     return {"ttft_s": m.ttft_s, "first_token": update.token_ids[0], "status": list(conv.linker.status),
-            "prompt_tokens": m.prompt_tokens, "computed_tokens": computed,
+            "prompt_tokens": m.prompt_tokens, "new_kv_tokens": new_kv,
             "vision_s": vision, "lm_s": lm, "linking_s": max(m.prefill_s - vision - lm, 0.0),
             "other_s": max(m.ttft_s - m.prefill_s, 0.0)}
 
