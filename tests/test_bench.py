@@ -25,13 +25,17 @@ def test_bench_reports_every_field_and_a_ratio_close_to_the_budget(capsys):
     assert fields <= rows[1].keys()
     full, method = rows
     assert full["token_agreement"] == 1.0 and full["kv_bytes"] == method["kv_bytes_full"]
+    assert method["repeats"] == 3  # the default: one round says nothing on a shared machine
+    for name in ("prefill_ratio", "decode_ratio", "overhead_ratio"):
+        low, high = method[f"{name}_range"]
+        assert low <= method[name] <= high
     assert method["visual_tokens"] == 512 and method["new_tokens"] == 8
     assert abs(method["kv_bytes"] / method["kv_bytes_full"] - 0.5) < 0.01
 
 
 def test_every_budgeted_method_holds_at_most_its_budget_of_the_full_bytes(capsys):
     """Issue #17's axis: budget = fraction of the full cache's bytes held after the prompt."""
-    code, out = run_json(capsys, "--model", "tiny-qwen2-vl", "--budget", "0.2", "--max-new-tokens", "4",
+    code, out = run_json(capsys, "--model", "tiny-qwen2-vl", "--budget", "0.2", "--max-new-tokens", "4", "--repeats", "1",
                          "--methods", "full,attention_pack,snapkv,elastic_cache,h2o,vl_cache,pyramidkv,streamingllm,zipvl")
     assert code == 0, out.err
     rows = {r["method"]: r for r in json.loads(out.out)}
@@ -46,7 +50,7 @@ def test_every_budgeted_method_holds_at_most_its_budget_of_the_full_bytes(capsys
 
 def test_bench_question_after_and_set(capsys):
     code, out = run_json(capsys, "--methods", "streamingllm", "--budget", "0.3", "--set", "sink_tokens=8",
-                         "--question-after", "--max-new-tokens", "4")
+                         "--question-after", "--max-new-tokens", "4", "--repeats", "1")
     assert code == 0, out.err
     rows = json.loads(out.out)
     assert rows[1]["params"] == {"sink_tokens": 8} and rows[1]["question_after"]
@@ -102,3 +106,160 @@ def test_stream_mode_holds_a_capped_method_under_the_cap_plus_one_chunk():
     assert row["method"] == "infinipot_v" and row["frames"] == 16 and row["chunks"] >= 4
     assert row["peak_kv_bytes"] <= row["cap_bytes"] + row["largest_chunk_bytes"]
     assert row["kv_bytes_end_of_video"] <= row["cap_bytes"] and row["peak_rss_bytes"] > 0
+
+
+# --- spreads: every timed ratio comes with the range of its repeats -------------------------------
+def test_spread_pairs_each_repeat_with_its_reference_and_marks_a_range_across_one():
+    from engine.bench.common import UNSURE, Spread
+
+    spread = Spread.paired([1.0, 3.0, 1.8], [2.0, 4.0, 2.0])  # 0.5, 0.75, 0.9
+    assert (spread.median, spread.low, spread.high, spread.repeats) == (0.75, 0.5, 0.9, 3)
+    assert not spread.unsure and spread.cell() == "0.75 (0.50-0.90)"
+    assert spread.fields("decode_ratio") == {"decode_ratio": 0.75, "decode_ratio_range": [0.5, 0.9]}
+    across = Spread.of([0.9, 1.1, 0.95])
+    assert across.unsure and across.cell().endswith(UNSURE)
+    assert Spread.of([0.5]).unsure  # one run cannot tell anything from 1
+    with pytest.raises(ValueError):
+        Spread.paired([1.0], [1.0, 2.0])
+
+
+def test_rounds_rotate_so_no_method_always_runs_first():
+    from engine.bench.common import rotated
+
+    names = ["full", "a", "b"]
+    assert [rotated(names, r)[0] for r in range(4)] == ["full", "a", "b", "full"]
+    assert sorted(rotated(names, 2)) == sorted(names)
+
+
+def test_rows_print_as_they_are_measured(capsys):
+    """A live table prints each row before the next one is measured (a long run shows progress)."""
+    import argparse
+
+    from engine.bench.common import run_main
+
+    seen_before = []
+
+    def run(args):
+        yield {"n": 1}
+        seen_before.append(capsys.readouterr().out)  # what was printed before the second row is measured
+        yield {"n": 2}
+
+    def live(row, first):
+        return ("header\n" if first else "") + f"row {row['n']}"
+
+    parse = lambda argv: argparse.Namespace(json=False)  # noqa: E731
+    assert run_main(parse, run, lambda rows: "never", [], live=live) == 0
+    assert seen_before == ["header\nrow 1\n"] and capsys.readouterr().out == "row 2\n"
+
+
+def test_prefill_bench_reports_spreads_attention_share_and_ideal(capsys):
+    code, out = run_json(capsys, "--mode", "prefill", "--model", "tiny-qwen2-vl", "--visual-tokens", "256",
+                         "--tau", "0.975,0.5", "--repeats", "2")
+    assert code == 0, out.err
+    high_tau, low_tau = json.loads(out.out)
+    for row in (high_tau, low_tau):
+        for name in ("prefill_ratio", "attention_share", "ideal"):
+            low, high = row[f"{name}_range"]
+            assert low <= row[name] <= high
+        assert 0 < row["attention_share"] < 1 and row["repeats"] == 2
+        skipped = 1 - sum(r * r for r in row["important_ratio_per_layer"]) / row["layers"]
+        assert row["ideal"] == pytest.approx(1 - row["attention_share"] * skipped, rel=0.2)  # medians of each
+        assert row["ideal_range"][0] >= 1 - row["attention_share_range"][1] * skipped - 1e-9
+    assert high_tau["attention_share"] == low_tau["attention_share"]  # one full-cache measurement per size
+    assert low_tau["ideal"] < high_tau["ideal"] < 1  # fewer important tokens, more attention to skip
+
+
+def test_decode_bench_reports_the_range_of_every_timed_ratio(capsys):
+    code, out = run_json(capsys, "--mode", "decode", "--model", "tiny-qwen2-vl", "--methods", "streamingllm",
+                         "--visual-tokens", "64", "--steps", "2", "--repeats", "2")
+    assert code == 0, out.err
+    rows = json.loads(out.out)
+    full = rows[0]
+    assert full["decode_ratio_range"] == [1.0, 1.0] and len(full["vs_sdpa_decode_range"]) == 2
+    for row in rows[1:]:
+        for name in ("scoring_ratio", "prefill_ratio", "decode_ratio"):
+            low, high = row[f"{name}_range"]
+            assert low <= row[name] <= high
+
+
+def test_decode_table_marks_a_ratio_whose_range_crosses_one():
+    from engine.bench import decode
+    from engine.bench.common import UNSURE
+
+    row = {"model": "m", "layers": 1, "hidden_size": 8, "device": "cpu", "dtype": "float32", "threads": 1,
+           "budget": 0.2, "repeats": 3, "steps": 2, "visual_tokens": 64, "kv_ratio": 1.0, "ideal": 1.0,
+           "prefill_s": 1.0, "step_s": 0.01, "scoring_ratio": 0.0, "scoring_ratio_range": [0.0, 0.0],
+           "prefill_ratio": 1.0, "prefill_ratio_range": [1.0, 1.0], "decode_ratio": 1.0, "decode_ratio_range": [1.0, 1.0],
+           "vs_sdpa_prefill": 1.0, "vs_sdpa_prefill_range": [0.9, 1.1], "vs_sdpa_decode": 1.0,
+           "vs_sdpa_decode_range": [0.95, 1.05]}
+    method = row | {"method": "snapkv", "decode_ratio": 0.8, "decode_ratio_range": [0.7, 0.85],
+                    "prefill_ratio": 1.02, "prefill_ratio_range": [0.97, 1.08]}
+    text = decode.table([row | {"method": "full"}, method])
+    line = next(line for line in text.splitlines() if "snapkv" in line)
+    assert "0.80 (0.70-0.85) " in line + " " and f"1.02 (0.97-1.08){UNSURE}" in line
+
+
+# --- MPIC: time to first token and its parts ------------------------------------------------------
+def test_vision_encoder_cuts_to_the_asked_depth():
+    from engine.errors import UserError
+    from engine.runtime.models import shipped_config, shrink_vision
+
+    qwen = shipped_config("Qwen/Qwen2.5-VL-7B-Instruct")
+    shrink_vision(qwen, 2)
+    assert qwen.vision_config.depth == 2 and qwen.vision_config.fullatt_block_indexes == [1]  # keeps a full-attention block
+    llava = shipped_config("llava-hf/llava-1.5-7b-hf")
+    shrink_vision(llava, 3)
+    assert llava.vision_config.num_hidden_layers == 3
+    for config, layers in ((shipped_config("Qwen/Qwen2-VL-2B-Instruct"), 33), (shipped_config("Qwen/Qwen2-VL-2B-Instruct"), 0),
+                           (shipped_config("llava-hf/llava-1.5-7b-hf"), 25)):
+        with pytest.raises(UserError):
+            shrink_vision(config, layers)
+
+
+def test_ttft_parts_add_up_and_linking_skips_the_vision_encoder(tmp_path):
+    from engine.bench.methods import synthetic_images
+    from engine.mpic.kv_store import KVStore
+    from engine.mpic.linking import ingest
+    from engine.mpic.ttft import time_prompt
+    from engine.runtime.inputs import Message
+    from engine.runtime.models import load_model
+
+    loaded = load_model("tiny-qwen2-vl")
+    store = KVStore(str(tmp_path))
+    images = synthetic_images(2, 224)
+    for image in images:
+        ingest(loaded, store, "s", image)
+    message = Message("Which is brighter?", images=images, media_first=False)
+    recompute = time_prompt(loaded, store, "s", message, "recompute")
+    mpic = time_prompt(loaded, store, "s", message, "mpic", k=4)
+    for figures in (recompute, mpic):
+        parts = figures["vision_s"] + figures["linking_s"] + figures["lm_s"] + figures["other_s"]
+        assert parts == pytest.approx(figures["ttft_s"], abs=1e-3) and figures["lm_s"] > 0
+    assert recompute["vision_s"] > 0 and recompute["new_kv_tokens"] == recompute["prompt_tokens"]
+    assert mpic["status"] == ["linked", "linked"] and mpic["vision_s"] == 0
+    assert mpic["new_kv_tokens"] < mpic["prompt_tokens"]
+
+
+def test_mpic_bench_reports_ratio_ranges_and_parts_per_count(capsys):
+    code, out = run_json(capsys, "--mode", "mpic", "--model", "tiny-qwen2-vl", "--counts", "1,2", "--k", "4",
+                         "--image-size", "224", "--repeats", "2", "--vision-layers", "1")
+    assert code == 0, out.err
+    rows = json.loads(out.out)
+    assert [r["images"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["vision_layers"] == 1 and row["vision_cut"] and row["repeats"] == 2
+        for mode in ("prefix", "full_reuse", "cacheblend", "mpic"):
+            low, high = row[f"{mode}_ratio_range"]
+            assert low <= row[f"{mode}_ratio"] <= high
+        parts = row["parts"]
+        assert parts["recompute"]["vision_s"] > 0 and parts["mpic"]["vision_s"] == 0
+        assert parts["prefix"]["new_kv_tokens"] < row["prompt_tokens"]  # the shared system prefix is reused
+        assert parts["mpic"]["new_kv_tokens"] < parts["cacheblend"]["new_kv_tokens"] < row["prompt_tokens"]
+        assert row["linked"] == ["linked"] * row["images"]
+
+
+def test_mpic_bench_rejects_bad_input(capsys):
+    assert cli.main(["--mode", "mpic", "--model", "tiny-qwen2-vl", "--counts", "0"]) == 2
+    assert cli.main(["--mode", "mpic", "--model", "tiny-qwen2-vl", "--counts", "1", "--repeats", "0"]) == 2
+    assert cli.main(["--mode", "mpic", "--model", "tiny-arena-vl", "--counts", "1", "--vision-layers", "1"]) == 2
+    assert "error" in capsys.readouterr().err

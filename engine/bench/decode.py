@@ -9,8 +9,9 @@ between a short prefix and a question (``engine.bench.prefill``'s synthetic prom
 ``--steps`` decode steps of one random embedding each. Per repeat, every method (and stock
 ``sdpa`` without our seam) prefills once, in an order rotated per repeat; then the methods take
 their decode steps in turns (step 1 of each, step 2 of each...), so drift on a shared machine hits
-every method's steps alike. The figures are medians over repeats (a repeat's step time is the
-median of its steps).
+every method's steps alike. Times are medians over repeats (a repeat's step time is the median of
+its steps); each timed ratio is taken per repeat against the full cache of the same repeat and
+printed as its median with the min-max over repeats, marked where that range crosses 1.
 
 Printed per method: ``kv_ratio`` (bytes held after prefill / full's), ``scoring_ratio`` (time in the
 method's hooks during prefill / full's prefill; a method whose scores the prefill attention sums in
@@ -38,7 +39,17 @@ from ..errors import UserError
 from ..runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
 from ..runtime.cache import KVCache
 from ..runtime.models import pick_device, pick_dtype
-from .common import add_run_args, run_main, visual_sizes
+from .common import (
+    SPREAD_NOTE,
+    Spread,
+    add_repeats_arg,
+    add_run_args,
+    aligned,
+    check_repeats,
+    rotated,
+    run_main,
+    visual_sizes,
+)
 from .methods import method_params
 from .prefill import build_decoder, synthetic_prompt
 
@@ -55,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=0.2)
     p.add_argument("--set", action="append", default=[], metavar="[METHOD.]NAME=VALUE", help="method parameter")
     p.add_argument("--steps", type=int, default=8, help="decode steps per measurement")
-    p.add_argument("--repeats", type=int, default=3)
+    add_repeats_arg(p)
     add_run_args(p)
     return p.parse_args(argv)
 
@@ -157,8 +168,9 @@ def _cache_bytes(cache) -> int:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    if args.repeats < 1 or args.steps < 1:
-        raise UserError("--repeats and --steps must be at least 1")
+    check_repeats(args.repeats)
+    if args.steps < 1:
+        raise UserError("--steps must be at least 1")
     methods = args.methods.split(",") if args.methods else backends.available()
     for m in methods:
         backends.backend_class(m)  # unknown names fail before the model is built
@@ -193,9 +205,14 @@ def run(args: argparse.Namespace) -> list[dict]:
     for visual in sizes:
         runs = {name: [] for name in names}
         for r in range(args.repeats):
-            for name, figures in measure(visual, names[r % len(names):] + names[: r % len(names)], args.steps).items():
+            for name, figures in measure(visual, rotated(names, r), args.steps).items():
                 runs[name].append(figures)
         med = {name: {k: statistics.median(x[k] for x in runs[name]) for k in runs[name][0]} for name in names}
+
+        def ratio(name: str, key: str, ref: str = "full", by: str | None = None) -> Spread:
+            """``key`` of ``name`` / ``by`` (default: ``key``) of ``ref``, per repeat."""
+            return Spread.paired([x[key] for x in runs[name]], [x[by or key] for x in runs[ref]])
+
         full = med["full"]
         common = {"model": args.model, "layers": text.num_hidden_layers, "hidden_size": text.hidden_size,
                   "device": str(device), "dtype": dtype_name, "threads": torch.get_num_threads(),
@@ -203,39 +220,43 @@ def run(args: argparse.Namespace) -> list[dict]:
                   "weight_bytes": weight_bytes}
         for name in names:
             m = med[name]
-            ref = med["sdpa"] if name == "full" else full
             rows.append(common | {
                 "method": name, "prefill_s": m["prefill_s"], "overhead_s": m["overhead_s"], "step_s": m["step_s"],
                 "kv_bytes": m["kv_bytes"], "kv_ratio": m["kv_bytes"] / full["kv_bytes"],
-                "scoring_ratio": m["overhead_s"] / full["prefill_s"],
-                "prefill_ratio": m["prefill_s"] / full["prefill_s"], "decode_ratio": m["step_s"] / full["step_s"],
+                **ratio(name, "overhead_s", by="prefill_s").fields("scoring_ratio"),
+                **ratio(name, "prefill_s").fields("prefill_ratio"), **ratio(name, "step_s").fields("decode_ratio"),
                 "ideal": (weight_bytes + m["kv_bytes"]) / (weight_bytes + full["kv_bytes"]),
                 "params": params.get(name, {}),
             })
             if name == "full":  # the seam: runtime's full cache / stock sdpa
-                rows[-1] |= {"vs_sdpa_prefill": m["prefill_s"] / ref["prefill_s"], "vs_sdpa_decode": m["step_s"] / ref["step_s"]}
+                rows[-1] |= {**ratio(name, "prefill_s", STOCK).fields("vs_sdpa_prefill"),
+                             **ratio(name, "step_s", STOCK).fields("vs_sdpa_decode")}
     return rows
+
+
+def _spread(row: dict, name: str) -> Spread:
+    return Spread(row[name], *row[f"{name}_range"], row["repeats"])
 
 
 def table(rows: list[dict]) -> str:
     r0 = rows[0]
     lines = [f"{r0['model']}, {r0['layers']} layers x {r0['hidden_size']}, {r0['device']} {r0['dtype']}, "
-             f"{r0['threads']} thread(s), budget {r0['budget']}, median of {r0['repeats']} repeats, "
-             f"{r0['steps']} decode steps each taken in turns; ratios against the full cache through the runtime"]
-    head = (f"{'visual':>7} {'method':>15} {'kv':>6} {'scoring':>8} {'prefill':>8} {'decode':>7} {'ideal':>6} "
-            f"{'full_prefill_s':>14} {'full_step_ms':>12}")
+             f"{r0['threads']} thread(s), budget {r0['budget']}, {r0['repeats']} repeats, "
+             f"{r0['steps']} decode steps each taken in turns; ratios against the full cache through the runtime",
+             SPREAD_NOTE]
     for visual in dict.fromkeys(r["visual_tokens"] for r in rows):
         group = [r for r in rows if r["visual_tokens"] == visual]
         full = next(r for r in group if r["method"] == "full")
-        lines.append(head)
+        cells = [["visual", "method", "kv", "scoring", "prefill", "decode", "ideal", "full_prefill_s", "full_step_ms"]]
         for r in group:
             if r["method"] == STOCK:
                 continue
-            lines.append(f"{visual:>7} {r['method']:>15} {r['kv_ratio']:>6.3f} {r['scoring_ratio']:>8.3f} "
-                         f"{r['prefill_ratio']:>8.2f} {r['decode_ratio']:>7.2f} {r['ideal']:>6.3f} "
-                         f"{full['prefill_s']:>14.2f} {full['step_s'] * 1000:>12.1f}")
-        lines.append(f"{visual:>7} full (runtime) / stock sdpa: prefill {full['vs_sdpa_prefill']:.3f}, "
-                     f"decode step {full['vs_sdpa_decode']:.3f}")
+            cells.append([str(visual), r["method"], f"{r['kv_ratio']:.3f}", _spread(r, "scoring_ratio").cell(3),
+                          _spread(r, "prefill_ratio").cell(), _spread(r, "decode_ratio").cell(), f"{r['ideal']:.3f}",
+                          f"{full['prefill_s']:.2f}", f"{full['step_s'] * 1000:.1f}"])
+        lines += aligned(cells)
+        lines.append(f"{visual:>7} full (runtime) / stock sdpa: prefill {_spread(full, 'vs_sdpa_prefill').cell(3)}, "
+                     f"decode step {_spread(full, 'vs_sdpa_decode').cell(3)}")
     return "\n".join(lines)
 
 

@@ -1,9 +1,12 @@
-"""Benchmark: every chosen method against the full cache, same input, one process, one run.
+"""Benchmark: every chosen method against the full cache, same input, one process.
 
     python -m engine.bench --model tiny-qwen2-vl --methods full,streamingllm --budget 0.5 \\
         --image a.png --image b.png --prompt "Compare the images." --max-new-tokens 32 --json
 
-The full cache always runs first (after a warm-up) and is the reference for every ratio. Without
+The full cache is the reference for every ratio. After a warm-up, ``--repeats`` rounds run every
+method once, in an order rotated per round; a timed ratio is taken per round against the full
+cache's run of the same round and printed as its median with the min-max over rounds (marked where
+that range crosses 1); times are medians, answers and bytes those of the last round. Without
 ``--image``/``--video`` two synthetic 448 px images are used. ``--list --json`` prints every method
 (parameters, defaults, ranges) and every model. Exit code 2 and one line on stderr for bad input.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 
 import numpy as np
@@ -30,7 +34,7 @@ from ..media import load_image, load_video
 from ..runtime.generate import Conversation, agreement
 from ..runtime.inputs import Message
 from ..runtime.models import DEFAULT_MODEL, list_models, load_model
-from .common import aligned, run_main
+from .common import SPREAD_NOTE, Spread, add_repeats_arg, aligned, check_repeats, rotated, run_main
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -49,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--question-after", action="store_true",
                    help="prefill and compress the media first, then feed the question on top of the compressed cache")
     p.add_argument("--num-layers", type=int, default=None, help="override the decoder depth (random/tiny models)")
+    p.add_argument("--vision-layers", type=int, default=None, help="cut the vision encoder (random/tiny models)")
+    add_repeats_arg(p)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
     p.add_argument("--quantization", default=None, help="4bit or 8bit weights (hub models on CUDA)")
@@ -101,12 +107,23 @@ def _jsonable(value):
     return value
 
 
+def _ratio(runs: list, reference: list, key: str) -> dict:
+    """``key``'s per-round ratio to the full cache's: its fields, or None where the reference is 0."""
+    measured = [getattr(u.metrics, key) for u, _ in runs]
+    ref = [getattr(u.metrics, key) for u, _ in reference]
+    name = {"prefill_s": "prefill_ratio", "decode_tok_s": "decode_ratio"}[key]
+    if not all(ref):
+        return {name: None, f"{name}_range": None}
+    return Spread.paired(measured, ref).fields(name)
+
+
 def run(args: argparse.Namespace) -> list[dict]:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         backends.backend_class(m)  # unknown names fail before the model loads
     if not 0 < args.budget <= 1:
         raise UserError(f"--budget must lie in (0, 1]; got {args.budget}")
+    check_repeats(args.repeats)
     methods = ["full"] + [m for m in methods if m != "full"]
     params = method_params(methods, args.set)
     for m in methods:  # parameter values are checked before any work
@@ -117,27 +134,32 @@ def run(args: argparse.Namespace) -> list[dict]:
         images = synthetic_images()
     media = {"images": images, "videos": videos, "num_frames": args.frames}
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, num_layers=args.num_layers,
-                        quantization=args.quantization, seed=args.seed)
+                        quantization=args.quantization, seed=args.seed, vision_layers=args.vision_layers)
     run_method(loaded, "full", 1.0, {}, media, args.prompt, 2, args.question_after)  # warm-up
 
-    rows, ref = [], None
+    runs: dict[str, list] = {name: [] for name in methods}  # per round: (update, backend)
+    for r in range(args.repeats):
+        for name in rotated(methods, r):
+            update, backend, _ = run_method(loaded, name, args.budget, params[name], media, args.prompt,
+                                            args.max_new_tokens, args.question_after, args.ignore_eos)
+            runs[name].append((update, backend))
+    full_update, _ = runs["full"][-1]
+    full = full_update.metrics
+    rows = []
     for name in methods:
-        update, backend, conv = run_method(loaded, name, args.budget, params[name], media, args.prompt,
-                                           args.max_new_tokens, args.question_after, args.ignore_eos)
+        update, backend = runs[name][-1]
         m = update.metrics
-        if ref is None:
-            ref = (update, m)
-        full_update, full = ref
         realised = m.kv_bytes_prefill / full.kv_bytes_prefill if full.kv_bytes_prefill else None
+        median = {key: statistics.median(getattr(u.metrics, key) for u, _ in runs[name])
+                  for key in ("ttft_s", "prefill_s", "overhead_s", "decode_tok_s")}
+        scoring = Spread.paired([u.metrics.overhead_s for u, _ in runs[name]],
+                                [u.metrics.prefill_s for u, _ in runs["full"]])
         rows.append(_jsonable({
             "method": name, "budget": args.budget if backend.uses_budget else 1.0, "model": args.model,
             "uses_budget": backend.uses_budget, "realised_fraction": realised, "params": backend.config, "prompt_tokens": m.prompt_tokens, "visual_tokens": m.visual_tokens,
-            "new_tokens": m.new_tokens, "text": update.text,
-            "ttft_s": m.ttft_s, "prefill_s": m.prefill_s, "overhead_s": m.overhead_s,
-            "overhead_ratio": m.overhead_s / full.prefill_s if full.prefill_s else None,  # method's hooks / full prefill
-            "prefill_ratio": m.prefill_s / full.prefill_s if full.prefill_s else None,
-            "decode_tok_s": m.decode_tok_s,
-            "decode_ratio": m.decode_tok_s / full.decode_tok_s if full.decode_tok_s else None,
+            "new_tokens": m.new_tokens, "text": update.text, "repeats": args.repeats, **median,
+            **scoring.fields("overhead_ratio"),  # method's hooks / full prefill
+            **_ratio(runs[name], runs["full"], "prefill_s"), **_ratio(runs[name], runs["full"], "decode_tok_s"),
             "kv_bytes_prefill": m.kv_bytes_prefill, "kv_bytes": m.kv_bytes,
             "kv_bytes_full_prefill": full.kv_bytes_prefill, "kv_bytes_full": full.kv_bytes,
             "kv_ratio": m.kv_bytes / full.kv_bytes if full.kv_bytes else None,
@@ -149,16 +171,25 @@ def run(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def _spread_cell(row: dict, name: str, digits: int) -> str:
+    if row[name] is None:
+        return "-"
+    return Spread(row[name], *row[f"{name}_range"], row["repeats"]).cell(digits)
+
+
 def table(rows: list[dict]) -> str:
     cols = [("method", "{}"), ("realised_fraction", "{:.3f}"), ("kv_ratio", "{:.3f}"), ("kv_bytes", "{:,}"), ("ttft_s", "{:.3f}"),
-            ("prefill_ratio", "{:.2f}"), ("overhead_s", "{:.4f}"), ("overhead_ratio", "{:.3f}"), ("decode_tok_s", "{:.1f}"),
-            ("decode_ratio", "{:.2f}"), ("new_tokens", "{}"), ("token_agreement", "{:.2f}")]
-    cells = [[c for c, _ in cols]] + [[fmt.format(r[c]) if r[c] is not None else "-" for c, fmt in cols] for r in rows]
+            ("prefill_ratio", 2), ("overhead_s", "{:.4f}"), ("overhead_ratio", 3), ("decode_tok_s", "{:.1f}"),
+            ("decode_ratio", 2), ("new_tokens", "{}"), ("token_agreement", "{:.2f}")]
+    cells = [[c for c, _ in cols]] + [[_spread_cell(r, c, fmt) if isinstance(fmt, int)
+                                       else fmt.format(r[c]) if r[c] is not None else "-" for c, fmt in cols]
+                                      for r in rows]
     lines = aligned(cells)
     budget = next((r["budget"] for r in rows if r["uses_budget"]), 1.0)  # methods with their own knob run at 1.0
     head = f"model {rows[0]['model']}, budget {budget}, " \
-           f"{rows[0]['prompt_tokens']} prompt tokens ({rows[0]['visual_tokens']} visual); ratios are against the full cache"
-    return "\n".join([head] + lines)
+           f"{rows[0]['prompt_tokens']} prompt tokens ({rows[0]['visual_tokens']} visual); ratios are against the full " \
+           f"cache, {rows[0]['repeats']} rounds (times: medians)"
+    return "\n".join([head, SPREAD_NOTE] + lines)
 
 
 def listing(args) -> int | None:

@@ -1,12 +1,27 @@
 """MPIC's figure of merit (Sec. 6.3, Fig. 10): time to first token against the number of images.
 
-    python -m engine.bench --mode mpic --model random:Qwen/Qwen2-VL-2B-Instruct --max-images 8 --k 32 --json
+    python -m engine.bench --mode mpic --model random:Qwen/Qwen2-VL-2B-Instruct --num-layers 2 \\
+        --vision-layers 2 --counts 1,4,8 --k 32 --json
 
-For 1 to ``--max-images`` images whose KV is already in the store, the question is changed *ahead*
-of the images (the case prefix caching cannot reuse: an earlier request asked something else about
-the same images), and each mode answers one token: full recompute, prefix caching, full reuse,
-CacheBlend-r and MPIC-k. TTFTs are medians over ``--repeats`` runs, printed as ratios to full
-recompute, with whether the first token matches full recompute's. Exit code 2 on bad input.
+For each count of images whose KV is already in the store, the question is changed *ahead* of the
+images (the case prefix caching cannot reuse: an earlier request asked something else), and each
+mode answers one token: full recompute, prefix caching, full reuse, CacheBlend-r and MPIC-k. Per
+count, ``--repeats`` rounds run every mode once, in an order rotated per round; each mode's TTFT
+is divided by full recompute's of the same round, and the median of those ratios is printed with
+their min-max (marked where it crosses 1). Each count's rows are printed as soon as they are
+measured, with the TTFT's parts (:func:`engine.mpic.ttft.time_prompt`): the vision encoder,
+linking, the language model's passes (``prefill`` where nothing is linked, ``recompute`` for
+the modes that link stored KV) and the rest. The earlier request of prefix caching is text only: it
+shares the same prefix with the question (the system prompt and the turn's header), so the reuse is
+that of an earlier request about the same images, without encoding them once more.
+
+``--vision-layers N`` cuts the random-weight vision encoder to N blocks, as ``--num-layers`` cuts
+the decoder: at full depth (Qwen2-VL: 32 blocks of width 1,280, about 20 G multiply-adds each for
+the 1,024 patches of a 448 px image) encoding dominates every mode that encodes and a CPU run is
+long. Cutting both by about the same factor (2 of 32 blocks, 2 of 28 layers) keeps the full
+model's balance between the two per image: about 2 : 1 in multiply-adds (encoder : decoder's
+matrices over the image's 256 tokens), 655 G : 335 G at full size, 50 G : 24 G cut. Exit code 2
+on bad input.
 """
 
 from __future__ import annotations
@@ -15,7 +30,8 @@ import argparse
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
+
+import torch
 
 import backends
 
@@ -25,10 +41,12 @@ from ..mpic.linking import ingest
 from ..mpic.ttft import time_prompt
 from ..runtime.inputs import Message
 from ..runtime.models import load_model
-from .common import add_run_args, aligned, run_main
+from .common import SPREAD_NOTE, Spread, add_repeats_arg, add_run_args, check_repeats, rotated, run_main
 from .methods import synthetic_images
 
 MODES = ("recompute", "prefix", "full_reuse", "cacheblend", "mpic")
+LINKING = ("full_reuse", "cacheblend", "mpic")  # their language-model passes recompute part of a linked cache
+PARTS = ("vision_s", "linking_s", "lm_s", "other_s", "new_kv_tokens")
 EARLIER = "Describe these pictures one by one."
 QUESTION = "Which of these pictures is the brightest, and why?"
 SESSION = "bench"
@@ -42,33 +60,51 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=32, help="MPIC-k: image tokens recomputed per image")
     p.add_argument("--ratio", type=float, default=0.15, help="CacheBlend-r: share of tokens recomputed")
     p.add_argument("--image-size", type=int, default=448, help="side of the synthetic images in pixels")
-    p.add_argument("--repeats", type=int, default=3, help="runs per point; the median TTFT is reported")
+    add_repeats_arg(p)
     p.add_argument("--store", default=None, help="store directory (default: a temporary one)")
     p.add_argument("--num-layers", type=int, default=None, help="override the decoder depth (random/tiny models)")
+    p.add_argument("--vision-layers", type=int, default=None,
+                   help="cut the vision encoder to this many blocks (random/tiny models; e.g. 2 on a CPU)")
     add_run_args(p)
     return p.parse_args(argv)
 
 
-def _median_run(loaded, store, message: Message, mode: str, repeats: int, params: dict, tag: str) -> dict:
-    runs = []
-    for r in range(repeats):
-        session = SESSION
-        if mode == "prefix":  # a fresh session whose only earlier request asked something else
-            session = f"{SESSION}-{tag}-{r}"
-            time_prompt(loaded, store, session, replace(message, text=EARLIER), mode)
-        runs.append(time_prompt(loaded, store, session, message, mode, **params))
-        if mode == "prefix":
-            store.drop_session(session)
-    return dict(runs[-1], ttft_s=statistics.median(r["ttft_s"] for r in runs))
+def image_counts(args: argparse.Namespace) -> list[int]:
+    try:
+        counts = [int(c) for c in args.counts.split(",") if c.strip()] if args.counts else list(range(1, args.max_images + 1))
+    except ValueError:
+        raise UserError(f"--counts expects comma-separated integers, got '{args.counts}'") from None
+    if not counts or min(counts) < 1:
+        raise UserError("image counts must be positive")
+    return counts
 
 
-def run(args: argparse.Namespace) -> list[dict]:
-    counts = [int(c) for c in args.counts.split(",")] if args.counts else list(range(1, args.max_images + 1))
-    if not counts or min(counts) < 1 or args.repeats < 1:
-        raise UserError("image counts and --repeats must be positive")
+def time_mode(loaded, store: KVStore, message: Message, mode: str, params: dict, tag: str) -> dict:
+    """One timed answer token of ``mode``; prefix caching runs in a fresh session whose only earlier
+    request asked something else (text only: the prefix it shares with the question is the same)."""
+    if mode != "prefix":
+        return time_prompt(loaded, store, SESSION, message, mode, **params)
+    session = f"{SESSION}-{tag}"
+    time_prompt(loaded, store, session, Message(EARLIER), mode)
+    try:
+        return time_prompt(loaded, store, session, message, mode, **params)
+    finally:
+        store.drop_session(session)
+
+
+def vision_depth(loaded) -> int:
+    vision = loaded.model.config.vision_config
+    return getattr(vision, "depth", None) or vision.num_hidden_layers
+
+
+def run(args: argparse.Namespace):
+    """Yields one row per image count, as soon as it is measured."""
+    counts = image_counts(args)
+    check_repeats(args.repeats)
     params = {"k": args.k, "recompute_ratio": args.ratio}
     backends.make_backend("mpic", **params)  # bad values fail before the model loads
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype, num_layers=args.num_layers, seed=args.seed)
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, num_layers=args.num_layers, seed=args.seed,
+                        vision_layers=args.vision_layers)
     store = KVStore(args.store or tempfile.mkdtemp(prefix="kv-arena-mpic-"))
     images = synthetic_images(max(counts), args.image_size)
     for i, image in enumerate(images):  # the uploads: stored before any question
@@ -76,34 +112,69 @@ def run(args: argparse.Namespace) -> list[dict]:
     store.flush()  # no disk writes in the background of the timings
     warm_up = Message(QUESTION, images=images[:1], media_first=False)
     for mode in MODES:
-        _median_run(loaded, store, warm_up, mode, 1, params, "warm-up")
-
-    rows = []
+        time_mode(loaded, store, warm_up, mode, params, "warm-up")
+    setup = {"model": args.model, "layers": loaded.num_layers, "vision_layers": vision_depth(loaded),
+             "vision_cut": bool(args.vision_layers), "device": str(loaded.device),
+             "dtype": str(loaded.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
+             "k": args.k, "ratio": args.ratio, "repeats": args.repeats}
     for n in counts:
         message = Message(QUESTION, images=images[:n], media_first=False)
-        figures = {m: _median_run(loaded, store, message, m, args.repeats, params, str(n)) for m in MODES}
-        base = figures["recompute"]
-        rows.append({"images": n, "prompt_tokens": base["prompt_tokens"], "recompute_ttft_s": base["ttft_s"],
-                     **{f"{m}_ratio": figures[m]["ttft_s"] / base["ttft_s"] for m in MODES[1:]},
-                     **{f"{m}_same_first_token": figures[m]["first_token"] == base["first_token"] for m in MODES[1:]},
-                     "ttft_s": {m: f["ttft_s"] for m, f in figures.items()},
-                     "linked": figures["mpic"]["status"], "model": args.model, "k": args.k, "ratio": args.ratio})
-    return rows
+        runs: dict[str, list[dict]] = {m: [] for m in MODES}
+        for r in range(args.repeats):  # every mode once per round, so drift hits them alike
+            for mode in rotated(MODES, r):
+                runs[mode].append(time_mode(loaded, store, message, mode, params, f"{n}-{r}"))
+        yield count_row(n, runs) | setup
+
+
+def count_row(n: int, runs: dict[str, list[dict]]) -> dict:
+    """One image count's figures: TTFT ratios to full recompute (paired per round), medians of the parts."""
+    base = [f["ttft_s"] for f in runs["recompute"]]
+    first = runs["recompute"][-1]
+    row = {"images": n, "prompt_tokens": first["prompt_tokens"], "recompute_ttft_s": statistics.median(base),
+           "ttft_s": {m: statistics.median(f["ttft_s"] for f in fs) for m, fs in runs.items()},
+           "parts": {m: {p: statistics.median(f[p] for f in fs) for p in PARTS} for m, fs in runs.items()},
+           "linked": runs["mpic"][-1]["status"]}
+    for m in MODES[1:]:
+        row |= Spread.paired([f["ttft_s"] for f in runs[m]], base).fields(f"{m}_ratio")
+        row[f"{m}_same_first_token"] = runs[m][-1]["first_token"] == first["first_token"]
+    return row
+
+
+COLUMNS = (("images", 6), ("tokens", 6), ("mode", 10), ("new kv", 6), ("ttft s", 8), ("/ recompute", 20),
+           ("vision s", 8), ("linking s", 9), ("recompute s", 11), ("prefill s", 9), ("other s", 7))
+
+
+def live(row: dict, first: bool) -> str:
+    """One image count's lines (one per mode), under the header if ``first``."""
+    lines = []
+    if first:
+        depth = (f"vision encoder {row['vision_layers']} blocks (cut by --vision-layers)" if row["vision_cut"]
+                 else f"vision encoder at full depth ({row['vision_layers']} blocks)")
+        lines += [f"model {row['model']}: decoder {row['layers']} layers, {depth}, {row['device']} {row['dtype']}, "
+                  f"{row['threads']} thread(s); images' KV stored, question changed ahead of the images; "
+                  f"MPIC-{row['k']}, CacheBlend-{row['ratio'] * 100:g}%; {row['repeats']} rounds, modes interleaved",
+                  f"{SPREAD_NOTE}; parts in seconds (medians); new kv: prompt tokens whose KV this prompt "
+                  "computed (mean over layers; the rest reused); * first token differs from full recompute's",
+                  "  ".join(name.rjust(width) for name, width in COLUMNS)]
+    for m in MODES:
+        part = row["parts"][m]
+        ratio = "-" if m == "recompute" else (
+            Spread(row[f"{m}_ratio"], *row[f"{m}_ratio_range"], row["repeats"]).cell()
+            + ("" if row[f"{m}_same_first_token"] else "*"))
+        lm = f"{part['lm_s']:.3f}"
+        cells = [str(row["images"]), str(row["prompt_tokens"]), m, f"{part['new_kv_tokens']:.0f}",
+                 f"{row['ttft_s'][m]:.3f}", ratio, f"{part['vision_s']:.3f}", f"{part['linking_s']:.3f}",
+                 lm if m in LINKING else "-", "-" if m in LINKING else lm, f"{part['other_s']:.3f}"]
+        lines.append("  ".join(c.rjust(width) for c, (_, width) in zip(cells, COLUMNS)))
+    return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"model {rows[0]['model']}: TTFT as a ratio to full recompute, images' KV stored, question changed "
-            f"ahead of the images (MPIC-{rows[0]['k']}, CacheBlend-{rows[0]['ratio'] * 100:g}%)")
-    names = ["images", "tokens", "recompute s", "prefix", "full reuse", "cacheblend", "mpic"]
-    cells = [names] + [[str(r["images"]), str(r["prompt_tokens"]), f"{r['recompute_ttft_s']:.3f}"]
-                       + [f"{r[m + '_ratio']:.2f}" + ("" if r[m + "_same_first_token"] else "*") for m in MODES[1:]]
-                       for r in rows]
-    lines = aligned(cells)
-    return "\n".join([head] + lines + ["* first token differs from full recompute's"])
+    return "\n".join(live(row, i == 0) for i, row in enumerate(rows))
 
 
 def main(argv=None) -> int:
-    return run_main(parse_args, run, table, argv)
+    return run_main(parse_args, run, table, argv, live=live)
 
 
 if __name__ == "__main__":

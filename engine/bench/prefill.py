@@ -18,9 +18,19 @@ name ``--budget``: ZipVL takes no budget) takes several values, so a sweep (e.g.
 prints the time against the realised important ratio: where sparse prefill starts to pay for a
 model whose attention is that sparse.
 
-Warm-up: one pass per method; then ``--repeats`` passes each, interleaved, and the median.
-Printed per size and tau: both times, their ratio (ZipVL / full: < 1 means sparse prefill pays),
-the realised important ratio (mean over layers) and ZipVL's KV bytes against the full cache's.
+Warm-up: one pass per method; then ``--repeats`` rounds of one pass each, in an order rotated per
+round. Printed per size and tau: both times (medians), their ratio (ZipVL / full of the same round:
+< 1 means sparse prefill pays; the median with the min-max over rounds, marked where it crosses 1),
+the realised important ratio (mean over layers), ZipVL's KV bytes against the full cache's, and:
+
+* ``attn``: attention's share of the full prefill, measured in the same passes (the full cache's
+  attention runs inside a clock: the same kernel, so the same work).
+* ``ideal`` = 1 - attn x (1 - mean over layers of r^2), r the layer's important ratio: the prefill
+  ZipVL would take if attending among the important tokens only (r^2 of the causal attention's
+  query-key pairs) cost nothing more, its probes and split included. The rest of a layer (the
+  projections, the MLP) still runs for every token, so this is what token-sparse attention can
+  save of this prefill, as the decode benchmark's ``ideal`` is what a smaller cache can save of a step.
+
 Default sizes: 2k and 8k visual tokens, plus 32k on CUDA. Exit code 2 on bad input.
 """
 
@@ -35,10 +45,12 @@ import time
 import torch
 
 import backends
+from backends.attention_math import causal_attention
 from backends.base import AttentionCall, PromptLayout, VisualSpan
+from backends.full import FullCache
 
 from ..errors import UserError
-from ..runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
+from ..runtime.attention import ATTENTION_NAME, ForwardRun, active_run, forward_run
 from ..runtime.cache import KVCache
 from ..runtime.models import (
     _random_model,
@@ -48,7 +60,17 @@ from ..runtime.models import (
     shipped_config,
 )
 from ..tiny.builtin import tiny_config
-from .common import add_run_args, run_main, visual_sizes
+from .common import (
+    SPREAD_NOTE,
+    Spread,
+    add_repeats_arg,
+    add_run_args,
+    aligned,
+    check_repeats,
+    rotated,
+    run_main,
+    visual_sizes,
+)
 from .methods import method_params
 
 PREFIX, QUESTION = 16, 32  # text tokens before and after the image (system prompt, question)
@@ -62,9 +84,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tau", "--budget", dest="budget", default="0.975",
                    help="ZipVL's tau, comma-separated for a sweep (paper: 0.975); --budget is the old name")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="ZipVL parameter (repeatable)")
-    p.add_argument("--repeats", type=int, default=3)
+    add_repeats_arg(p)
     add_run_args(p)
     return p.parse_args(argv)
+
+
+class AttentionTimedFull(FullCache):
+    """The full cache whose prefill attention (the runtime's own kernel) runs inside the forward
+    pass's hook clock, so the pass reports its attention seconds as its overhead."""
+
+    def attend(self, call, query, key, value, scaling: float):
+        if not call.is_prefill:
+            return None
+        return active_run().timed(causal_attention, query, key, value, scaling)
 
 
 def build_decoder(name: str, num_layers: int | None, device: torch.device, dtype: torch.dtype, seed: int):
@@ -105,8 +137,9 @@ def synthetic_prompt(visual: int, rope_dims: int, hidden: int, device, dtype, se
     return embeds, rope.to(device), layout
 
 
-def prefill(model, backend, num_layers: int, embeds, rope, layout, sync: bool) -> tuple[float, KVCache]:
-    """One timed prefill through the runtime's attention seam; returns (seconds, cache)."""
+def prefill(model, backend, num_layers: int, embeds, rope, layout, sync: bool) -> tuple[float, float, KVCache]:
+    """One timed prefill through the runtime's attention seam: (seconds, seconds in the backend's
+    timed hooks, cache)."""
     total = embeds.shape[1]
     cache = KVCache(backend, num_layers)
     cache.pending_positions = torch.arange(total, device=embeds.device)
@@ -122,12 +155,11 @@ def prefill(model, backend, num_layers: int, embeds, rope, layout, sync: bool) -
         backend.after_forward(cache, call)
     if sync:
         torch.cuda.synchronize()
-    return time.perf_counter() - start, cache
+    return time.perf_counter() - start, run.settle(), cache
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    if args.repeats < 1:
-        raise UserError("--repeats must be at least 1")
+    check_repeats(args.repeats)
     device = pick_device(args.device)
     sync = device.type == "cuda"
     dtype_name, dtype = pick_dtype(args.dtype, device)
@@ -146,28 +178,34 @@ def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     for visual in sizes:
         embeds, rope, layout = synthetic_prompt(visual, rope_dims, text.hidden_size, device, dtype, args.seed)
-        make = {"full": lambda: backends.make_backend("full")}
+        make = {"full": AttentionTimedFull}
         make |= {tau: (lambda tau=tau: backends.make_backend("zipvl", **(params | {"tau": tau}))) for tau in taus}
         for m in make.values():  # warm-up
             prefill(model, m(), layers, embeds, rope, layout, sync)
         times = {name: [] for name in make}
-        last = {}
-        for _ in range(args.repeats):  # interleaved, so drift hits every method alike
-            for name, m in make.items():
-                backend = m()
-                seconds, cache = prefill(model, backend, layers, embeds, rope, layout, sync)
+        attention_s, last = [], {}
+        for r in range(args.repeats):  # rounds in rotated order, so drift hits every method alike
+            for name in rotated(list(make), r):
+                backend = make[name]()
+                seconds, hooks_s, cache = prefill(model, backend, layers, embeds, rope, layout, sync)
                 times[name].append(seconds)
+                if name == "full":
+                    attention_s.append(hooks_s)
                 last[name] = (backend, cache.nbytes())
                 del cache
-        full_s = statistics.median(times["full"])
+        share = Spread.paired(attention_s, times["full"])
         for tau in taus:
-            zip_s = statistics.median(times[tau])
             zipvl, zip_bytes = last[tau]
             ratios = zipvl.report.important_ratio or [1.0] * layers
+            skipped = 1 - sum(r * r for r in ratios) / len(ratios)  # of the causal attention's pairs
+            ratio = Spread.paired(times[tau], times["full"])
+            ideal = Spread.of(1 - a / f * skipped for a, f in zip(attention_s, times["full"]))
             rows.append({"model": args.model, "layers": layers, "hidden_size": text.hidden_size, "device": str(device),
-                         "dtype": dtype_name, "visual_tokens": visual, "prompt_tokens": embeds.shape[1], "tau": tau,
-                         "params": zipvl.config, "repeats": args.repeats, "full_s": full_s, "zipvl_s": zip_s,
-                         "prefill_ratio": zip_s / full_s, "speedup": full_s / zip_s,
+                         "dtype": dtype_name, "threads": torch.get_num_threads(), "visual_tokens": visual,
+                         "prompt_tokens": embeds.shape[1], "tau": tau, "params": zipvl.config, "repeats": args.repeats,
+                         "full_s": statistics.median(times["full"]), "zipvl_s": statistics.median(times[tau]),
+                         **ratio.fields("prefill_ratio"), "speedup": 1 / ratio.median,
+                         **share.fields("attention_share"), **ideal.fields("ideal"),
                          "important_ratio": sum(ratios) / len(ratios), "important_ratio_per_layer": ratios,
                          "kv_ratio": zip_bytes / last["full"][1]})
     return rows
@@ -176,12 +214,16 @@ def run(args: argparse.Namespace) -> list[dict]:
 def table(rows: list[dict]) -> str:
     r0 = rows[0]
     head = (f"{r0['model']}, {r0['layers']} layers x {r0['hidden_size']}, {r0['device']} {r0['dtype']}, "
-            f"median of {r0['repeats']}; prefill_ratio = ZipVL / full (< 1: sparse prefill pays)")
-    lines = [f"{'visual':>7} {'prompt':>7} {'tau':>6} {'important':>9} {'full_s':>8} {'zipvl_s':>8} {'ratio':>6} {'kv_ratio':>8}"]
+            f"{r0['threads']} thread(s), {r0['repeats']} rounds; ratio = ZipVL / full (< 1: sparse prefill pays); "
+            "attn: attention's share of the full prefill; ideal: the ratio if the skipped attention were free")
+    cells = [["visual", "prompt", "tau", "important", "full_s", "zipvl_s", "ratio", "attn", "ideal", "kv_ratio"]]
     for r in rows:
-        lines.append(f"{r['visual_tokens']:>7} {r['prompt_tokens']:>7} {r['tau']:>6} {r['important_ratio']:>9.3f} "
-                     f"{r['full_s']:>8.3f} {r['zipvl_s']:>8.3f} {r['prefill_ratio']:>6.2f} {r['kv_ratio']:>8.3f}")
-    return "\n".join([head] + lines)
+        spread = {name: Spread(r[name], *r[f"{name}_range"], r["repeats"])
+                  for name in ("prefill_ratio", "attention_share", "ideal")}
+        cells.append([str(r["visual_tokens"]), str(r["prompt_tokens"]), f"{r['tau']}", f"{r['important_ratio']:.3f}",
+                      f"{r['full_s']:.3f}", f"{r['zipvl_s']:.3f}", spread["prefill_ratio"].cell(),
+                      spread["attention_share"].cell(), spread["ideal"].cell(), f"{r['kv_ratio']:.3f}"])
+    return "\n".join([head, SPREAD_NOTE] + aligned(cells))
 
 
 def main(argv=None) -> int:

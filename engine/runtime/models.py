@@ -111,6 +111,12 @@ class LoadedModel:
     def language_model(self):
         return self.model.model.language_model
 
+    def vision_modules(self) -> list[torch.nn.Module]:
+        """What turns pixels into visual embeddings: the vision encoder (and LLaVA's projector)."""
+        inner = self.model.model
+        return [m for m in (getattr(inner, n, None) for n in ("visual", "vision_tower", "multi_modal_projector"))
+                if m is not None]
+
 
 def _model_class(family: str):
     import transformers as tf
@@ -140,15 +146,24 @@ def shipped_config(repo: str, num_layers: int | None = None):
 
 
 def shrink_vision(config, layers: int) -> None:
-    """Keep the first ``layers`` blocks of the vision tower (Qwen-VL's ``depth``, CLIP's layers),
-    for benchmarks of a real architecture on a CPU."""
+    """Cut the vision encoder of ``config`` to its first ``layers`` blocks (random weights on a CPU:
+    a full-depth tower dominates every figure). Qwen2.5-VL keeps a full-attention block among them."""
     vision = config.vision_config
-    if hasattr(vision, "depth"):
+    if layers < 1:
+        raise UserError("--vision-layers must be at least 1")
+    if hasattr(vision, "depth"):  # Qwen2-VL, Qwen2.5-VL
+        if layers > vision.depth:
+            raise UserError(f"--vision-layers {layers} exceeds the vision encoder's {vision.depth} blocks")
         vision.depth = layers
         if getattr(vision, "fullatt_block_indexes", None):
             vision.fullatt_block_indexes = [i for i in vision.fullatt_block_indexes if i < layers] or [layers - 1]
-    else:
-        vision.num_hidden_layers = layers
+        return
+    if layers > vision.num_hidden_layers:  # CLIP, SigLIP
+        raise UserError(f"--vision-layers {layers} exceeds the vision encoder's {vision.num_hidden_layers} layers")
+    picked = getattr(config, "vision_feature_layer", -1)
+    if any(i >= layers or i < -(layers + 1) for i in (picked if isinstance(picked, list) else [picked])):
+        raise UserError(f"--vision-layers {layers} drops the layer the projector reads ({picked})")
+    vision.num_hidden_layers = layers
 
 
 def _offline_processors(family: str, config):
@@ -198,9 +213,11 @@ def pick_dtype(name: str | None, device: torch.device) -> tuple[str, torch.dtype
 def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: str | None = None,
                num_layers: int | None = None, quantization: str | None = None, seed: int = 0,
                progress=None, vision_layers: int | None = None) -> LoadedModel:
-    """Load a model by registry name. ``quantization``: None, "8bit" or "4bit" (hub models, CUDA);
-    ``num_layers`` / ``vision_layers``: a shallower decoder / vision tower (random weights only)."""
+    """Load a model by registry name. ``quantization``: None, "8bit" or "4bit" (hub models, CUDA).
+    ``num_layers`` / ``vision_layers`` cut the decoder / vision encoder of a random-weight model."""
     spec = model_spec(name)
+    if vision_layers and spec.source in ("hub", "trained"):
+        raise UserError(f"--vision-layers cuts random-weight models only, not '{name}'")
     dev = pick_device(device)
     _, torch_dtype = pick_dtype(dtype, dev)
     say = progress or (lambda fraction, text: None)
@@ -220,7 +237,7 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
         else:
             config = shipped_config(spec.repo, num_layers)
         if vision_layers:
-            shrink_vision(config, vision_layers)
+            shrink_vision(config, int(vision_layers))
         tokenizer, image_processor, processor = _offline_processors(spec.family, config)
         if spec.source == "random":
             _retarget_special_ids(config, tokenizer)
