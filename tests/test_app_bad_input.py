@@ -97,7 +97,7 @@ CHAT_CASES = [
     ("2000 frames streamed", "Again?", [], {"num_frames": 2000, "stream_cap_mb": 2},
      "Video frames must lie between 1 and 1024", None),
     ("a cap for a method that cannot hold one", "Again?", [], {"method": "h2o", "stream_cap_mb": 2},
-     "H2O cannot stream a video under a memory cap", None),
+     "H2O (heavy hitters) cannot stream a video under a memory cap", None),
     ("a method parameter out of range", "Again?", [], {"streamingllm_sink_tokens": -5},
      "parameter 'sink_tokens' must lie in", None),
     ("an unknown method", "Again?", [], {"method": "lossless_magic"}, "unknown method 'lossless_magic'", None),
