@@ -102,6 +102,8 @@ def status_line(view: dict, settings: service.Settings) -> str:
         same_point = full[min(len(m["kv_trace"]) - 1, len(full) - 1)]
         parts[-1] += f" vs {fmt_bytes(same_point)} full ({1 - m['kv_bytes'] / same_point:.0%} saved)"
         parts.append(f"after the prompt it held {plots.kept_fraction(view, reference_run(view)):.2f}x of the full KV")
+    if view.get("stream"):
+        parts.append(stream_line(view["stream"]))
     parts += [f"first token after {m['ttft_s']:.2f} s", f"{m['decode_tok_s']:.1f} tokens/s"]
     if view.get("right") is not None:
         parts.append("**right**" if view["right"] else f"**wrong** (the scene's answer: {view['truth']})")
@@ -116,6 +118,15 @@ def status_line(view: dict, settings: service.Settings) -> str:
     if service.has_random_weights(settings.model):
         parts.append("random weights: the text is nonsense, the figures are real")
     return " · ".join(parts)
+
+
+def stream_line(stream: dict) -> str:
+    """How the media streamed in: frames, chunks, the cap and the most the cache held meanwhile."""
+    line = f"streamed {stream['frames_total']} frames in {len(stream['frames'])} chunks"
+    peak = fmt_bytes(max(stream["peak_kv_bytes"], default=0))
+    if stream["capped"]:
+        return line + f" under a cap of {fmt_bytes(stream['cap_bytes'])} (at most {peak} while a chunk went in)"
+    return line + f" without a cap (up to {peak})"
 
 
 def model_time(metrics: dict, reference: dict | None) -> str:
@@ -142,7 +153,7 @@ def mpic_line(reuse: dict) -> str:
 
 
 def panels(view: dict) -> tuple:
-    run = {"method": view["method"], "metrics": view["metrics"], "layers": view["layers"]}
+    run = {"method": view["method"], "metrics": view["metrics"], "layers": view["layers"], "stream": view.get("stream")}
     ref = reference_run(view)
     return plots.memory_figure([run], ref), plots.speed_figure([run], ref), plots.layer_figure([run], ref)
 

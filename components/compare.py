@@ -137,6 +137,9 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
     text, files = parse_message(message)
     try:
         service.check_uploads(session, files)
+        if settings.num_frames > service.MAX_FRAMES:  # the frames a memory cap allows are Chat's (streamed)
+            raise UserError(f"Compare prefills a video in one prompt: at most {service.MAX_FRAMES} frames (Chat "
+                            "streams a longer one under a memory cap).")
         turns = conversation(message, follow_up, settings.num_frames, progress)
         views = service.compare(session, settings, methods, turns, progress_reporter(progress))
         sent = time.monotonic()

@@ -86,7 +86,9 @@ def _empty(uirevision: str) -> go.Figure:
 
 
 def memory_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
-    """KV bytes held after the prompt (x = 0) and after each generated token, per method.
+    """KV bytes held after the prompt (x = 0) and after each generated token, per method; a run
+    whose media streamed in under a cap (its ``stream``, the service's view) also has the bytes held
+    after each chunk (x < 0: the last chunk at -1) and the cap as a dotted horizontal line.
 
     ``runs``: dicts with ``method`` and ``metrics["kv_trace"]``; ``reference``: the full cache's,
     drawn dashed, and every method's name in the legend says its saving at its last point (labels on
@@ -95,7 +97,10 @@ def memory_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
     everything = [r for r in ([reference] if reference else []) + runs if r and r["metrics"]["kv_trace"]]
     if not everything:
         return _empty("memory")
-    scale, unit = byte_unit(max(max(r["metrics"]["kv_trace"]) for r in everything))
+    streams = [(i, r["stream"]) for i, r in enumerate(runs) if r.get("stream")]
+    largest = [max(r["metrics"]["kv_trace"]) for r in everything]
+    largest += [max(s["kv_bytes"] + [s["cap_bytes"] or 0]) for _, s in streams if s["kv_bytes"]]
+    scale, unit = byte_unit(max(largest))
     full = reference["metrics"]["kv_trace"] if reference else None
     traces = []
     if full:
@@ -112,8 +117,28 @@ def memory_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
             name += f": {1 - held / ref:.0%} saved" if ref else ""
         traces.append(dict(type="scatter", y=[b / scale for b in trace], name=name, mode="lines",
                            line=dict(color=COLORS[i % len(COLORS)])))
-    return _figure("memory", traces, xaxis=dict(title="generated tokens (0 = after the prompt)"),
-                   yaxis=dict(title=f"KV cache ({unit})", rangemode="tozero"))
+    for i, stream in streams:
+        traces += stream_traces(stream, runs[i], COLORS[i % len(COLORS)], scale, unit)
+    title = ("chunks of frames streamed in (< 0), then generated tokens (0 = after the question)" if streams
+             else "generated tokens (0 = after the prompt)")
+    return _figure("memory", traces, xaxis=dict(title=title), yaxis=dict(title=f"KV cache ({unit})", rangemode="tozero"))
+
+
+def stream_traces(stream: dict, run: dict, color: str, scale: float, unit: str) -> list[dict]:
+    """The bytes held after each streamed chunk (a full cache rises, a capped method saw-tooths
+    under its cap), and the cap across the whole figure."""
+    held = stream["kv_bytes"]
+    x = list(range(-len(held), 0))
+    traces = [dict(type="scatter", x=x, y=[b / scale for b in held], mode="lines+markers",
+                   name=f"{run['method']}: after each chunk of frames", line=dict(color=color, width=1),
+                   marker=dict(color=color, size=5),
+                   hovertext=[f"frame {f} of {stream['frames_total']}" for f in stream["frames"]])]
+    if stream["cap_bytes"]:
+        end = max(0, len(run["metrics"]["kv_trace"]) - 1)
+        name = f"cap {stream['cap_bytes'] / scale:.3g} {unit}" + ("" if stream["capped"] else " (the full cache streams without one)")
+        traces.append(dict(type="scatter", x=[x[0] if x else 0, end], y=[stream["cap_bytes"] / scale] * 2, name=name,
+                           mode="lines", line=dict(color="#222222", dash="dot", width=1)))
+    return traces
 
 
 SPEED_ROWS = (("ttft_s", "<b>Time to first token</b> (s), lower is better", (0.6, 1.0)),

@@ -21,18 +21,23 @@ from engine.errors import UserError
 from . import checked_controls
 
 log = logging.getLogger(__name__)
-BASE_CONTROLS = ("model", "method", "budget", "max_new_tokens", "num_frames", "compress")
-DEFAULTS = {"budget": 0.5, "max_new_tokens": 48, "num_frames": 8, "compress": "with_question"}
+BASE_CONTROLS = ("model", "method", "budget", "max_new_tokens", "num_frames", "compress", "stream_cap_mb")
+DEFAULTS = {"budget": 0.5, "max_new_tokens": 48, "num_frames": 8, "compress": "with_question", "stream_cap_mb": 0}
 # When the method compresses a message with media: (label, API value)
 COMPRESS = [("With the question (the method sees what you ask)", "with_question"),
             ("Before the question (the media are cached first, as a stored picture is)", "before_question")]
-RANGES = {"budget": (0.01, 1.0), "max_new_tokens": (1, 512), "num_frames": (1, 32)}  # the sliders' ranges
-LABELS = {"budget": "The budget", "max_new_tokens": "Max new tokens", "num_frames": "Video frames"}
+# the controls' ranges; a video streamed under a cap may have more frames (STREAMED_FRAMES)
+RANGES = {"budget": (0.01, 1.0), "max_new_tokens": (1, 512), "num_frames": (1, service.MAX_FRAMES),
+          "stream_cap_mb": (0, 65536)}
+STREAMED_FRAMES = (1, service.MAX_STREAMED_FRAMES)
+LABELS = {"budget": "The budget", "max_new_tokens": "Max new tokens", "num_frames": "Video frames",
+          "stream_cap_mb": "The memory cap (MB)"}
+FRAMES_INFO = "Frames sampled uniformly from an attached video."
 
 
-def checked(name: str, value) -> float:
+def checked(name: str, value, limits: tuple[float, float] | None = None) -> float:
     """A base control's value, or a UserError that says the allowed range (never a silent clamp)."""
-    low, high = RANGES[name]
+    low, high = limits or RANGES[name]
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -85,11 +90,35 @@ def settings_from(values: Sequence) -> service.Settings:
         params.setdefault(method, {})[spec["name"]] = value
     if base["model"] is None or base["method"] is None:
         raise UserError("Pick a model and a method first.")
+    cap = checked("stream_cap_mb", base["stream_cap_mb"])
     return service.Settings.make(params=params, model=base["model"], method=base["method"],
                                  budget=checked("budget", base["budget"]),
                                  max_new_tokens=int(checked("max_new_tokens", base["max_new_tokens"])),
-                                 num_frames=int(checked("num_frames", base["num_frames"])),
-                                 question_after=question_after(base["compress"]))
+                                 num_frames=int(checked("num_frames", base["num_frames"], frame_range(cap))),
+                                 question_after=question_after(base["compress"]), stream_cap_mb=cap)
+
+
+def frame_range(cap_mb: float) -> tuple[int, int]:
+    """The frames a video may have: more when it streams under a cap, whose cache stays the same."""
+    return STREAMED_FRAMES if cap_mb > 0 else RANGES["num_frames"]
+
+
+def streaming_methods() -> str:
+    return ", ".join(s["title"] for s in service.method_specs() if s.get("streams_under_cap"))
+
+
+def on_stream_cap(cap_mb, frames):
+    """Cap set or cleared: the frames slider's limit, said next to it."""
+    try:
+        cap = checked("stream_cap_mb", cap_mb)
+    except UserError:
+        return gr.skip()
+    low, high = frame_range(cap)
+    info = FRAMES_INFO + (f" Up to {high:,} while streaming under a cap (0 MB: {RANGES['num_frames'][1]})."
+                          if cap > 0 else f" Up to {high} in one prompt; set a memory cap to stream up to "
+                                          f"{STREAMED_FRAMES[1]:,}.")
+    value = min(float(frames), high) if isinstance(frames, (int, float)) else gr.skip()
+    return gr.Slider(minimum=low, maximum=high, value=value, info=info)
 
 
 def control_values(model: str | None = None, method: str = "full", params: dict[str, dict] | None = None,
@@ -142,13 +171,15 @@ class SettingsPanel:
     max_new_tokens: gr.Slider
     num_frames: gr.Slider
     compress: gr.Radio
+    stream_cap: gr.Number | None = None
     realised: gr.Markdown | None = None  # the fraction the method really held, after a message
     groups: dict[str, gr.Group] = field(default_factory=dict)
     params: list = field(default_factory=list)
 
     @property
     def inputs(self) -> list:
-        return [self.model, self.method, self.budget, self.max_new_tokens, self.num_frames, self.compress, *self.params]
+        return [self.model, self.method, self.budget, self.max_new_tokens, self.num_frames, self.compress,
+                self.stream_cap, *self.params]
 
     @property
     def named(self) -> dict:
@@ -236,15 +267,25 @@ def build_settings() -> SettingsPanel:
     max_new = checked_controls.Slider(*RANGES["max_new_tokens"], value=DEFAULTS["max_new_tokens"], step=1,
                                       label="Max new tokens", elem_classes=["range-said"])
     frames = checked_controls.Slider(*RANGES["num_frames"], value=DEFAULTS["num_frames"], step=1, label="Video frames",
-                                     elem_classes=["range-said"], info="Frames sampled uniformly from an attached video.")
+                                     elem_classes=["range-said"], elem_id="num-frames",
+                                     info=FRAMES_INFO + f" Up to {RANGES['num_frames'][1]} in one prompt; set a "
+                                                        f"memory cap to stream up to {STREAMED_FRAMES[1]:,}.")
     compress = checked_controls.Radio(COMPRESS, value=DEFAULTS["compress"], label="When the cache is compressed",
                                       info="A message with media: compressed together with its question, or the media "
                                            "first (prefilled and compressed before the question is known), then the question.",
                                       elem_id="compress")
+    stream_cap = checked_controls.Number(value=DEFAULTS["stream_cap_mb"], minimum=0, label="Stream videos under a KV cap (MB)",
+                                         elem_id="stream-cap",
+                                         info="0: off. Above 0 (Chat): a message's images and video go in a few frames at "
+                                              "a time, the cache brought back under this many MB after each chunk, then "
+                                              f"the question. Methods that can: {streaming_methods()}; the full cache "
+                                              "streams without a cap (the reference).")
     gr.Markdown(elem_id="range-note")  # where a typed value out of a slider's range is said (app.RANGE_JS)
     gr.Markdown("Changing the model, method or its settings starts a new conversation: "
                 "a cache built by one method cannot be continued by another.")
-    panel = SettingsPanel(model, card, method, info, budget, max_new, frames, compress, realised, groups, params)
+    panel = SettingsPanel(model, card, method, info, budget, max_new, frames, compress, stream_cap, realised, groups,
+                          params)
+    stream_cap.change(on_stream_cap, [stream_cap, frames], frames, queue=False, api_visibility="private")
     loaded = gr.State(first)  # the last model that loaded, to fall back to
     method.change(on_method, method, [info, budget, realised, *groups.values()], queue=False, api_visibility="private")
     # .input, not .change: falling back to the previous model must not trigger another load

@@ -13,6 +13,8 @@ tensor and never imports torch. The app imports this package only; its modules, 
 * :mod:`.turns`: :func:`chat_turn` answers one message, yielding a view (answer so far, meters,
   per-layer figures, kept visual tokens at the end) after every token; :func:`compare` runs the
   full cache and up to four methods one after another on one input.
+* :mod:`.streamed`: a message's media streamed under a KV cap, a few frames at a time (progress by
+  frames, the cache's bytes after each chunk).
 * :mod:`.views`: the figures the panels draw; :mod:`.at_scale`: what a KV fraction means on the
   real architectures.
 * :mod:`.store` and :mod:`.mpic`: MPIC's media KV store is one per process, under
@@ -28,7 +30,7 @@ tensor and never imports torch. The app imports this package only; its modules, 
 
 from ..media import MAX_VIDEO_BYTES  # the largest upload the app takes
 from ..runtime.models import ARENA
-from .inputs import Prepared, Settings, media_hint, prepare
+from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, media_hint, prepare
 from .model_pool import (
     ARENA_EXAMPLES,
     default_model,
@@ -50,7 +52,7 @@ from .uploads import check_uploads, may_read, note_uploads
 from .views import kept_visuals
 
 __all__ = [
-    "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_VIDEO_BYTES", "ChatState", "Prepared", "Scene", "Session", "Settings",
+    "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Prepared", "Scene", "Session", "Settings",
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",
     "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
     "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",

@@ -17,6 +17,9 @@ from .model_pool import Progress, is_trained_here, silent
 from .uploads import file_hash
 
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg"}
+MAX_FRAMES = 32  # a video prefilled in one prompt
+MAX_STREAMED_FRAMES = 1024  # a video streamed under a cap: the cache stays under it whatever the length
+MB = 2**20
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class Settings:
     num_frames: int = 8
     temperature: float = 0.0
     question_after: bool = False  # the media prefilled and compressed first, then the question
+    stream_cap_mb: float = 0.0  # > 0: a message's media streamed in chunks under this KV cap (0: one prompt)
     params: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()  # (method, ((name, value), ...))
 
     @classmethod
@@ -51,9 +55,19 @@ class Settings:
             raise UserError(str(exc)) from None
 
     @property
+    def streamed(self) -> bool:
+        return self.stream_cap_mb > 0
+
+    @property
+    def cap_bytes(self) -> int | None:
+        """The KV cap a streamed message's media go in under (None: not streamed)."""
+        return int(self.stream_cap_mb * MB) if self.streamed else None
+
+    @property
     def cache_key(self) -> tuple:
         """What built the chat's cache: a change here means the cache cannot be continued."""
-        return self.model, self.method, self.budget, tuple(sorted(self.method_params(self.method).items()))
+        return (self.model, self.method, self.budget, tuple(sorted(self.method_params(self.method).items())),
+                self.stream_cap_mb)
 
     @property
     def generation(self) -> tuple:

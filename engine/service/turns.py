@@ -11,13 +11,15 @@ import torch
 from ..errors import UserError
 from ..mpic.linking import Linker
 from ..runtime.generate import Conversation, agreement
-from .inputs import Prepared, Settings, request_seconds
+from ..runtime.inputs import Message
+from .inputs import MAX_FRAMES, Prepared, Settings, request_seconds
 from .model_pool import Progress, free_memory, get_model, silent
 from .mpic import reuse_summary, store_media
 from .sessions import Session, stopping
 from .state import ChatState, Reference, ReferenceCache, arrive, depart
 from .scenes import is_right, true_answer
 from .store import media_store
+from .streamed import check_streamable, joined_layout, stream_media, with_stream
 from .views import kept_visuals, layer_figures
 from .zerogpu import gpu_function
 
@@ -88,6 +90,7 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
     The model loads here, in the app's process (on ZeroGPU: on the CPU, moved to the GPU inside
     each GPU call); the turn itself runs in :func:`chat_on_gpu`, which hands back the new state."""
     settings.backend()  # bad parameters fail before any model work
+    check_streamable(settings)
     get_model(settings.model, progress)
     if shown is not None and shown != session.transcript:
         session.new_chat()
@@ -126,7 +129,7 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
         state = ChatState(Conversation(loaded, backend, linker=linker), settings.cache_key, references=state.references)
     history = state.history + [prepared]
     reference, cached = None, False
-    if settings.method != "full":
+    if settings.method != "full" and not _beyond_one_prompt(history):
         yield {"progress": (0.4, "Full-cache reference for this input...")}
         reference, cached = state.references.get(loaded, settings, history)
     conv = state.conv
@@ -134,13 +137,22 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
     if mpic:
         conv.backend.reset_report()  # a prompt without stored media must not show the last one's reuse
     media = next((p.media for p in reversed(history) if p.media), "")  # the scene the chat is about
-    for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
+    message, stream, first_part = prepared.message, None, len(conv.layouts)
+    if settings.streamed and (message.images or message.videos):
+        stream = yield from stream_media(conv, message, settings)
+        message = Message(message.text, media_first=message.media_first)  # the question, on the capped cache
+    for update in conv.stream(message, max_new_tokens=settings.max_new_tokens,
                               temperature=settings.temperature, question_after=settings.question_after,
                               should_stop=lambda: stopping(session_id)):
-        view = {"text": update.text, "done": update.done, "new_chat": new_chat, "metrics": update.metrics.to_dict(),
+        metrics = update.metrics.to_dict()
+        view = {"text": update.text, "done": update.done, "new_chat": new_chat,
+                "metrics": with_stream(metrics, stream) if stream else metrics,
                 "method": conv.backend.title, "reference": _reference_view(reference, cached),
-                "layers": layer_figures(conv), "agreement": None, "visuals": None, "mpic": None}
+                "layers": layer_figures(conv), "agreement": None, "visuals": None, "mpic": None,
+                "stream": stream and {k: v for k, v in stream.items() if k != "parts"}}
         if update.done:
+            if stream:  # one layout per turn, as a one-shot prompt has (the overlay pairs them with messages)
+                conv.layouts[first_part:] = [joined_layout(conv.layouts[first_part:], stream["parts"])]
             state.history = history
             view = marked(view, media, prepared.message.text)
             if reference is not None:
@@ -157,6 +169,12 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
                 view["visuals"] = kept_visuals(conv, history)
             view["state"] = depart(state)
         yield view
+
+
+def _beyond_one_prompt(history: list[Prepared]) -> bool:
+    """A chat with a video longer than one prompt may hold: no full-cache reference (it would
+    prefill the whole video at once, which streaming under a cap is there to avoid)."""
+    return any(len(v.frames) > MAX_FRAMES for p in history for v in p.message.videos)
 
 
 def compare(session: Session, settings: Settings, methods: list[str], turns: Prepared | list[Prepared],

@@ -1,0 +1,96 @@
+"""A chat message's media streamed into the cache a few frames at a time under a KV cap
+(:func:`engine.runtime.streaming.feed_streaming`), as the streaming-video papers do (InfiniPot-V:
+Memory-Constrained KV Cache Compression for Streaming Video Understanding, arXiv 2506.15745):
+progress by frames for the UI, and the bytes the cache held after each chunk for the memory panel.
+
+The question arrives afterwards, on the capped cache: a streamed video is compressed before
+anyone asks about it, whatever the "when the cache is compressed" control says. The full cache
+streams without a cap (the reference: its line crosses the cap)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+from backends.base import PromptLayout, VisualSpan
+
+from ..errors import UserError
+from ..runtime.generate import Conversation
+from ..runtime.inputs import Message
+from ..runtime.streaming import DEFAULT_FRAMES_PER_CHUNK, feed_streaming
+from .inputs import Settings
+from .methods import method_specs
+
+FRAMES_PER_CHUNK = DEFAULT_FRAMES_PER_CHUNK
+
+
+def check_streamable(settings: Settings) -> None:
+    """A cap asked of a method that cannot hold one: refused before any model work."""
+    if not settings.streamed or settings.method == "full":
+        return
+    backend = settings.backend()
+    if not backend.streams_under_cap:
+        can = ", ".join(s["title"] for s in method_specs() if s["streams_under_cap"])
+        raise UserError(f"{backend.title} cannot stream a video under a memory cap; pick a method that can "
+                        f"({can}), the full cache, or set the cap to 0.")
+
+
+def stream_media(conv: Conversation, message: Message, settings: Settings) -> Iterator[dict]:
+    """Feed ``message``'s media (its text left for the question) chunk by chunk, yielding
+    ``{"progress": (fraction, text)}`` after each; returns the stream's view: per chunk
+    ``frames`` (fed so far), ``kv_bytes`` (held once the method evicted) and ``peak_kv_bytes``
+    (held while the chunk went in), and ``frames_total``, ``cap_bytes`` (the cap set),
+    ``capped`` (whether the method held it), ``tokens``, ``seconds``, ``overhead_s``, ``parts``
+    (the media item each fed part belongs to, None for text; :func:`joined_layout`)."""
+    cap = None if settings.method == "full" else settings.cap_bytes
+    bounds = _media_bounds(message)
+    view = {"frames": [], "kv_bytes": [], "peak_kv_bytes": [], "frames_total": sum(bounds[-1:]),
+            "cap_bytes": settings.cap_bytes, "capped": cap is not None, "tokens": 0, "seconds": 0.0,
+            "overhead_s": 0.0, "parts": []}
+    done = 0
+    for progress in feed_streaming(conv, replace(message, text=""), FRAMES_PER_CHUNK, cap):
+        view["tokens"] += progress.tokens
+        view["seconds"] += progress.chunk_s
+        view["overhead_s"] += progress.overhead_s
+        fed, done = done, progress.frames_done
+        view["parts"].append(next(i for i, end in enumerate(bounds) if fed < end) if done > fed else None)
+        if done > fed:  # a chunk of media (the header and the text around them are not)
+            view["frames"].append(done)
+            view["kv_bytes"].append(progress.kv_bytes)
+            view["peak_kv_bytes"].append(progress.peak_kv_bytes)
+            yield {"progress": (done / progress.frames_total, f"Streaming frame {done} of {progress.frames_total}...")}
+    return view
+
+
+def _media_bounds(message: Message) -> list[int]:
+    """Where each image and video ends, in frames fed (an image is one), in the order they stream."""
+    ends, total = [], 0
+    for size in [1] * len(message.images) + [len(v.frames) for v in message.videos]:
+        total += size
+        ends.append(total)
+    return ends
+
+
+def with_stream(metrics: dict, stream: dict) -> dict:
+    """A turn's meters counting its streamed part: the question's prefill came after it."""
+    return metrics | {"prompt_tokens": metrics["prompt_tokens"] + stream["tokens"],
+                      "prefill_s": metrics["prefill_s"] + stream["seconds"],
+                      "ttft_s": metrics["ttft_s"] + stream["seconds"],
+                      "overhead_s": metrics["overhead_s"] + stream["overhead_s"]}
+
+
+def joined_layout(parts: list[PromptLayout], owners: list[int | None]) -> PromptLayout:
+    """A streamed turn's parts (``owners``: the media item of each, None for text) as the one
+    layout its one-shot prompt has: each video's chunks joined into one span, so the kept-token
+    overlay draws the video whole."""
+    visuals: dict[int, VisualSpan] = {}
+    for layout, owner in zip(parts, owners + [None] * (len(parts) - len(owners))):
+        for v in layout.visuals:
+            first = visuals.get(owner)
+            if first is None or owner is None:
+                visuals[owner if owner is not None else -len(visuals) - 1] = v
+                continue
+            grid = (first.grid[0] + v.grid[0],) + tuple(first.grid[1:]) if first.grid and v.grid else None
+            visuals[owner] = VisualSpan(v.kind, (first.span[0], v.span[1]), first.token_spans + v.token_spans, grid)
+    return PromptLayout(parts[0].start, parts[-1].end, parts[0].system, list(visuals.values()),
+                        [t for p in parts for t in p.text])
