@@ -2,7 +2,7 @@
 attention probabilities recomputed for chosen query rows only, in float32 and in chunks, so no
 method ever builds the T x T matrix or needs eager attention.
 
-Speed rules (issue #20): GQA is handled by viewing the query heads of a group as extra rows of one
+Speed rules: GQA is handled by viewing the query heads of a group as extra rows of one
 matmul against their KV head, never by copying the keys per query head; a full causal prefill runs
 SDPA's fused causal kernel (``is_causal``), not an explicit mask; and the attention a key receives
 from every prompt query (H2O, Elastic Cache) comes out of the prefill attention itself

@@ -1,6 +1,6 @@
 """AttentionPack (Ilhan et al., "Attention-aware Inference Optimizations for Large Vision-Language
-Models with Memory-efficient Decoding", CVPR 2026; Sec. 3-4 and Algorithm 1 in Sec. 6 of
-``../shared/papers/attention_pack.txt``): a low-rank visual KV cache, read from its factors.
+Models with Memory-efficient Decoding", CVPR 2026, arXiv:2603.23914; Sec. 3-4 and Algorithm 1 in
+Sec. 6): a low-rank visual KV cache, read from its factors.
 
 * Per layer, the visual tokens of a prompt form one T x W matrix for the pre-RoPE keys and one for
   the values, all KV heads side by side (W = H_kv * D, the paper's multi-head compression). Each is

@@ -163,16 +163,6 @@ class PromptLayout:
                 mask[first - self.start : end - self.start] = True
         return mask
 
-    def to_dict(self) -> dict:
-        return {
-            "start": self.start,
-            "end": self.end,
-            "system": self.system,
-            "visuals": [v.__dict__ for v in self.visuals],
-            "text": self.text,
-            "post_vision": self.post_vision,
-        }
-
 
 @dataclass
 class AttentionCall:
@@ -198,10 +188,6 @@ class AttentionCall:
     @property
     def is_prefill(self) -> bool:
         return self.phase == "prefill"
-
-    @property
-    def is_last_layer(self) -> bool:
-        return self.layer_idx == self.num_layers - 1
 
     def cap_entries(self, layer: KVLayer) -> int | None:
         """Entries per KV head ``layer`` may hold under ``cap_bytes`` (every layer an equal share of

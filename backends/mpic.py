@@ -1,5 +1,5 @@
 """MPIC (Zhao et al., "MPIC: Position-Independent Multimodal Context Caching System for Efficient
-MLLM Serving", ``../shared/papers/mpic.txt``) with the paper's baselines, as modes of one backend.
+MLLM Serving", arXiv:2502.01960) with the paper's baselines, as modes of one backend.
 
 The runtime (``engine/mpic/linking.py``) stores each uploaded image's or video's KV, computed once after
 a fixed prefix (the system prompt), and hands this backend the stored spans of a new prompt as

@@ -1,5 +1,5 @@
 """The KV store behind MPIC (Zhao et al., "MPIC: Position-Independent Multimodal Context Caching",
-Sec. 4.2-4.3 of ``../shared/papers/mpic.txt``): each uploaded image or video's KV cache, kept in
+arXiv:2502.01960, Sec. 4.2-4.3): each uploaded image or video's KV cache, kept in
 memory and on local disk (safetensors), keyed by model and content hash, namespaced per session.
 
 * Namespaces: a session's entries live under ``sha256(session)`` in memory and on disk, and keys

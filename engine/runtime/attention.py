@@ -29,7 +29,6 @@ class ForwardRun:
     call: AttentionCall
     overhead_s: float = 0.0
     sync: bool = False  # CUDA: hooks are timed with events, read once per forward pass (``settle``)
-    calls: dict = field(default_factory=dict)
     events: list = field(default_factory=list)
 
     def call_for(self, layer_idx: int) -> AttentionCall:

@@ -1,5 +1,5 @@
 """What a measured KV fraction means on real architectures: arithmetic on the configs shipped in
-``engine/runtime/configs/``, computed, never measured (issue #17's "what this means at real scale").
+``engine/runtime/configs/``, computed, never measured.
 
 A token costs ``2 (key and value) x layers x KV heads x head dim x bytes per number`` of cache in
 every layer of a dense decoder; a method that holds a fraction f of the full cache's bytes holds f
