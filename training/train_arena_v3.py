@@ -19,6 +19,10 @@ v2 taught, kept here:
 - A curriculum of what the questions see (--reveal): trained on whole prompts, v2's lookup did not
   form in 800 steps, and a first v3 run sat at chance at step 250 the same way; with only the asked
   objects visible the copy forms first, then the other objects and the background appear.
+- Completions teach the lookup hop directly (--completion-share until --completion-until): part of
+  every batch ends right after the first question's last word, without "?" and the chat template.
+  A run with the reveal curriculum but no completions was still at chance at step 500. The log's
+  ``*_needed_only`` (only the first question's objects in view) says whether the copy has formed.
 - Evictions in training so that missing unrelated tokens do not hurt: from --evict-from on, a
   share of the items hide, from the question on, a random part (sometimes all) of the background
   tokens and of the system prompt (never its first token), as an attention mask: what a method's
@@ -68,16 +72,19 @@ class Sequence:
     hidden: list[int] = field(default_factory=list)
 
 
-def encode(adapter: QwenVLAdapter, it: scenes.Item) -> Sequence:
+def encode(adapter: QwenVLAdapter, it: scenes.Item, completion: bool = False) -> Sequence:
     """The conversation exactly as the app feeds it: the first turn with its media, each answer,
-    then each follow-up turn opened by the previous answer's end-of-turn token."""
+    then each follow-up turn opened by the previous answer's end-of-turn token. ``completion``: the
+    first question alone, without "?" and the chat template after it, its answer right after its
+    last word (v2's completions: they teach the lookup hop directly)."""
     eos = adapter.tokenizer.eos_token_id
-    first = adapter.encode_turn(Message(it.turns[0].text, **it.media()), 0, 0, DEFAULT_SYSTEM)
+    text = it.turns[0].text.rstrip("?") if completion else it.turns[0].text
+    first = adapter.encode_turn(Message(text, **it.media()), 0, 0, DEFAULT_SYSTEM, close_turn=not completion)
     ids = first.input_ids[0].tolist()
     pos = [first.rope_ids]
     nxt = first.next_position
     answers = []
-    for k, q in enumerate(it.turns):
+    for k, q in enumerate(it.turns[:1] if completion else it.turns):
         if k:
             chunk = adapter.encode_turn(Message(q.text), len(ids), nxt, None, prefix_ids=[eos])
             ids += chunk.input_ids[0].tolist()
@@ -165,7 +172,8 @@ def draw(step: int, args, adapter) -> list[Sequence]:
         turns = int(rng.integers(1, scenes.MAX_TURNS + 1))
         odd = rng.random() < args.odd_share and step >= args.odd_from
         it = scenes.out_of_scope(seed, turns, scale) if odd else scenes.item(seed, kind, turns, scale)
-        seqs.append(encode(adapter, it))
+        share = args.completion_share if step < args.completion_until else args.completion_share / 5
+        seqs.append(encode(adapter, it, completion=not odd and rng.random() < share))
         total += len(seqs[-1].ids)
         i += 1
     return seqs
@@ -174,18 +182,28 @@ def draw(step: int, args, adapter) -> list[Sequence]:
 @torch.no_grad()
 def evaluate(model, adapter, per_type: int) -> dict[str, float]:
     """Held-out whole-answer accuracy on two-turn chats at full size: ``kind`` (first question),
-    ``kind_follow`` (the second, about another object), and ``unknown`` (out-of-scope pictures)."""
+    ``kind_follow`` (the second, about another object), ``kind_needed_only`` (the first question
+    seeing only its objects' visual tokens: whether the copy has formed, the curriculum's first
+    stage), and ``unknown`` (out-of-scope pictures)."""
     model.eval()
     pad = adapter.tokenizer.pad_token_id
     out = {}
     for kind in scenes.QUESTION_TYPES + ("unknown",):
         items = scenes.held_out(kind, per_type, turns=2)
-        hits = []
+        hits, asked = [], []
         for start in range(0, len(items), 8):
-            hits += forward(model, [encode(adapter, it) for it in items[start:start + 8]], pad)[1]
+            part = items[start:start + 8]
+            hits += forward(model, [encode(adapter, it) for it in part], pad)[1]
+            if kind != "unknown":  # the curriculum's first stage: only the first question's objects in view
+                seqs = [encode(adapter, it) for it in part]
+                for s in seqs:
+                    needed = set(s.item.question.tokens)
+                    s.hidden = [at for k, at in enumerate(s.visual_at) if k not in needed]
+                asked += forward(model, seqs, pad)[1]
         out[kind] = float(np.mean([h[0] for h in hits]))
         if kind != "unknown":
             out[f"{kind}_follow"] = float(np.mean([h[1] for h in hits]))
+            out[f"{kind}_needed_only"] = float(np.mean([h[0] for h in asked]))
     model.train()
     return out
 
@@ -223,6 +241,8 @@ def parse_args(argv=None):
     p.add_argument("--vision-lr-scale", type=float, default=0.5)
     p.add_argument("--scale-from", type=float, default=0.4, help="picture size at step 0, relative to full")
     p.add_argument("--scale-until", type=int, default=1500, help="the step from which pictures are full size")
+    p.add_argument("--completion-share", type=float, default=0.5, help="share of each batch given as completions")
+    p.add_argument("--completion-until", type=int, default=800, help="after this step, a fifth of that share")
     p.add_argument("--odd-share", type=float, default=0.08, help="share of out-of-scope chats")
     p.add_argument("--odd-from", type=int, default=1500,
                    help="first step with out-of-scope chats: once the scenes' background is in view (--reveal's C), "
