@@ -23,6 +23,8 @@ v2 taught, kept here:
   every batch ends right after the first question's last word, without "?" and the chat template.
   A run with the reveal curriculum but no completions was still at chance at step 500. The log's
   ``*_needed_only`` (only the first question's objects in view) says whether the copy has formed.
+- Every batch mixes the question types. With one type per step in turn, a run with completions
+  was still at chance at step 250 even with only the asked objects in view (``*_needed_only``).
 - Evictions in training so that missing unrelated tokens do not hurt: from --evict-from on, a
   share of the items hide, from the question on, a random part (sometimes all) of the background
   tokens and of the system prompt (never its first token), as an attention mask: what a method's
@@ -161,14 +163,15 @@ def scale_at(step: int, args) -> float:
 
 
 def draw(step: int, args, adapter) -> list[Sequence]:
-    """The step's chats: one question type per step in turn, 1 to MAX_TURNS questions each, about
-    --tokens tokens in all; --odd-share of them out of scope."""
+    """The step's chats: question types mixed in every batch (in turn, from a step-dependent
+    start), 1 to MAX_TURNS questions each, about --tokens tokens in all; --odd-share of them out
+    of scope."""
     rng = np.random.default_rng([args.seed, step])
-    kind = scenes.QUESTION_TYPES[step % len(scenes.QUESTION_TYPES)]
     scale = scale_at(step, args)
     seqs, total, i = [], 0, 0
     while total < args.tokens and len(seqs) < args.max_batch:
         seed = args.seed * 1_000_000 + step * 64 + i
+        kind = scenes.QUESTION_TYPES[(step + i) % len(scenes.QUESTION_TYPES)]
         turns = int(rng.integers(1, scenes.MAX_TURNS + 1))
         odd = rng.random() < args.odd_share and step >= args.odd_from
         it = scenes.out_of_scope(seed, turns, scale) if odd else scenes.item(seed, kind, turns, scale)
