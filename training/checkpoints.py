@@ -28,25 +28,27 @@ def lr_at(step: int, end: int, peak: float, warmup: int = 200) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, end - warmup)))))
 
 
-def setup(args):
-    """The model to train (seeded), its chat adapter, the trained parameters and their optimizer: the
-    vision blocks frozen at their random init (trained at this size they collapse), the merger at
-    ``--merger-lr-scale`` of the rate."""
+def setup(args, version: int = 2, vision_parts: tuple[str, ...] = ("merger",), vision_lr_scale: float | None = None):
+    """The model of generation ``version`` to train (seeded), its chat adapter, the trained parameters
+    and their optimizer: the vision blocks frozen at their random init (trained at this size they
+    collapse), the vision tower's ``vision_parts`` learning at ``vision_lr_scale`` of the rate
+    (default ``--merger-lr-scale``), the decoder at the full rate."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = build_arena_model(args.seed)
+    model = build_arena_model(args.seed, version)
     model.set_attn_implementation("sdpa")
-    adapter = QwenVLAdapter(model, tokenizer(), arena_image_processor())
+    adapter = QwenVLAdapter(model, tokenizer(version), arena_image_processor(version))
     visual = model.model.visual
     for param in visual.parameters():
         param.requires_grad_(False)
-    merger = list(visual.merger.parameters())
-    for param in merger:
+    vision = [param for part in vision_parts for param in getattr(visual, part).parameters()]
+    for param in vision:
         param.requires_grad_(True)
     params = [p for p in model.parameters() if p.requires_grad]
-    merger_ids = {id(p) for p in merger}
-    optimizer = torch.optim.AdamW([{"params": [p for p in params if id(p) not in merger_ids], "scale": 1.0},
-                                   {"params": merger, "scale": args.merger_lr_scale}], lr=args.lr, weight_decay=0.0)
+    vision_ids = {id(p) for p in vision}
+    scale = args.merger_lr_scale if vision_lr_scale is None else vision_lr_scale
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if id(p) not in vision_ids], "scale": 1.0},
+                                   {"params": vision, "scale": scale}], lr=args.lr, weight_decay=0.0)
     return model, adapter, params, optimizer
 
 

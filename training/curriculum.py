@@ -36,3 +36,12 @@ def reveal(step: int, stages: tuple[int, int, int]) -> tuple[float, float]:
     objects shown gradually until stages[1], then the background until stages[2]."""
     a, b, c = stages
     return float(np.clip((b - step) / max(1, b - a), 0, 1)), float(np.clip((c - step) / max(1, c - b), 0, 1))
+
+
+def add_reveal_arg(parser, default: tuple[int, int, int]) -> None:
+    """The ``--reveal A,B,C`` flag of :func:`reveal`, with a script's own default."""
+    parser.add_argument("--reveal", type=lambda t: tuple(int(x) for x in t.split(",")), default=default,
+                        help="A,B,C: the curriculum. Until step A a question sees only the visual tokens of the "
+                             "objects its chat asks about (it learns to copy); the other objects appear gradually "
+                             "until B (it learns to find the named one), then the background until C (it learns "
+                             "to ignore it)")

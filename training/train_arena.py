@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "training"))
 from engine.tiny.arena_scenes import CELL, MAX_TURNS, QUESTION_TYPES, SMALL, Item, held_out, item  # noqa: E402
 from engine.runtime.inputs import DEFAULT_SYSTEM, QwenVLAdapter  # noqa: E402
 from checkpoints import lr_at, record, resume, setup, update  # noqa: E402
-from curriculum import hide_for_training, reveal  # noqa: E402
+from curriculum import add_reveal_arg, hide_for_training, reveal  # noqa: E402
 
 
 @dataclass
@@ -284,10 +284,7 @@ def parse_args(argv=None):
     p.add_argument("--completion-until", type=int, default=1500, help="after this step, a fifth of that share")
     p.add_argument("--evict-share", type=float, default=0.5, help="chance of each kind of training eviction")
     p.add_argument("--evict-from", type=int, default=3000, help="first step with training evictions")
-    p.add_argument("--reveal", type=lambda t: tuple(int(x) for x in t.split(",")), default=(500, 1500, 3000),
-                   help="A,B,C: the curriculum. Until step A a question sees only the visual tokens of the objects "
-                        "its chat asks about (it learns to copy); the other objects appear gradually until B (it "
-                        "learns to find the named one), then the background until C (it learns to ignore it)")
+    add_reveal_arg(p, (500, 1500, 3000))
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--eval-items", type=int, default=200, help="held-out chats per type")
     p.add_argument("--threads", type=int, default=None)

@@ -53,8 +53,9 @@ sys.path.insert(0, str(ROOT / "training"))
 from engine.runtime.inputs import DEFAULT_SYSTEM, Message, QwenVLAdapter  # noqa: E402
 from engine.tiny import drawn_scenes as scenes  # noqa: E402
 from engine.tiny.arena_model import arena_image_processor, build_arena_model, tokenizer  # noqa: E402
+import checkpoints  # noqa: E402
 from checkpoints import lr_at, record, resume, update  # noqa: E402
-from curriculum import hide_for_training, reveal  # noqa: E402
+from curriculum import add_reveal_arg, hide_for_training, reveal  # noqa: E402
 
 VERSION = 3
 
@@ -214,22 +215,7 @@ def evaluate(model, adapter, per_type: int) -> dict[str, float]:
 def setup(args):
     """The model (seeded), its adapter, the trained parameters and their optimiser: the decoder,
     and the vision tower's patch embedding and merger at --vision-lr-scale of the rate."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model = build_arena_model(args.seed, VERSION)
-    model.set_attn_implementation("sdpa")
-    adapter = QwenVLAdapter(model, tokenizer(VERSION), arena_image_processor(VERSION))
-    visual = model.model.visual
-    for param in visual.parameters():
-        param.requires_grad_(False)
-    vision = list(visual.merger.parameters()) + list(visual.patch_embed.parameters())
-    for param in vision:
-        param.requires_grad_(True)
-    params = [p for p in model.parameters() if p.requires_grad]
-    vision_ids = {id(p) for p in vision}
-    optimizer = torch.optim.AdamW([{"params": [p for p in params if id(p) not in vision_ids], "scale": 1.0},
-                                   {"params": vision, "scale": args.vision_lr_scale}], lr=args.lr, weight_decay=0.0)
-    return model, adapter, params, optimizer
+    return checkpoints.setup(args, VERSION, ("merger", "patch_embed"), args.vision_lr_scale)
 
 
 def parse_args(argv=None):
@@ -252,10 +238,7 @@ def parse_args(argv=None):
                         "so that seeing background does not come to mean 'unknown'")
     p.add_argument("--evict-share", type=float, default=0.5, help="chance of each kind of training eviction")
     p.add_argument("--evict-from", type=int, default=1500, help="first step with training evictions")
-    p.add_argument("--reveal", type=lambda t: tuple(int(x) for x in t.split(",")), default=(300, 800, 1500),
-                   help="A,B,C: the curriculum. Until step A a question sees only the visual tokens of the objects "
-                        "its chat asks about (it learns to copy); the other objects appear gradually until B (it "
-                        "learns to find the named one), then the background until C (it learns to ignore it)")
+    add_reveal_arg(p, (300, 800, 1500))
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--eval-items", type=int, default=40, help="held-out chats per type")
     p.add_argument("--threads", type=int, default=None)
