@@ -158,3 +158,16 @@ def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
     assert set(curve[-1]) >= {"loss", "colour", "objects_follow", "pair", "unknown"}
     assert json.loads((tmp_path / "config.json").read_text())[VERSION_KEY] == 3 == bundled_version(tmp_path)
     load_arena_weights(build_arena_model(version=3), tmp_path)  # what the app loads
+
+
+def test_training_asks_the_types_begun_by_each_step():
+    train = _training_module()
+    args = train.parse_args(["--types-from", "colour=0,shape=2,images=2,moving=5,pair=5,objects=9",
+                             "--tokens", "300", "--max-batch", "3"])
+    assert train.types_at(0, args.types_from) == ["colour"]
+    assert train.types_at(2, args.types_from) == ["colour", "shape", "images"]
+    assert train.types_at(9, args.types_from) == list(train.scenes.QUESTION_TYPES)
+    adapter = train.setup(args)[1]
+    assert {s.item.kind for s in train.draw(0, args, adapter)} <= {"colour", "unknown"}
+    with pytest.raises(SystemExit):  # every type needs a first step, one of them 0
+        train.parse_args(["--types-from", "colour=1,shape=2"])

@@ -23,8 +23,11 @@ v2 taught, kept here:
   every batch ends right after the first question's last word, without "?" and the chat template.
   A run with the reveal curriculum but no completions was still at chance at step 500. The log's
   ``*_needed_only`` (only the first question's objects in view) says whether the copy has formed.
-- Every batch mixes the question types. With one type per step in turn, a run with completions
-  was still at chance at step 250 even with only the asked objects in view (``*_needed_only``).
+- A curriculum of question types (--types-from): colour questions alone first, then the other
+  one-word lookups, then pairs and lists, every batch mixing the types begun so far. With all six
+  types from step 0 (one per step in turn, or mixed in every batch) runs with completions were
+  still at chance at step 250 even with only the asked objects in view (``*_needed_only``); on
+  colour questions alone the same recipe formed the copy by step 100.
 - Evictions in training so that missing unrelated tokens do not hurt: from --evict-from on, a
   share of the items hide, from the question on, a random part (sometimes all) of the background
   tokens and of the system prompt (never its first token), as an attention mask: what a method's
@@ -163,16 +166,31 @@ def scale_at(step: int, args) -> float:
     return float(min(1.0, args.scale_from + (1 - args.scale_from) * step / max(1, args.scale_until)))
 
 
+def types_at(step: int, starts: dict[str, int]) -> list[str]:
+    """The question types begun by ``step`` (--types-from), in QUESTION_TYPES order."""
+    return [kind for kind in scenes.QUESTION_TYPES if starts[kind] <= step]
+
+
+def parse_types_from(text: str) -> dict[str, int]:
+    """``colour=0,shape=150,...``: every question type with its first step; one must start at 0."""
+    starts = {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(","))}
+    if sorted(starts) != sorted(scenes.QUESTION_TYPES) or min(starts.values()) != 0:
+        raise argparse.ArgumentTypeError(f"give every type of {', '.join(scenes.QUESTION_TYPES)} a first step, "
+                                         "one of them 0")
+    return starts
+
+
 def draw(step: int, args, adapter) -> list[Sequence]:
-    """The step's chats: question types mixed in every batch (in turn, from a step-dependent
-    start), 1 to MAX_TURNS questions each, about --tokens tokens in all; --odd-share of them out
-    of scope."""
+    """The step's chats: the types begun so far mixed in every batch (in turn, from a
+    step-dependent start), 1 to MAX_TURNS questions each, about --tokens tokens in all; --odd-share
+    of them out of scope."""
     rng = np.random.default_rng([args.seed, step])
     scale = scale_at(step, args)
+    kinds = types_at(step, args.types_from)
     seqs, total, i = [], 0, 0
     while total < args.tokens and len(seqs) < args.max_batch:
         seed = args.seed * 1_000_000 + step * 64 + i
-        kind = scenes.QUESTION_TYPES[(step + i) % len(scenes.QUESTION_TYPES)]
+        kind = kinds[(step + i) % len(kinds)]
         turns = int(rng.integers(1, scenes.MAX_TURNS + 1))
         odd = rng.random() < args.odd_share and step >= args.odd_from
         it = scenes.out_of_scope(seed, turns, scale) if odd else scenes.item(seed, kind, turns, scale)
@@ -220,7 +238,7 @@ def setup(args):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=2500, help="the schedule's length (the learning rate's cosine)")
+    p.add_argument("--steps", type=int, default=2000, help="the schedule's length (the learning rate's cosine)")
     p.add_argument("--stop-at", type=int, default=None, help="stop after this step, the schedule unchanged")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "runs" / "tiny-arena-vl-v3"))
@@ -229,16 +247,19 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--vision-lr-scale", type=float, default=0.5)
     p.add_argument("--scale-from", type=float, default=0.4, help="picture size at step 0, relative to full")
-    p.add_argument("--scale-until", type=int, default=1500, help="the step from which pictures are full size")
+    p.add_argument("--scale-until", type=int, default=1200, help="the step from which pictures are full size")
     p.add_argument("--completion-share", type=float, default=0.5, help="share of each batch given as completions")
-    p.add_argument("--completion-until", type=int, default=800, help="after this step, a fifth of that share")
+    p.add_argument("--completion-until", type=int, default=700, help="after this step, a fifth of that share")
     p.add_argument("--odd-share", type=float, default=0.08, help="share of out-of-scope chats")
-    p.add_argument("--odd-from", type=int, default=1500,
+    p.add_argument("--odd-from", type=int, default=1200,
                    help="first step with out-of-scope chats: once the scenes' background is in view (--reveal's C), "
                         "so that seeing background does not come to mean 'unknown'")
     p.add_argument("--evict-share", type=float, default=0.5, help="chance of each kind of training eviction")
-    p.add_argument("--evict-from", type=int, default=1500, help="first step with training evictions")
-    add_reveal_arg(p, (300, 800, 1500))
+    p.add_argument("--evict-from", type=int, default=1200, help="first step with training evictions")
+    add_reveal_arg(p, (300, 700, 1200))
+    p.add_argument("--types-from", type=parse_types_from,
+                   default="colour=0,shape=150,images=250,moving=350,pair=500,objects=650",
+                   help="TYPE=STEP,...: the step from which each question type is asked")
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--eval-items", type=int, default=40, help="held-out chats per type")
     p.add_argument("--threads", type=int, default=None)
