@@ -57,7 +57,8 @@ from typing import ClassVar
 import torch
 
 from .attention_math import attend_segments, attention_probs, dense_segment
-from .base import KVBackend, KVLayer, Report, param
+from .base import KVBackend, KVLayer, Report
+from .params import param
 from .rope import rotate, unrotate
 from .rotary_groups import RotaryGroups
 

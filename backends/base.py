@@ -29,6 +29,10 @@ the same seams until the whole cache holds at most that many bytes (``call.cap_e
 a layer's equal share, in entries).
 
 Keys arrive post-RoPE, shape ``(1, H_kv, S, D)``; queries ``(1, H, q, D)``. Batch is always 1.
+
+Beside this module: a method's parameters are declared with :mod:`backends.params`, the prompt
+it is told about is a :mod:`backends.layout`, and :mod:`backends.descriptions` describes a method
+to the UI and the CLI in plain values.
 """
 
 from __future__ import annotations
@@ -40,128 +44,12 @@ from typing import Any, Callable, ClassVar
 import torch
 from transformers.cache_utils import DynamicLayer
 
-# ---------------------------------------------------------------------------------------------
-# Parameters the UI renders as sliders / checkboxes / dropdowns
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Param:
-    """One tunable of a method, with a default from its paper and the range the UI offers."""
-
-    name: str
-    default: float | int | bool | str
-    help: str
-    minimum: float | None = None
-    maximum: float | None = None
-    step: float | None = None
-    choices: tuple[str, ...] | None = None
-
-    @property
-    def kind(self) -> str:
-        if self.choices is not None:
-            return "choice"
-        return type(self.default).__name__  # "float", "int", "bool" or "str"
-
-    def coerce(self, value: Any) -> Any:
-        """Convert ``value`` (possibly a string from the command line) and check its range."""
-        kind = self.kind
-        try:
-            if kind == "bool":
-                value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
-            elif kind == "int":
-                value = int(float(value))
-            elif kind == "float":
-                value = float(value)
-            else:
-                value = str(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"parameter '{self.name}' expects a {kind}, got {value!r}") from None
-        if self.choices is not None and value not in self.choices:
-            raise ValueError(f"parameter '{self.name}' must be one of {', '.join(self.choices)}; got {value!r}")
-        if kind in ("int", "float"):
-            if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
-                raise ValueError(f"parameter '{self.name}' must lie in [{self.minimum}, {self.maximum}]; got {value}")
-        return value
-
-    def to_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None} | {"kind": self.kind}
-
-
-def param(default: float | int | bool | str, help: str, minimum: float | None = None, maximum: float | None = None,
-          step: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
-    """A method's parameter as a dataclass field: ``window: int = param(32, "help", 1, 512, 1)``.
-
-    The default is the field's default; help, range, step and choices ride in its metadata, from
-    which :meth:`KVBackend.param_specs` builds the :class:`Param` the UI and the CLI describe."""
-    spec = {"help": help, "minimum": minimum, "maximum": maximum, "step": step, "choices": choices}
-    return field(default=default, metadata={"param": spec})
-
-
-BUDGET = Param("budget", 1.0, "Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).", 0.01, 1.0, 0.01)
+from .layout import PromptLayout
+from .params import BUDGET, Param
 
 # ---------------------------------------------------------------------------------------------
-# What a backend is told about the prompt and the current forward pass
+# What a backend is told about the current forward pass
 # ---------------------------------------------------------------------------------------------
-
-Span = tuple[int, int]  # [start, end) in absolute token index of the conversation
-
-
-@dataclass
-class VisualSpan:
-    """One image or video. A video's frames may be separated by text (Qwen3-VL's timestamps):
-    ``span`` runs from its first visual token to its last, ``token_spans`` are the visual tokens."""
-
-    kind: str  # "image" or "video"
-    span: Span
-    frames: list[Span] = field(default_factory=list)  # one span per (merged) frame of a video
-    grid: tuple[int, int, int] | None = None  # (t, h, w) in visual tokens, for overlays
-
-    @property
-    def token_spans(self) -> list[Span]:
-        return self.frames or [self.span]
-
-    @property
-    def length(self) -> int:
-        """Visual tokens (text between frames not counted)."""
-        return sum(end - start for start, end in self.token_spans)
-
-
-@dataclass
-class PromptLayout:
-    """Where everything sits in one prefill chunk (absolute token indices of the conversation)."""
-
-    start: int  # index of the chunk's first token
-    end: int  # one past its last token
-    system: Span | None = None
-    visuals: list[VisualSpan] = field(default_factory=list)
-    text: list[Span] = field(default_factory=list)
-
-    @property
-    def length(self) -> int:
-        return self.end - self.start
-
-    @property
-    def images(self) -> list[VisualSpan]:
-        return [v for v in self.visuals if v.kind == "image"]
-
-    @property
-    def videos(self) -> list[VisualSpan]:
-        return [v for v in self.visuals if v.kind == "video"]
-
-    @property
-    def post_vision(self) -> Span:
-        """Tokens after the last visual token (the whole chunk if it has no visual token)."""
-        last = max((v.span[1] for v in self.visuals), default=self.start)
-        return (last, self.end)
-
-    def visual_mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        """Bool mask over the chunk's tokens: True where the token is visual."""
-        mask = torch.zeros(self.length, dtype=torch.bool, device=device)
-        for v in self.visuals:
-            for first, end in v.token_spans:
-                mask[first - self.start : end - self.start] = True
-        return mask
 
 
 @dataclass
@@ -320,8 +208,9 @@ class Report:
 class KVBackend:
     """Base class: the full cache. Subclasses override the seams they need.
 
-    Class attributes describe the method for the registry, the UI and ``engine.bench --list``.
-    A method's parameters are dataclass fields made with :func:`param` (subclasses are
+    Class attributes describe the method for the registry, the UI and ``engine.bench --list``
+    (:func:`backends.descriptions.describe` reads them). A method's parameters are dataclass fields
+    made with :func:`backends.params.param` (subclasses are
     ``@dataclass(eq=False)`` too); values may arrive as strings and are coerced on construction.
     """
 
@@ -369,7 +258,7 @@ class KVBackend:
 
     @classmethod
     def param_specs(cls) -> tuple[Param, ...]:
-        """The method's parameters (``budget`` aside), from its :func:`param` fields, in field order."""
+        """The method's parameters (``budget`` aside), from its :func:`~backends.params.param` fields, in field order."""
         return tuple(Param(f.name, f.default, **f.metadata["param"])
                      for f in fields(cls) if "param" in f.metadata)
 
@@ -411,19 +300,3 @@ class KVBackend:
     def budget_tokens(self, total: int, minimum: int = 1) -> int:
         """Tokens kept out of ``total`` at this budget (rounded, never below ``minimum``)."""
         return min(total, max(minimum, math.ceil(self.budget * total - 1e-9)))
-
-    def describe(self) -> dict:
-        return {
-            "name": self.name,
-            "title": self.title,
-            "paper": self.paper,
-            "summary": self.summary,
-            "holds_budget_while_decoding": self.holds_budget_while_decoding,
-            "uses_budget": self.uses_budget,
-            "streams_under_cap": self.streams_under_cap,
-            "params": [BUDGET.to_dict()] + [p.to_dict() for p in self.param_specs()],
-        }
-
-    @classmethod
-    def describe_class(cls) -> dict:
-        return cls.describe(cls.__new__(cls))

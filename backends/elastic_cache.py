@@ -50,7 +50,8 @@ from typing import ClassVar
 import torch
 
 from .attention_math import prompt_column_sums
-from .base import AttentionCall, KVBackend, KVLayer, Report, param
+from .base import AttentionCall, KVBackend, KVLayer, Report
+from .params import param
 
 
 def select_anchors(importance: torch.Tensor, count: int, forced: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,8 @@ from typing import ClassVar
 import torch
 
 from .attention_math import kv_group_mean, prompt_column_sums
-from .base import AttentionCall, KVBackend, KVLayer, Report, param
+from .base import AttentionCall, KVBackend, KVLayer, Report
+from .params import param
 
 
 class ScoredLayer(KVLayer):

@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .base import AttentionCall, KVBackend, KVLayer, Span, param
+from .base import AttentionCall, KVBackend, KVLayer
+from .layout import Span
+from .params import param
 
 
 def tar_scores(keys: torch.Tensor, places: torch.Tensor, past: torch.Tensor, recent_keys: torch.Tensor) -> torch.Tensor:

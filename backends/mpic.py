@@ -48,7 +48,9 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .base import KVBackend, KVLayer, PromptLayout, Report, param
+from .base import KVBackend, KVLayer, Report
+from .layout import PromptLayout
+from .params import param
 from .rope import rotate
 
 MODES = ("mpic", "prefix", "full_reuse", "cacheblend", "recompute")

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import AttentionCall, Report, param
+from .base import AttentionCall, Report
+from .params import param
 from .snapkv import SnapKV
 
 

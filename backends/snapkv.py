@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from .attention_math import attention_probs, kv_group_mean
-from .base import AttentionCall, KVBackend, KVLayer, param
+from .base import AttentionCall, KVBackend, KVLayer
+from .params import param
 
 
 def pool_votes(votes: torch.Tensor, kernel_size: int, pooling: str = "avgpool") -> torch.Tensor:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import KVBackend, param
+from .base import KVBackend
+from .params import param
 
 
 @dataclass(eq=False)

@@ -42,7 +42,8 @@ from typing import ClassVar
 import torch
 
 from .attention_math import attention_probs
-from .base import AttentionCall, KVBackend, KVLayer, Report, param
+from .base import AttentionCall, KVBackend, KVLayer, Report
+from .params import param
 from .snapkv import window_and_top_k
 
 MIN_LAYER_BUDGET = 0.01  # Alg. 1 l.12: the lower clip

@@ -51,7 +51,8 @@ from typing import ClassVar
 import torch
 
 from .attention_math import attend_segments, attention_probs, causal_attention, dense_segment
-from .base import AttentionCall, KVBackend, KVLayer, Report, param
+from .base import AttentionCall, KVBackend, KVLayer, Report
+from .params import param
 from .quant import FULL_BITS, PACKED_BITS, QuantTensor, check_bits, quantize
 
 DEFAULT_TAU = 0.975  # Sec. 5.3.2: "the optimal range for tau lies around 0.97"

@@ -30,7 +30,8 @@ from contextlib import contextmanager
 import torch
 
 import backends
-from backends.base import AttentionCall, KVBackend, PromptLayout, Report, VisualSpan
+from backends.base import AttentionCall, KVBackend, Report
+from backends.layout import PromptLayout, VisualSpan
 
 from .runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
 from .runtime.cache import KVCache

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from backends.base import AttentionCall, KVLayer, PromptLayout
+from backends.base import AttentionCall, KVLayer
+from backends.layout import PromptLayout
 from engine.media import Video
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message

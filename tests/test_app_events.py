@@ -126,12 +126,12 @@ def test_video_turn_draws_a_strip_of_frames(media):
 def test_sessions_are_isolated(media):
     a, b = service.Session(), service.Session()
     turn(a, ask("Mine.", media["image"]))
-    assert b.conv is None and b.history == [] and not b.references.results
+    assert b.conv is None and b.history == [] and not b.chat.references.results
     chat.stop(b)
     assert not a.stop_requested
     service.track(a, "tab-a")
     service.release("tab-a")  # closing the tab frees its caches
-    assert a.conv is None and not a.references.results
+    assert a.conv is None and not a.chat.references.results
 
 
 @pytest.mark.parametrize("case, expected", [

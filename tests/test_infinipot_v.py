@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import backends
-from backends.base import KVLayer, PromptLayout, VisualSpan
+from backends.base import KVLayer
 from backends.infinipot_v import select_entries, tar_scores, van_scores
+from backends.layout import PromptLayout, VisualSpan
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
 from engine.runtime.streaming import bytes_per_token, feed_streaming, synthetic_video

@@ -16,6 +16,7 @@ from tests.support import TINY_MODELS, answer, make_image, make_video
 import backends
 from backends.attention_math import causal_attention
 from backends.base import Report
+from backends.descriptions import describe
 from engine.errors import UserError
 from engine.media import load_image, load_video
 from engine.runtime.generate import Conversation
@@ -94,7 +95,7 @@ def test_registry_imports_every_method_and_describes_it():
     assert backends.BROKEN == {}, backends.BROKEN
     assert names[0] == "full" and "streamingllm" in names
     for name in names:
-        info = backends.backend_class(name).describe_class()
+        info = describe(backends.backend_class(name))
         assert info["name"] == name and info["params"][0]["name"] == "budget"
         for p in info["params"]:
             assert p["help"], (name, p["name"])

@@ -11,7 +11,8 @@ import torch
 from tests.support import answer, causal_probs, make_image, prefill_call, random_layer
 
 import backends
-from backends.base import KVLayer, PromptLayout, VisualSpan
+from backends.base import KVLayer
+from backends.layout import PromptLayout, VisualSpan
 from backends.vl_cache import (
     VLCache,
     allocate_budgets,

@@ -187,7 +187,7 @@ def test_every_method_continues_its_chat_across_fresh_workers_and_sends_only_its
     after_first = session.conv.seen
     second = chat(session, config, "And what colour is it?")
     assert not second["new_chat"] and len(session.history) == 2 and session.conv.seen > after_first
-    state, buffer = session.chat_state(), io.BytesIO()
+    state, buffer = session.chat, io.BytesIO()
     pickler = StrictPickler(buffer)
     pickler.dump(state)
     assert buffer.tell() <= allowance(state, pickler.tensors)
@@ -201,10 +201,10 @@ def test_mpic_turn_stores_its_media_for_the_app(zero_gpu, picture):
     assert view["mpic"] is not None and session.last_mpic is not None
     library = service.media_library(session)  # read in this process: what the worker stored came back
     assert [row["label"] for row in library] == ["board.png"] and library[0]["on_disk"]
-    reused_first = sum(map(len, session.reused))
+    reused_first = sum(map(len, session.chat.reused))
     again = chat(session, mpic, "Describe it once more.", picture)
     assert not again["new_chat"] and again["mpic"]["reused"] > 0 and again["mpic"]["visuals"] == ["linked"]
-    assert sum(map(len, session.reused)) > reused_first > 0  # the chat's reused tokens carried over
+    assert sum(map(len, session.chat.reused)) > reused_first > 0  # the chat's reused tokens carried over
     assert service.mpic_ttft(session)["tokens"] > 0  # a regular (non-generator) GPU function too
     session.close()
 
@@ -214,7 +214,7 @@ def test_compare_keeps_its_reference_and_asks_for_more_time_per_method(zero_gpu,
     prepared = service.prepare("What is in the picture?", [picture])
     views = list(service.compare(session, settings("full"), ["streamingllm", "h2o"], prepared))
     assert views[-1]["done"] and [r["name"] for r in views[-1]["runs"]] == ["full", "streamingllm", "h2o"]
-    assert len(session.references.results) == 1
+    assert len(session.chat.references.results) == 1
     again = list(service.compare(session, settings("full"), ["snapkv"], prepared))
     assert again[-1]["runs"][0]["turns"][0]["cached"]  # the reference came back out of the first worker
     one, three = zero_gpu.seconds[-1], zero_gpu.seconds[0]

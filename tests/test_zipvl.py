@@ -11,6 +11,8 @@ from tests.support import make_image
 
 import backends
 from backends.attention_math import attention_probs, causal_attention
+from backends.base import AttentionCall
+from backends.descriptions import describe
 from backends.quant import pack, packed_nbytes, quantize, unpack
 from backends.zipvl import ZipVL, ZipVLLayer, adaptive_count, important_mask, probe_rows
 from engine.runtime.generate import Conversation
@@ -130,7 +132,7 @@ def test_sparse_attention_runs_on_the_important_tokens_only():
     n = 40
     q, k, v = torch.randn(1, 4, n, DIM), torch.randn(1, HEADS, n, DIM), torch.randn(1, HEADS, n, DIM)
     layer.append(k, v, torch.arange(n))
-    call = backends.AttentionCall(0, 1, "prefill", torch.arange(n), torch.arange(n)[None], None, n, 0)
+    call = AttentionCall(0, 1, "prefill", torch.arange(n), torch.arange(n)[None], None, n, 0)
     out = zip_vl.attend(call, q, k, v, DIM ** -0.5)
     mask = zip_vl._split[0]
     assert 0 < mask.sum() < n and mask[-1]  # sparse, and the last prompt token always attends
@@ -242,7 +244,7 @@ def test_bad_parameters_raise():
 def test_tau_is_a_named_parameter_and_the_budget_is_not_used():
     assert ZipVL().tau == 0.975 and ZipVL(tau=0.8).tau == 0.8
     assert ZipVL(budget=0.2).tau == 0.975  # no budget: the app and the benches pass 1.0, like MPIC's
-    info = ZipVL.describe_class()
+    info = describe(ZipVL)
     assert info["uses_budget"] is False
     assert {"name": "tau", "default": 0.975}.items() <= next(p for p in info["params"] if p["name"] == "tau").items()
 

@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 
 import backends
+from backends.descriptions import describe
 
 from ..errors import UserError
 from ..media import load_image, load_video
@@ -196,7 +197,7 @@ def listing(args) -> int | None:
     """``--list``: the methods and models (with ``--json``, everything the UI knows of them)."""
     if not args.list:
         return None
-    found = {"methods": [backends.backend_class(n).describe_class() for n in backends.available()],
+    found = {"methods": [describe(backends.backend_class(n)) for n in backends.available()],
              "models": list_models()}
     if args.json:
         print(json.dumps(found, indent=2))

@@ -46,8 +46,9 @@ import torch
 
 import backends
 from backends.attention_math import causal_attention
-from backends.base import AttentionCall, PromptLayout, VisualSpan
+from backends.base import AttentionCall
 from backends.full import FullCache
+from backends.layout import PromptLayout, VisualSpan
 
 from ..errors import UserError
 from ..runtime.attention import ATTENTION_NAME, ForwardRun, active_run, forward_run

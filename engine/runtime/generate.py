@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from backends.base import AttentionCall, KVBackend, PromptLayout
+from backends.base import AttentionCall, KVBackend
+from backends.layout import PromptLayout
 
 from ..errors import UserError
 from .attention import ForwardRun, forward_run

@@ -1,6 +1,8 @@
 """What the app asks of the runtime, in plain Python values: the UI (``components/``) never sees a
 tensor and never imports torch. The app imports this package only; its modules, by job:
 
+* :mod:`.model_picker`: the model the app starts with (a GPU and a network probe decide), the
+  picker's choices, and what each model is.
 * :mod:`.model_pool`: models load once and are shared between sessions (read-only weights); at
   most one hub model stays loaded.
 * :mod:`.inputs`: the controls' :class:`Settings` and a message decoded and checked (:func:`prepare`).
@@ -21,30 +23,22 @@ tensor and never imports torch. The app imports this package only; its modules, 
   ``KV_ARENA_KV_STORE`` (default: ``kv-arena-mpic`` in the temp directory); each session's entries
   live in a namespace named by the server-side :attr:`Session.id` (never by anything a client
   sends), are stored when an MPIC turn adds media, listed by :func:`media_library` and dropped when
-  the session closes or its model changes.
+  the session closes or its model changes; :func:`mpic_default_k` suits MPIC-k's k to the model.
 * :mod:`.uploads`: which uploaded files a session may use, and which client may read them.
 * :mod:`.methods`: the KV-cache methods described in plain values (titles, papers, parameters).
 * :mod:`.scenes`: the offline model's scenes with their true answers (examples, "New scene"), so
-  answers are marked right or wrong.
+  answers are marked right or wrong, and the Chat tab's examples for it (:data:`ARENA_EXAMPLES`).
 """
 
 from ..media import MAX_VIDEO_BYTES  # the largest upload the app takes
 from ..runtime.models import ARENA
 from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, media_hint, prepare
-from .model_pool import (
-    ARENA_EXAMPLES,
-    default_model,
-    get_model,
-    has_random_weights,
-    is_trained_here,
-    model_choices,
-    model_description,
-    mpic_default_k,
-)
+from .model_picker import default_model, has_random_weights, is_trained_here, model_choices, model_description
+from .model_pool import get_model
 from .methods import method_spec, method_specs
-from .scenes import Scene, draw_scene, scene_types
+from .scenes import ARENA_EXAMPLES, Scene, draw_scene, scene_types
 from .scenes import examples as scene_examples
-from .mpic import media_library, mpic_ttft
+from .mpic import media_library, mpic_default_k, mpic_ttft
 from .sessions import Session, close_session, release, track
 from .state import ChatState
 from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare

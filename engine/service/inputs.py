@@ -13,7 +13,8 @@ from ..errors import UserError
 from ..media import load_image, load_video
 from ..runtime.inputs import Message
 from ..runtime.models import DEFAULT_MODEL
-from .model_pool import Progress, is_trained_here, silent
+from .model_picker import is_trained_here
+from .model_pool import Progress, silent
 from .uploads import file_hash
 
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg"}

@@ -9,24 +9,16 @@ import threading
 from collections.abc import Callable
 
 import torch
-from PIL import Image
 
 import backends
 
 from ..errors import UserError
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
-from ..runtime.models import ARENA, DEFAULT_MODEL, MODELS, LoadedModel, hub_reachable, load_model, model_spec
-from ..tiny import arena_scenes
-from ..tiny.arena_model import arena_weights_present
+from ..runtime.models import LoadedModel, load_model, model_spec
 from . import zerogpu
 
 Progress = Callable[[float, str], None]
-HUB_DEFAULT = "Qwen/Qwen2-VL-2B-Instruct"
-# The app's clickable examples for the trained model, one per question type: (question, media files in assets/),
-# each answered right.
-ARENA_EXAMPLES: list[tuple[str, list[str]]] = [(it.question.text, files)
-                                               for it, files in arena_scenes.examples().values()]
 
 
 def silent(fraction: float, text: str) -> None:
@@ -35,34 +27,6 @@ def silent(fraction: float, text: str) -> None:
 
 _MODELS: dict[str, LoadedModel] = {}
 _MODEL_LOCK = threading.Lock()
-
-
-def default_model() -> str:
-    """``KV_ARENA_MODEL`` if set; a real hub model with a GPU and network; else the model trained here
-    (it answers questions about its scenes), or a tiny random one if its weights are missing."""
-    chosen = os.environ.get("KV_ARENA_MODEL")
-    if chosen:
-        return chosen
-    if torch.cuda.is_available() and hub_reachable():
-        return HUB_DEFAULT
-    return ARENA if arena_weights_present() else DEFAULT_MODEL
-
-
-def model_choices() -> list[tuple[str, str]]:
-    """(label, name) for the model picker; hub models say that they download weights."""
-    return [(f"{name} (download)" if spec.needs_download else name, name) for name, spec in MODELS.items()]
-
-
-def has_random_weights(name: str) -> bool:
-    return name in MODELS and model_spec(name).random_weights
-
-
-def is_trained_here(name: str) -> bool:
-    return name in MODELS and model_spec(name).source == "trained"
-
-
-def model_description(name: str) -> str:
-    return model_spec(name).description
 
 
 def get_model(name: str, progress: Progress = silent) -> LoadedModel:
@@ -90,20 +54,6 @@ def get_model(name: str, progress: Progress = silent) -> LoadedModel:
             raise UserError(f"{name} failed to load: {exc.__class__.__name__}: {first_line}") from None
         _MODELS[name] = loaded
         return loaded
-
-
-def image_tokens(name: str, side: int = 448) -> int:
-    """Visual tokens the model makes of one ``side`` x ``side`` image (its processor's own resize)."""
-    loaded = get_model(name)
-    chunk = loaded.adapter.encode_turn(Message("", images=[Image.new("RGB", (side, side))]), 0, 0, None)
-    return chunk.layout.visuals[0].length
-
-
-def mpic_default_k(name: str, paper_k: int = 32) -> int:
-    """MPIC-k's k for this model: the paper's 32 recomputed tokens per image (of 256 and more in
-    its models), capped at a quarter of the model's tokens for a 448 px image, so a model with
-    few tokens per image still reuses most of each stored image."""
-    return max(1, min(paper_k, image_tokens(name) // 4))
 
 
 def free_memory() -> None:

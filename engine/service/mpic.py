@@ -1,13 +1,17 @@
-"""MPIC in the app: storing uploads, what was reused, the media library and the TTFT panel."""
+"""MPIC in the app: its k for the model, storing uploads, what was reused, the media library and the
+TTFT panel."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
+from PIL import Image
+
 from ..mpic.linking import ingest
 from ..mpic.ttft import measure_ttft
 from ..runtime.generate import Conversation
+from ..runtime.inputs import Message
 from ..runtime.models import LoadedModel
 from .inputs import VIDEO_SUFFIXES, Prepared, Settings, request_seconds
 from .model_pool import get_model
@@ -17,6 +21,20 @@ from .store import media_store
 from .zerogpu import gpu_function
 
 log = logging.getLogger(__name__)
+
+
+def image_tokens(name: str, side: int = 448) -> int:
+    """Visual tokens the model makes of one ``side`` x ``side`` image (its processor's own resize)."""
+    loaded = get_model(name)
+    chunk = loaded.adapter.encode_turn(Message("", images=[Image.new("RGB", (side, side))]), 0, 0, None)
+    return chunk.layout.visuals[0].length
+
+
+def mpic_default_k(name: str, paper_k: int = 32) -> int:
+    """MPIC-k's k for this model: the paper's 32 recomputed tokens per image (of 256 and more in
+    its models), capped at a quarter of the model's tokens for a 448 px image, so a model with
+    few tokens per image still reuses most of each stored image."""
+    return max(1, min(paper_k, image_tokens(name) // 4))
 
 
 def _media_names(prepared: Prepared) -> list[str]:

@@ -1,6 +1,6 @@
 """The offline model's scenes with their true answers, so the app can mark each answer right or
 wrong: the clickable examples (the scene generator's own, each with a follow-up about another
-object of the same media) and fresh scenes drawn on request ("New scene"), one type at a time.
+object of the same media, and the Chat tab's, :data:`ARENA_EXAMPLES`) and fresh scenes drawn on request ("New scene"), one type at a time.
 
 A scene is known by the content of its media files (:attr:`Prepared.media`), so Gradio's copies of
 them are recognised; an answer is right when it equals the true one whole, case, spaces and
@@ -21,11 +21,16 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..media import write_avi
+from ..tiny import arena_scenes
 from ..tiny.arena_model import bundled_version, scenes
 from .uploads import ASSETS, file_hash, make_public
 
 SCENE_DIR = Path(tempfile.gettempdir()) / "kv-arena-scenes"  # drawn scenes' files (public, like the examples)
 KEEP = 256  # drawn scenes remembered for their answers
+# The Chat tab's clickable examples for the trained model, one per question type: (question, media
+# files in assets/), each answered right.
+ARENA_EXAMPLES: list[tuple[str, list[str]]] = [(it.question.text, files)
+                                               for it, files in arena_scenes.examples().values()]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import weakref
 from ..runtime.generate import Conversation
 from .inputs import Prepared, Settings
 from .model_pool import free_memory
-from .state import ChatState, ReferenceCache
+from .state import ChatState
 from .store import media_store
 from .uploads import forget_uploads
 
@@ -26,15 +26,13 @@ class Session:
     def __init__(self) -> None:
         self.id = uuid.uuid4().hex  # the media store's namespace: made here, never sent by a client
         self.media_model: str | None = None  # the model the session's stored media KV belongs to
-        self.reused: list[set[int]] = []  # per layer: chat token indices whose KV came from the store
         self.last_mpic: tuple[Settings, Prepared] | None = None  # the last MPIC turn, for the TTFT panel
-        self.conv: Conversation | None = None
-        self.cache_key: tuple | None = None  # Settings.cache_key of the method that built ``conv``
-        self.history: list[Prepared] = []
-        # (question, attachments, answer) of each turn in ``conv``: what a chat showing this
+        # the conversation, its messages, its reused tokens and the full-cache references: what a
+        # GPU function takes and hands back whole (:mod:`.turns`)
+        self.chat = ChatState()
+        # (question, attachments, answer) of each turn in ``chat.conv``: what a chat showing this
         # conversation must show since its last new-conversation marker
         self.transcript: list[tuple[str, int, str]] = []
-        self.references = ReferenceCache()
         self.visuals: list[dict] = []  # kept-token maps of the last answer, for the overlay
         self.uploads: set[str] = set()  # paths of the uploads it used (see check_uploads)
         self.client: str | None = None  # the id of the browser or API client the tab belongs to (uploads.py)
@@ -48,17 +46,19 @@ class Session:
     def stop_requested(self, value: bool) -> None:
         (_STOPPING.add if value else _STOPPING.discard)(self.id)
 
-    def chat_state(self) -> ChatState:
-        return ChatState(self.conv, self.cache_key, self.history, self.reused, self.references)
+    @property
+    def conv(self) -> Conversation | None:
+        """The chat's conversation (its compressed cache), None before the first message."""
+        return self.chat.conv
 
-    def adopt(self, state: ChatState) -> None:
-        """Keep what a GPU function handed back (the same objects when it ran in this process)."""
-        self.conv, self.cache_key, self.history, self.reused = state.conv, state.cache_key, state.history, state.reused
-        self.references = state.references
+    @property
+    def history(self) -> list[Prepared]:
+        """The messages ``conv`` holds, in order."""
+        return self.chat.history
 
     def continues(self, settings: Settings) -> bool:
         """Whether a message with these settings continues this chat's cache."""
-        return self.chat_state().continues(settings)
+        return self.chat.continues(settings)
 
     def remembers(self, settings: Settings, transcript: list[tuple[str, int, str]]) -> bool:
         """Whether a message with these settings, sent after a chat showing ``transcript``,
@@ -66,8 +66,9 @@ class Session:
         return self.continues(settings) and transcript == self.transcript
 
     def new_chat(self) -> None:
-        self.conv, self.cache_key, self.history, self.visuals = None, None, [], []
-        self.reused, self.transcript = [], []
+        """The chat's cache and messages go; its full-cache references stay (they are per input)."""
+        self.chat = ChatState(references=self.chat.references)
+        self.visuals, self.transcript = [], []
 
     def use_model(self, model: str) -> None:
         """Another model: the stored media KV of the previous one is useless, so it goes."""
@@ -78,7 +79,7 @@ class Session:
 
     def close(self) -> None:
         self.new_chat()
-        self.references = ReferenceCache()
+        self.chat = ChatState()  # the full-cache references too
         if self.media_model is not None:
             media_store().drop_session(self.id)
         self.media_model, self.last_mpic = None, None

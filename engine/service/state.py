@@ -95,8 +95,9 @@ def _attach(conv: Conversation | None, loaded: LoadedModel, session_id: str) -> 
 
 @dataclass
 class ChatState:
-    """What a chat carries from turn to turn: the GPU function takes it and hands back the new one
-    (it pickles without the model; see :mod:`engine.service.zerogpu`)."""
+    """What a chat carries from turn to turn (a :class:`~engine.service.sessions.Session` holds one):
+    the GPU function takes it and hands back the new one (it pickles without the model; see
+    :mod:`engine.service.zerogpu`)."""
 
     conv: Conversation | None = None
     cache_key: tuple | None = None  # Settings.cache_key of the method that built ``conv``

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from backends.base import PromptLayout, VisualSpan
+from backends.layout import PromptLayout, VisualSpan
 
 from ..errors import UserError
 from ..runtime.generate import Conversation

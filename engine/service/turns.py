@@ -96,9 +96,9 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
         session.new_chat()
     session.use_model(settings.model)
     session.stop_requested = False
-    for view in _relay(session, chat_on_gpu(session.chat_state(), settings, prepared, session.id), progress):
+    for view in _relay(session, chat_on_gpu(session.chat, settings, prepared, session.id), progress):
         if view["done"]:
-            session.adopt(view.pop("state"))
+            session.chat = view.pop("state")  # the same object when the GPU function ran in this process
             session.visuals = view["visuals"]
             earlier = [] if view["new_chat"] else session.transcript
             session.transcript = earlier + [(prepared.message.text, len(prepared.files), view["text"])]
@@ -199,10 +199,10 @@ def _compare(session: Session, settings: Settings, methods: list[str], turns: li
     get_model(settings.model, progress)
     session.use_model(settings.model)
     session.stop_requested = False
-    views = compare_on_gpu(session.references, settings, methods, turns, session.id)
+    views = compare_on_gpu(session.chat.references, settings, methods, turns, session.id)
     for view in _relay(session, views, progress):
         if view["done"]:
-            session.references = view.pop("references")
+            session.chat.references = view.pop("references")
         yield view
 
 
