@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 import weakref
 
-from ..runtime.generate import Conversation
+from ..runtime.generate import Conversation, ConversationState
 from .inputs import Prepared, Settings
 from .model_pool import free_memory
 from .state import ChatState, ReferenceCache
@@ -28,7 +28,7 @@ class Session:
         self.media_model: str | None = None  # the model the session's stored media KV belongs to
         self.reused: list[set[int]] = []  # per layer: chat token indices whose KV came from the store
         self.last_mpic: tuple[Settings, Prepared] | None = None  # the last MPIC turn, for the TTFT panel
-        self.conv: Conversation | None = None
+        self.conv: Conversation | ConversationState | None = None  # the state after a ZeroGPU call
         self.cache_key: tuple | None = None  # Settings.cache_key of the method that built ``conv``
         self.history: list[Prepared] = []
         # (question, attachments, answer) of each turn in ``conv``: what a chat showing this
