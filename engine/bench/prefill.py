@@ -54,10 +54,10 @@ from ..runtime.attention import ATTENTION_NAME, active_run
 from ..runtime.cache import KVCache
 from ..runtime.forward import run_forward
 from ..runtime.models import (
-    random_model,
     model_spec,
     pick_device,
     pick_dtype,
+    random_model,
     shipped_config,
 )
 from ..tiny.builtin import tiny_config
