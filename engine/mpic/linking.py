@@ -3,11 +3,12 @@
 * :func:`ingest` is the upload step (MPIC Fig. 5, step 1): an image or a video goes through the
   vision encoder and the language model once, after a fixed prefix (system prompt, user header),
   and its visual embeddings, rotary ids and per-layer KV go to the session's :class:`KVStore`.
-* :class:`Linker` sits in a :class:`~engine.runtime.generate.Conversation` (``linker=``) and drives a
-  backend that is a :class:`~backends.media_reuse.ReusesMedia`. For ``reuse == "media"`` it looks up every image and video of a prompt by content hash (disk
-  loads start at once and run while the prompt is prepared and computed), turns each hit into a
-  ``StoredMedia`` with its rotary shift, builds the input embeddings of the tokens the backend
-  recomputes (stored embeddings: no vision encoder on a hit), and runs the backend's forward steps.
+* :class:`Linker` sits in a :class:`~engine.runtime.generate.Conversation` (``linker=``) and drives
+  a backend that is a :class:`~backends.media_reuse.ReusesMedia`. For ``reuse == "media"`` it looks
+  up every image and video of a prompt by content hash (disk loads start at once and run while the
+  prompt is prepared and computed), turns each hit into a ``StoredMedia`` with its rotary shift,
+  builds the input embeddings of the tokens the backend recomputes (stored embeddings: no vision
+  encoder on a hit), and runs the backend's forward steps.
   For ``reuse == "prefix"`` it restores the longest exact token prefix of an earlier prompt.
 * A miss (never stored, expired, evicted, another session's, a damaged file) is recomputed: the
   span is fed in full, or, if a file fails half-way through a forward pass, the linked tokens are
