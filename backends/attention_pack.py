@@ -9,7 +9,7 @@ Sec. 6): a low-rank visual KV cache, read from its factors.
   with the visual ones cost ~20% accuracy).
 * A prefill read (``append``) rebuilds the keys from their factors, re-rotates them with the
   model's own RoPE tables for the stored rotary ids (1-D RoPE or M-RoPE) and rebuilds the values;
-  the dense tokens come after them. A decode query (``attend``) uses the values in factor space,
+  the dense tokens come after them. A decode query (``read_decode``) uses the values in factor space,
   (p U) W instead of p (U W), so a step never builds a dense value; with M-RoPE it also scores the
   keys from their factors, the query rotated back once per distinct time, row and column value
   (``rotary_groups.py``: about sqrt(T) rotations for a picture of T tokens), so a step builds no
@@ -204,7 +204,7 @@ class PackedLayer(KVLayer):
         return torch.cat(parts_k + [dense_k], dim=2), torch.cat(parts_v + [dense_v], dim=2)
 
     def append_decode(self, keys, values, positions):
-        """Store only; the decode query reads the blocks through ``attend``."""
+        """Store only; the decode query reads the blocks through ``read_decode``."""
         dense_k, dense_v = KVLayer.append(self, keys, values, positions)
         new = keys.shape[2]
         self.score = _cat(self.score, torch.zeros(new, device=keys.device))
@@ -244,7 +244,7 @@ class PackedLayer(KVLayer):
             coef[~full, reduced:] = 0
         return b.groups.scores(query, coef, b.k_basis, self.rope_tables(b, "groups"))
 
-    def attend(self, query, scaling):
+    def read_decode(self, query, scaling):
         """Decode attention without rebuilding a value, and with M-RoPE without rebuilding a key:
         scores come from the factors per distinct rotation (``block_scores``), values are used in
         factor space, (p U) W instead of p (U W) (Sec. 4), the reduced group's probabilities meeting
@@ -378,15 +378,17 @@ class AttentionPack(KVBackend):
                         "paper compresses visual tokens only, Sec. 8.2).", 0, 4096, 1)
     seed: int = param(0, "Seed of the randomized SVD's test vectors (the same request gives the same factors).",
                       0, 2**31 - 1, 1)
-    needs_decode_attention = True  # the decode query's attention row feeds the statistic
     report_type: ClassVar[type[Report]] = AttentionPackReport
     # every token is held, as factors: the overlay shows which ones at full rank
     overlay_meaning = "at full rank (the rest: rank R/4)"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.needs_decode_attention = self.budget < 1.0  # the full cache needs no statistic
         self._pass = PassTables()  # the forward pass's RoPE function and tables, shared by the layers
+
+    @property
+    def needs_decode_attention(self) -> bool:
+        return self.budget < 1.0  # the decode query's attention row feeds the statistic; the full cache needs none
 
     def new_layer(self, layer_idx: int) -> KVLayer:
         if self.budget >= 1.0:  # the full cache, exactly

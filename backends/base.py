@@ -20,8 +20,11 @@ and dropped in ``after_forward``, so a cache between passes holds tensors, never
 Two optional read-side extensions keep scoring and compressed reads off a second pass:
 ``needs_prefill_column_sums`` asks the runtime's prefill attention for the attention each key
 received from the new queries (``call.column_sums``, computed in the same pass), and a layer's
-``attend(query, scaling)`` answers a decode query from its stored form (codes, factors) instead of
-rebuilding dense keys and values.
+``read_decode(query, scaling)`` answers a decode query from its stored form (codes, factors) instead
+of rebuilding dense keys and values.
+
+A method that reuses media KV stored beforehand (MPIC) also implements the second protocol,
+:class:`~backends.media_reuse.ReusesMedia`, through which the runtime links the stored KV in.
 
 A long video may stream in: the runtime prefills it a few frames at a time and, for a method
 with ``streams_under_cap``, sets ``call.cap_bytes`` on each chunk; the method then evicts through
@@ -127,7 +130,7 @@ class KVLayer(DynamicLayer):
         self.values = self.values.gather(2, gather)
         self.positions = self.positions.gather(1, index)
 
-    def attend(self, query: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def read_decode(self, query: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Optional read path for one decode query (1, H, 1, D): its output (1, H, 1, D) and float32
         softmax row (H, 1, S) over the entries in read order (``kept_positions``), computed from what
         the layer stores. ``None`` (dense layers): the runtime attends over what ``append`` returned.
@@ -136,7 +139,7 @@ class KVLayer(DynamicLayer):
         return None
 
     def append_decode(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
-        """``append`` of one decode token inside the runtime, which then asks ``attend`` first: a
+        """``append`` of one decode token inside the runtime, which then asks ``read_decode`` first: a
         layer that answers there only stores here and returns its dense part."""
         return self.append(keys, values, positions)
 
@@ -209,7 +212,8 @@ class KVBackend:
     """Base class: the full cache. Subclasses override the seams they need.
 
     Class attributes describe the method for the registry, the UI and ``engine.bench --list``
-    (:func:`backends.descriptions.describe` reads them). A method's parameters are dataclass fields
+    (:func:`backends.descriptions.describe` reads them); what an instance needs from the runtime's
+    attention (``needs_*``) are properties, since a method at budget 1.0 may need nothing. A method's parameters are dataclass fields
     made with :func:`backends.params.param` (subclasses are
     ``@dataclass(eq=False)`` too); values may arrive as strings and are coerced on construction.
     """
@@ -221,19 +225,11 @@ class KVBackend:
     # True: cache held at budget x tokens seen while decoding; False: the prompt is compressed and
     # decoded tokens are appended.
     holds_budget_while_decoding: ClassVar[bool] = False
-    # True when ``after_attention`` needs the exact attention row of the decode query.
-    needs_decode_attention: ClassVar[bool] = False
-    # True when ``after_attention`` scores with the attention every prompt query gives each key:
-    # the runtime's prefill attention then sums it in the same pass (``call.column_sums``).
-    needs_prefill_column_sums: ClassVar[bool] = False
     # True: ``budget`` is the fraction of the full cache's bytes the method holds after the prompt,
     # everything its layers hold counted (factors, codes, scales, score buffers). False: the method
     # has its own knob as a named parameter (ZipVL's tau, MPIC's mode), is built with budget 1.0 and
     # is compared at the fraction it realises.
     uses_budget: ClassVar[bool] = True
-    # True when the method only acts on media KV the runtime stored beforehand (MPIC): a plain
-    # ``model.generate`` has no store, so the public entry point (``engine.hf``) refuses it.
-    needs_media_store: ClassVar[bool] = False
     # True: the method can hold a streamed prefill under a byte cap (``AttentionCall.cap_bytes``),
     # evicting between chunks as the frames arrive; any method streams without a cap.
     streams_under_cap: ClassVar[bool] = False
@@ -269,6 +265,17 @@ class KVBackend:
         unknown = set(params) - set(known) - {"budget"}
         if unknown:
             raise ValueError(f"{cls.name} has no parameter {', '.join(sorted(unknown))}; it takes: {', '.join(known) or 'none'}")
+
+    @property
+    def needs_decode_attention(self) -> bool:
+        """True when ``after_attention`` needs the exact attention row of the decode query."""
+        return False
+
+    @property
+    def needs_prefill_column_sums(self) -> bool:
+        """True when ``after_attention`` scores with the attention every prompt query gives each key:
+        the runtime's prefill attention then sums it in the same pass (``call.column_sums``)."""
+        return False
 
     @property
     def config(self) -> dict[str, Any]:

@@ -96,13 +96,16 @@ class ElasticCache(KVBackend):
                                      "end of the merged prompt (Sec. 4.1: 25).", 1, 1024, 1)
     protected_tokens: int = param(1, "First tokens always kept as anchors (Sec. 4.1 protects the first one).", 1, 64, 1)
     holds_budget_while_decoding = True
-    needs_prefill_column_sums = True  # importance summed by the prefill attention itself, in its one pass
     report_type: ClassVar[type[Report]] = ElasticReport
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._cut: dict[int, int] = {}  # layer -> fixed truncation index N_tl
-        self.needs_prefill_column_sums = self.budget < 1.0  # the full cache merges nothing
+
+    @property
+    def needs_prefill_column_sums(self) -> bool:
+        # importance summed by the prefill attention itself, in its one pass; the full cache merges nothing
+        return self.budget < 1.0
 
     def target(self, seen: int) -> int:
         """Entries held for ``seen`` tokens: gamma x seen, never fewer than the forced anchors."""

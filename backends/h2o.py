@@ -86,14 +86,15 @@ class H2O(KVBackend):
     recent_share: float = param(0.1, "Share of the kept entries reserved for the most recent tokens "
                                 "(10% of the budget, VL-Cache's setting for H2O).", 0.0, 1.0, 0.05)
     holds_budget_while_decoding = True
-    needs_decode_attention = True
-    needs_prefill_column_sums = True  # summed by the prefill attention itself, in its one pass
     report_type: ClassVar[type[Report]] = H2OReport
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.needs_decode_attention = self.budget < 1.0  # the full cache ranks nothing
-        self.needs_prefill_column_sums = self.budget < 1.0
+    @property
+    def needs_decode_attention(self) -> bool:
+        return self.budget < 1.0  # each decode query's row updates the scores; the full cache ranks nothing
+
+    @property
+    def needs_prefill_column_sums(self) -> bool:
+        return self.budget < 1.0  # summed by the prefill attention itself, in its one pass
 
     def new_layer(self, layer_idx: int) -> KVLayer:
         return ScoredLayer() if self.budget < 1.0 else KVLayer()  # nothing to evict: no scores to hold

@@ -29,9 +29,10 @@ a fixed prefix (the system prompt), and hands this backend the stored spans of a
 A span the store missed (expired, evicted, damaged file) is recomputed in full. Nothing is evicted
 (the prefill leaves the full cache), so the budget does not apply.
 
-Runtime protocol (``engine/mpic/linking.py``): ``plan`` -> the chunk tokens each forward step feeds;
-``link`` opens every layer's slots before the steps, ``unlink`` closes them (``abort`` also drops
-them); ``narrow_rows`` hands over, once, the rows that go on to the next layers (CacheBlend).
+Runtime protocol (:class:`~backends.media_reuse.ReusesMedia`, driven by ``engine/mpic/linking.py``):
+``plan`` -> the chunk tokens each forward step feeds; ``link`` opens every layer's slots before the
+steps, ``unlink`` closes them (``abort`` also drops them); ``narrow_rows`` hands over, once, the rows
+that go on to the next layers (CacheBlend).
 
 Report (:class:`MPICReport`, ``self.report``): ``recomputed`` / ``reused``: per layer, the token
 indices whose KV this prompt computed / linked from the store; ``linked``: per stored span its token
@@ -51,19 +52,10 @@ import torch.nn.functional as F
 from .base import KVBackend, KVLayer, Report
 from .layout import PromptLayout
 from .params import param
+from .media_reuse import ReusesMedia, StoredMedia
 from .rope import rotate
 
 MODES = ("mpic", "prefix", "full_reuse", "cacheblend", "recompute")
-
-
-@dataclass
-class StoredMedia:
-    """One visual span of the prompt whose KV the store holds."""
-
-    span: tuple[int, int]  # absolute token indices in this prompt
-    shift: int  # rotary delta from the stored position to this one
-    fetch: Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # layer -> stored (keys, values); may wait for disk
-    label: str = ""
 
 
 def shift_keys(keys: torch.Tensor, delta: int, rotary, rope_dims: int) -> torch.Tensor:
@@ -144,7 +136,7 @@ class MPICReport(Report):
 
 
 @dataclass(eq=False)
-class MPIC(KVBackend):
+class MPIC(KVBackend, ReusesMedia):
     name = "mpic"
     title = "MPIC (position-independent media cache)"
     paper = "https://arxiv.org/abs/2502.01960"
@@ -157,7 +149,6 @@ class MPIC(KVBackend):
                                    "all new text (paper: 15%).", 0.0, 1.0, 0.01)
     check_layer: int = param(1, "CacheBlend: layer whose key deviation picks the recomputed tokens.", 0, 128, 1)
     uses_budget = False
-    needs_media_store = True
     report_type: ClassVar[type[Report]] = MPICReport
 
     def __post_init__(self) -> None:
@@ -171,6 +162,11 @@ class MPIC(KVBackend):
     def reuse(self) -> str | None:
         """What the runtime should fetch: stored ``"media"``, a ``"prefix"``, or nothing."""
         return {"prefix": "prefix", "recompute": None}.get(self.mode, "media")
+
+    @property
+    def reuse_label(self) -> str:
+        return {"mpic": f"MPIC-{self.k}", "prefix": "prefix caching", "full_reuse": "full reuse",
+                "cacheblend": f"CacheBlend-{self.recompute_ratio:.0%}", "recompute": "full recompute"}[self.mode]
 
     def new_layer(self, layer_idx: int) -> KVLayer:
         return LinkedLayer()
@@ -231,6 +227,9 @@ class MPIC(KVBackend):
         """Rows of the current step that go on to the next layers, once (None: all)."""
         rows, self._narrow = self._narrow, None
         return rows
+
+    def report_prefix(self, reused: torch.Tensor, recomputed: torch.Tensor, num_layers: int) -> None:
+        self.report = MPICReport(reused=[reused] * num_layers, recomputed=[recomputed] * num_layers)
 
     # --- attention over the linked cache -------------------------------------------------------
     def attend(self, call, query, key, value, scaling):

@@ -23,7 +23,7 @@ mixed-precision KV cache.
   (2), keys per channel and values per token, codes bit-packed into uint8 (``backends/quant.py``,
   our own packing; it says why not optimum-quanto / HQQ). 16 bits keeps a set dense. A prefill
   reads dense dequantised K/V, then the full-precision buffer; a decode query is scored against the
-  key codes with scaled queries and mixes the value codes, nothing dequantised (``attend``).
+  key codes with scaled queries and mixes the value codes, nothing dequantised (``read_decode``).
 * Decoding (Sec. 4.2, "Computation in the decoding phase"): attention is dense; generated tokens
   stay full precision in the buffer until ``period`` (100) have accumulated, then the last query's
   attention over them (summed over heads, Eq. 6 against its own total) splits and quantises them.
@@ -167,10 +167,10 @@ class ZipVLLayer(KVLayer):
                 torch.cat([v for _, v in parts] + [dense_v], dim=2))
 
     def append_decode(self, keys, values, positions):
-        """Store only; the decode query reads the blocks through ``attend``."""
+        """Store only; the decode query reads the blocks through ``read_decode``."""
         return KVLayer.append(self, keys, values, positions)
 
-    def attend(self, query, scaling):
+    def read_decode(self, query, scaling):
         """Decode attention read from the codes (scaled queries against key codes, probabilities
         against value codes) and the full-precision buffer, without dequantising a block."""
         segments = [seg for b in self.blocks for seg in b.segments()] + [dense_segment(self.keys, self.values)]
@@ -260,7 +260,6 @@ class ZipVL(KVBackend):
                         "(Sec. 4.2: 100).", 1, 100000, 1)
     lossless_params: ClassVar[dict] = {"tau": 1.0, "bits_important": FULL_BITS, "bits_other": FULL_BITS}
     uses_budget = False
-    needs_decode_attention = True  # the buffer's split reads the decode query's row (free from ``attend``)
     report_type: ClassVar[type[Report]] = ZipVLReport
 
     def __post_init__(self) -> None:
@@ -287,6 +286,10 @@ class ZipVL(KVBackend):
         layer = ZipVLLayer(self.bits_important, self.bits_other) if self.quantises else KVLayer()
         self._layers[layer_idx] = layer
         return layer
+
+    @property
+    def needs_decode_attention(self) -> bool:
+        return True  # the buffer's split reads the decode query's row (free from ``read_decode``)
 
     # --- prefill: split, then attend over the important tokens only -----------------------------
     def attend(self, call: AttentionCall, query, key, value, scaling: float):

@@ -42,7 +42,7 @@ def refresh(session: service.Session, measure: bool = True) -> tuple:
 
 def after_turn(session: service.Session, method: str) -> tuple:
     """The chat event's follow-up: the library always, the TTFT panel only after an MPIC turn."""
-    if method != "mpic":
+    if not service.reuses_media(method):
         return library_rows(session), gr.skip()
     return refresh(session)
 

@@ -230,23 +230,19 @@ def quality_figure(runs: list[dict]) -> go.Figure:
                               range=[-0.05, 1.1]))
 
 
-TTFT_LABELS = {"recompute": "Full recompute", "prefix": "Prefix caching", "mpic": "MPIC"}
-
-
 def ttft_figure(ttft: dict | None) -> go.Figure:
     """TTFT of one prompt under prefix caching vs MPIC-k, full recompute in grey as the reference
-    (``ttft``: the service's ``mpic_ttft``; None draws an empty panel)."""
+    (``ttft``: the service's ``mpic_ttft``, bars by name; None draws an empty panel)."""
     fig = _empty("mpic-ttft")
     if not ttft:
         return fig
-    times = ttft["ttft_s"]
-    modes = [m for m in ("recompute", "prefix", "mpic") if m in times]
-    base = times.get("recompute")
-    names = [TTFT_LABELS[m] + (f"-{ttft['k']}" if m == "mpic" else "") for m in modes]
-    labels = [f"{times[m]:.3g} s" + ("" if m == "recompute" or not base else f" ({times[m] / base:.2f}x)")
-              for m in modes]
-    colors = [FULL_COLOR if m == "recompute" else COLORS[i % len(COLORS)] for i, m in enumerate(modes)]
-    fig.add_bar(x=names, y=[times[m] for m in modes], text=labels, textposition="outside", cliponaxis=False,
+    times, reference = ttft["ttft_s"], ttft["reference"]
+    names = list(times)
+    base = times.get(reference)
+    labels = [f"{times[n]:.3g} s" + ("" if n == reference or not base else f" ({times[n] / base:.2f}x)")
+              for n in names]
+    colors = [FULL_COLOR if n == reference else COLORS[i % len(COLORS)] for i, n in enumerate(names)]
+    fig.add_bar(x=names, y=[times[n] for n in names], text=labels, textposition="outside", cliponaxis=False,
                 marker_color=colors)
     fig.update_yaxes(title="time to first token (s)", range=[0, 1.25 * max(times.values(), default=0) or 1])
     fig.update_xaxes(title=f"the last MPIC message ({ttft['tokens']} prompt tokens), its media already stored")

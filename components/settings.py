@@ -213,8 +213,10 @@ def on_method(name: str):
 
 
 def mpic_k_index() -> int | None:
-    """Position of MPIC's k among the parameter controls (None without MPIC)."""
-    return next((i for i, (m, p) in enumerate(param_order()) if (m, p["name"]) == ("mpic", "k")), None)
+    """Position of MPIC's k among the parameter controls (None without MPIC): the ``k`` of the
+    method that reuses stored media."""
+    reusing = {s["name"] for s in service.method_specs() if s["reuses_media"]}
+    return next((i for i, (m, p) in enumerate(param_order()) if m in reusing and p["name"] == "k"), None)
 
 
 def mpic_k(name: str) -> int:

@@ -20,7 +20,7 @@ What it uses of transformers, nothing patched:
   describes it, so both give the same tokens (``tests/test_hf_entry_point.py``).
 
 Batch 1, as in the app. A method that only acts on media KV the app's runtime stored
-(``needs_media_store``: MPIC) is refused: inside ``generate`` it would be the full cache.
+(a :class:`~backends.media_reuse.ReusesMedia`: MPIC) is refused: inside ``generate`` it would be the full cache.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ import torch
 import backends
 from backends.base import AttentionCall, KVBackend, Report
 from backends.layout import PromptLayout, VisualSpan
+from backends.media_reuse import ReusesMedia
 
 from .runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
 from .runtime.cache import KVCache
+from .runtime.forward import position_ids
 from .runtime.inputs import ADAPTERS, DEFAULT_SYSTEM, Message
 from .runtime.models import load_model
 
@@ -141,9 +143,7 @@ class Press:
     def _rotary(self, rope_ids: torch.Tensor):
         """(P, n) rotary ids -> (cos, sin) of shape (1, n, D), from the model's own rotary module."""
         dev = self.model.device
-        ids = rope_ids.to(dev)
-        ids = ids[:, None, :] if ids.shape[0] == 3 else ids
-        return self.decoder.rotary_emb(torch.zeros(1, dtype=self.model.dtype, device=dev), ids)
+        return self.decoder.rotary_emb(torch.zeros(1, dtype=self.model.dtype, device=dev), position_ids(rope_ids.to(dev)))
 
     def _layout(self, start: int, q: int) -> PromptLayout:
         """Where the images and videos of the new tokens sit: each run of the config's image or
@@ -170,7 +170,7 @@ def compress(model, method: str, budget: float = 1.0, **params):
     block runs; pass ``past_key_values=press.cache`` to ``generate``. The press stays readable
     (and its cache usable by another ``compress`` block) after the block."""
     cls = backends.backend_class(method)
-    if cls.needs_media_store:
+    if issubclass(cls, ReusesMedia):
         raise ValueError(f"{method} reuses media KV that the arena's runtime stored (engine.mpic); inside a plain "
                          "model.generate there is nothing stored and it would be the full cache. Use "
                          "engine.runtime.generate.Conversation with an engine.mpic.linking.Linker instead.")
@@ -191,6 +191,7 @@ def attention_of(model, name: str):
     """The text model runs attention ``name`` inside the block; everything is restored after it."""
     text = model.config.get_text_config()
     vision = getattr(model.config, "vision_config", None)
+    # transformers sets the implementation through a public door but reads it back through none
     before = {"text_config": text._attn_implementation}
     if vision is not None:
         before["vision_config"] = vision._attn_implementation

@@ -297,7 +297,7 @@ def test_decode_attend_in_factor_space_equals_attention_over_the_rebuilt_cache(p
     layer.append(torch.randn(1, HEADS, 3, DIM), torch.randn(1, HEADS, 3, DIM), torch.arange(50, 53))
     keys, values = layer.append(torch.randn(1, HEADS, 1, DIM), torch.randn(1, HEADS, 1, DIM), torch.tensor([53]))
     query, scaling = torch.randn(1, 2 * HEADS, 1, DIM), DIM ** -0.5  # GQA: two query heads per KV head
-    out, row = layer.attend(query, scaling)
+    out, row = layer.read_decode(query, scaling)
     assert torch.allclose(out, causal_attention(query, keys, values, scaling), atol=1e-5)
     assert torch.allclose(row, attention_probs(query, keys, scaling), atol=1e-6)
 
@@ -366,7 +366,7 @@ def test_mrope_blocks_score_the_query_per_distinct_rotation(models, partial_on, 
     layer.choose_groups()
     keys, values = layer.append(torch.randn(1, HEADS, 1, DIM), torch.randn(1, HEADS, 1, DIM), torch.tensor([100]))
     query, scaling = torch.randn(1, 2 * HEADS, 1, DIM), DIM ** -0.5
-    out, row = layer.attend(query, scaling)
+    out, row = layer.read_decode(query, scaling)
     assert torch.allclose(row, attention_probs(query, keys, scaling), atol=1e-6)
     assert torch.allclose(out, causal_attention(query, keys, values, scaling), atol=1e-5)
 

@@ -85,14 +85,14 @@ def test_random_variants_have_the_real_shapes():
     """Shipped configs build the real architectures (on the meta device: no memory)."""
     import torch
 
-    from engine.runtime.models import MODELS, _model_class, shipped_config
+    from engine.runtime.models import MODELS, model_class, shipped_config
 
     expected = {"Qwen/Qwen2-VL-2B-Instruct": 2.21, "Qwen/Qwen2.5-VL-7B-Instruct": 8.29, "llava-hf/llava-1.5-7b-hf": 7.06,
                 "Qwen/Qwen3-VL-8B-Instruct": 8.77}
     for spec in MODELS.values():
         if spec.source == "random" and spec.repo in expected:
             with torch.device("meta"):
-                model = _model_class(spec.family)(shipped_config(spec.repo))
+                model = model_class(spec.family)(shipped_config(spec.repo))
             assert abs(sum(p.numel() for p in model.parameters()) / 1e9 - expected[spec.repo]) < 0.02
     assert shipped_config("llava-hf/llava-1.5-7b-hf", num_layers=2).get_text_config().num_hidden_layers == 2
 

@@ -8,12 +8,13 @@ import torch
 from tests.support import make_image, make_video
 
 import backends
+from backends.media_reuse import ReusesMedia
 from engine.hf import Chat, compress, save_offline
 from engine.runtime.attention import ATTENTION_NAME
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
 
-PLAIN = [name for name in backends.available() if not backends.backend_class(name).needs_media_store]
+PLAIN = [name for name in backends.available() if not issubclass(backends.backend_class(name), ReusesMedia)]
 FIRST, SECOND = "What is shown?", "And the colours?"
 
 

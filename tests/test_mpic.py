@@ -30,7 +30,7 @@ def run(loaded, store, session, message, mode, **params):
     """One prefill (and one token) with the MPIC backend in ``mode``; returns (logits, conversation)."""
     conv = Conversation(loaded, backends.make_backend("mpic", mode=mode, **params), linker=Linker(store, session))
     update = conv.ask(message, max_new_tokens=1)
-    return conv._last_logits, conv, update
+    return conv.last_logits, conv, update
 
 
 def moved(*images):

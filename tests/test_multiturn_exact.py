@@ -46,5 +46,5 @@ def test_second_turn_equals_generate_on_the_whole_conversation(name):
     assert generated[:len(answer2.token_ids)] == answer2.token_ids
     # tiny random weights repeat themselves, so the tokens alone prove little: the logits of turn 2's
     # first token (after its prefill on the carried cache) match too
-    torch.testing.assert_close(conv._last_logits, out.logits[0][0].float(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(conv.last_logits, out.logits[0][0].float(), rtol=1e-4, atol=1e-5)
     assert len(answer2.token_ids) == NEW_TOKENS or answer2.token_ids[-1] in adapter.eos_ids

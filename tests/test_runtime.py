@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def hf_reference(loaded, message: Message, max_new_tokens: int) -> list[int]:
     """Greedy tokens from transformers' own generate() with eager attention on the same ids."""
-    chunk = Conversation(loaded, backends.make_backend("full"))._encode(message, close_turn=True)
+    chunk = Conversation(loaded, backends.make_backend("full")).encode(message, close_turn=True)
     ids, kwargs = chunk.input_ids, dict(chunk.model_kwargs)
     if loaded.adapter.rope_dims == 3:
         cfg = loaded.model.config
@@ -56,8 +56,8 @@ def test_full_cache_matches_transformers_generate(models, name):
 def test_layout_spans_images_and_video_frames(models):
     loaded = models("tiny-qwen2-vl")
     conv = Conversation(loaded, backends.make_backend("full"))
-    chunk = conv._encode(Message("What changed?", images=[make_image(0), make_image(1, (224, 224))],
-                                 videos=[make_video(0, frames=4)]), close_turn=True)
+    chunk = conv.encode(Message("What changed?", images=[make_image(0), make_image(1, (224, 224))],
+                                videos=[make_video(0, frames=4)]), close_turn=True)
     layout, ids = chunk.layout, chunk.input_ids[0]
     image_id, video_id = loaded.model.config.image_token_id, loaded.model.config.video_token_id
     assert [v.kind for v in layout.visuals] == ["image", "image", "video"]

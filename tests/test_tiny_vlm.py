@@ -169,7 +169,7 @@ def test_training_sees_exactly_the_apps_chat(random_arena, kind, monkeypatch):
     conv.feed(Message("", **it.media()))
     drop_visual(conv, hidden)
     conv.ask(Message(it.question.text), max_new_tokens=1)
-    assert torch.allclose(logits, conv._last_logits, atol=1e-4)
+    assert torch.allclose(logits, conv.last_logits, atol=1e-4)
 
 
 def test_training_script_runs_saves_and_resumes(tmp_path, capsys):

@@ -36,8 +36,9 @@ import backends
 from backends.base import AttentionCall
 
 from ..errors import UserError
-from ..runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
+from ..runtime.attention import ATTENTION_NAME
 from ..runtime.cache import KVCache
+from ..runtime.forward import position_ids, run_forward
 from ..runtime.models import pick_device, pick_dtype
 from .common import (
     SPREAD_NOTE,
@@ -90,11 +91,8 @@ class Session:
         self.model, self.text, self.rope_dims, self.clock = model, text, rope_dims, clock
         self.dummy = torch.zeros(1, dtype=model.dtype, device=model.device)
 
-    def position_ids(self, rope: torch.Tensor) -> torch.Tensor:
-        return rope[:, None, :] if self.rope_dims == 3 else rope
-
     def rotary(self, rope: torch.Tensor):
-        return self.model.rotary_emb(self.dummy, self.position_ids(rope.to(self.model.device)))
+        return self.model.rotary_emb(self.dummy, position_ids(rope.to(self.model.device)))
 
     def prefill(self, method: str, budget: float, params: dict, embeds, rope, layout) -> "Decoding":
         """One timed prefill of ``method`` (or stock sdpa); the returned state takes the decode steps."""
@@ -115,23 +113,18 @@ class Session:
 
     def forward(self, backend, cache, embeds, rope, layout, positions, seen: int, step: int) -> tuple[float, float]:
         """One timed forward pass: (seconds, seconds inside the method's hooks)."""
-        position_ids = self.position_ids(rope)
-        self.text._attn_implementation = "sdpa" if backend is None else ATTENTION_NAME
+        self.model.set_attn_implementation(STOCK if backend is None else ATTENTION_NAME)
         if backend is None:
             start = self.clock()
             with torch.inference_mode():
-                self.model(inputs_embeds=embeds, position_ids=position_ids, past_key_values=cache, use_cache=True)
+                self.model(inputs_embeds=embeds, position_ids=position_ids(rope), past_key_values=cache, use_cache=True)
             return self.clock() - start, 0.0
-        positions = positions.to(embeds.device)
-        cache.pending_positions = positions
         call = AttentionCall(layer_idx=0, num_layers=self.text.num_hidden_layers,
-                             phase="prefill" if embeds.shape[1] > 1 else "decode", positions=positions,
+                             phase="prefill" if embeds.shape[1] > 1 else "decode", positions=positions.to(embeds.device),
                              rope_ids=rope, layout=layout, seen=seen, step=step, rotary=self.rotary)
-        run = ForwardRun(cache, call, sync=self.clock.cuda)
         start = self.clock()
-        with torch.inference_mode(), forward_run(run):
-            self.model(inputs_embeds=embeds, position_ids=position_ids, past_key_values=cache, use_cache=True)
-            run.timed(backend.after_forward, cache, call)
+        with torch.inference_mode():
+            _, run = run_forward(self.model, cache, call, sync=self.clock.cuda, inputs_embeds=embeds)
         return self.clock() - start, run.settle()
 
 

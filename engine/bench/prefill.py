@@ -51,13 +51,14 @@ from backends.full import FullCache
 from backends.layout import PromptLayout, VisualSpan
 
 from ..errors import UserError
-from ..runtime.attention import ATTENTION_NAME, ForwardRun, active_run, forward_run
+from ..runtime.attention import ATTENTION_NAME, active_run
 from ..runtime.cache import KVCache
+from ..runtime.forward import run_forward
 from ..runtime.models import (
-    _random_model,
     model_spec,
     pick_device,
     pick_dtype,
+    random_model,
     shipped_config,
 )
 from ..tiny.builtin import tiny_config
@@ -112,8 +113,8 @@ def build_decoder(name: str, num_layers: int | None, device: torch.device, dtype
     if num_layers and spec.source != "random":
         text.num_hidden_layers = num_layers
     text.vocab_size = 256  # inputs arrive as embeddings
-    text._attn_implementation = ATTENTION_NAME
-    model = _random_model(MODEL_MAPPING[type(text)], text, device, dtype, seed).eval()
+    model = random_model(MODEL_MAPPING[type(text)], text, device, dtype, seed).eval()
+    model.set_attn_implementation(ATTENTION_NAME)
     rope_dims = 3 if "mrope_section" in (getattr(text, "rope_parameters", None) or {}) else 1
     return model, text, rope_dims
 
@@ -143,17 +144,14 @@ def prefill(model, backend, num_layers: int, embeds, rope, layout, sync: bool) -
     timed hooks, cache)."""
     total = embeds.shape[1]
     cache = KVCache(backend, num_layers)
-    cache.pending_positions = torch.arange(total, device=embeds.device)
-    call = AttentionCall(layer_idx=0, num_layers=num_layers, phase="prefill", positions=cache.pending_positions,
-                         rope_ids=rope, layout=layout, seen=total, step=0)
-    position_ids = rope[:, None, :] if rope.shape[0] == 3 else rope
-    run = ForwardRun(cache, call, sync=sync)
+    call = AttentionCall(layer_idx=0, num_layers=num_layers, phase="prefill",
+                         positions=torch.arange(total, device=embeds.device), rope_ids=rope, layout=layout,
+                         seen=total, step=0)
     if sync:
         torch.cuda.synchronize()
     start = time.perf_counter()
-    with torch.inference_mode(), forward_run(run):
-        model(inputs_embeds=embeds, position_ids=position_ids, past_key_values=cache, use_cache=True)
-        backend.after_forward(cache, call)
+    with torch.inference_mode():
+        _, run = run_forward(model, cache, call, sync=sync, inputs_embeds=embeds)
     if sync:
         torch.cuda.synchronize()
     return time.perf_counter() - start, run.settle(), cache

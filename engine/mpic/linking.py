@@ -3,11 +3,12 @@
 * :func:`ingest` is the upload step (MPIC Fig. 5, step 1): an image or a video goes through the
   vision encoder and the language model once, after a fixed prefix (system prompt, user header),
   and its visual embeddings, rotary ids and per-layer KV go to the session's :class:`KVStore`.
-* :class:`Linker` sits in a :class:`~engine.runtime.generate.Conversation` (``linker=``). For a backend
-  with ``reuse == "media"`` it looks up every image and video of a prompt by content hash (disk
-  loads start at once and run while the prompt is prepared and computed), turns each hit into a
-  ``StoredMedia`` with its rotary shift, builds the input embeddings of the tokens the backend
-  recomputes (stored embeddings: no vision encoder on a hit), and runs the backend's forward steps.
+* :class:`Linker` sits in a :class:`~engine.runtime.generate.Conversation` (``linker=``) and drives
+  a backend that is a :class:`~backends.media_reuse.ReusesMedia`. For ``reuse == "media"`` it looks
+  up every image and video of a prompt by content hash (disk loads start at once and run while the
+  prompt is prepared and computed), turns each hit into a ``StoredMedia`` with its rotary shift,
+  builds the input embeddings of the tokens the backend recomputes (stored embeddings: no vision
+  encoder on a hit), and runs the backend's forward steps.
   For ``reuse == "prefix"`` it restores the longest exact token prefix of an earlier prompt.
 * A miss (never stored, expired, evicted, another session's, a damaged file) is recomputed: the
   span is fed in full, or, if a file fails half-way through a forward pass, the linked tokens are
@@ -23,10 +24,11 @@ from dataclasses import dataclass, replace
 import torch
 
 import backends
-from backends.mpic import MPICReport, StoredMedia
+from backends.media_reuse import ReusesMedia, StoredMedia
 
 from ..media import Video, load_image, load_video
 from ..runtime.attention import active_run
+from ..runtime.forward import position_ids
 from ..runtime.generate import Conversation
 from ..runtime.inputs import DEFAULT_SYSTEM, Chunk, Message
 from ..runtime.models import LoadedModel
@@ -101,12 +103,9 @@ def capture_embeddings(loaded: LoadedModel, stop: bool = False):
 def encode_chunk(conv: Conversation, chunk: Chunk) -> LanguageInputs:
     """The language model's inputs for a chunk, the vision encoder run as the model runs it."""
     dev = conv.loaded.device
-    kwargs = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in chunk.model_kwargs.items()}
-    if "pixel_values" in kwargs and kwargs["pixel_values"].is_floating_point():
-        kwargs["pixel_values"] = kwargs["pixel_values"].to(conv.loaded.dtype)
     with capture_embeddings(conv.loaded, stop=True) as seen:
-        conv.loaded.model(input_ids=chunk.input_ids.to(dev), position_ids=conv._position_ids(chunk.rope_ids),
-                          use_cache=False, **kwargs)
+        conv.loaded.model(input_ids=chunk.input_ids.to(dev), position_ids=position_ids(chunk.rope_ids.to(dev)),
+                          use_cache=False, **conv.loaded.on_device(chunk.model_kwargs))
     return seen[0]
 
 
@@ -124,7 +123,7 @@ def ingest(loaded: LoadedModel, store: KVStore, session: str, media, *, video: b
     chunk = loaded.adapter.encode_turn(message, 0, 0, system_prompt, (), open_turn=True, close_turn=False)
     conv = Conversation(loaded, backends.make_backend("full"), system_prompt)
     with capture_embeddings(loaded) as seen:
-        conv._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
+        conv.forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
     first, end = chunk.layout.visuals[0].span
     tensors = {EMBEDS: seen[0].embeds[0, first:end], ROPE: chunk.rope_ids[:, first:end]}
     if seen[0].deepstack is not None:
@@ -153,23 +152,23 @@ class Linker:
 
     def prefill(self, conv: Conversation, chunk: Chunk) -> tuple[torch.Tensor, float]:
         """Prefill ``chunk`` reusing what the backend asks for; (last logits, method overhead)."""
-        reuse = getattr(conv.backend, "reuse", None)
+        reuse = conv.backend.reuse if isinstance(conv.backend, ReusesMedia) else None
         self.status = ["recomputed"] * len(chunk.layout.visuals)
         if reuse == "prefix":
             return self._prefix(conv, chunk)
         if reuse != "media" or not chunk.layout.visuals:
-            return conv._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
+            return conv.forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
         model = conv.loaded.spec.name
         entries = [self.store.get(self.session, model, key) for key in self.keys]  # disk loads start here
         links = [self._link(chunk, visual, entry, key, i)
                  for i, (visual, entry, key) in enumerate(zip(chunk.layout.visuals, entries, self.keys))]
         if not any(links):
-            return conv._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
+            return conv.forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
         try:
             return self._linked(conv, chunk, links, entries)
         except CorruptEntry:  # a file failed half-way: forget the links, compute as without a cache
             self.status = ["recomputed (damaged file)"] * len(links)
-            return conv._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
+            return conv.forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
 
     def _link(self, chunk: Chunk, visual, entry: Entry | None, key: str, i: int) -> StoredMedia | None:
         """A store hit as the backend sees it, if its tokens line up with this prompt's."""
@@ -203,13 +202,13 @@ class Linker:
             with _layer_hooks(conv, inputs.deepstack) as hooks:
                 for rows in steps:
                     hooks.rows = rows.to(dev)
-                    logits, spent = conv._forward(None, chunk.rope_ids[:, rows], layout,
-                                                  {"inputs_embeds": inputs.embeds[:, rows.to(dev)]},
-                                                  positions=positions[rows.to(dev)], seen=start_seen + layout.length)
+                    logits, spent = conv.forward(None, chunk.rope_ids[:, rows], layout,
+                                                 {"inputs_embeds": inputs.embeds[:, rows.to(dev)]},
+                                                 positions=positions[rows.to(dev)], seen=start_seen + layout.length)
                     overhead += spent
         except CorruptEntry:
             backend.abort(lengths)
-            conv.seen = start_seen
+            conv.rewind(start_seen)
             raise
         backend.unlink()
         return logits, overhead
@@ -263,14 +262,13 @@ class Linker:
             inputs = encode_chunk(conv, chunk)  # the images are encoded as without a cache
             with _layer_hooks(conv, inputs.deepstack) as hooks:
                 hooks.rows = rest.to(dev)
-                logits, overhead = conv._forward(None, chunk.rope_ids[:, rest], layout,
-                                                 {"inputs_embeds": inputs.embeds[:, rest.to(dev)]},
-                                                 positions=rest.to(dev) + layout.start, seen=layout.end)
+                logits, overhead = conv.forward(None, chunk.rope_ids[:, rest], layout,
+                                                {"inputs_embeds": inputs.embeds[:, rest.to(dev)]},
+                                                positions=rest.to(dev) + layout.start, seen=layout.end)
         else:
-            logits, overhead = conv._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
+            logits, overhead = conv.forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
         chunk_positions = torch.arange(layout.start, layout.end)
-        conv.backend.report = MPICReport(reused=[chunk_positions[:length]] * len(conv.cache.layers),
-                                         recomputed=[chunk_positions[length:]] * len(conv.cache.layers))
+        conv.backend.report_prefix(chunk_positions[:length], chunk_positions[length:], len(conv.cache.layers))
         if first_turn:
             kv = {}
             for i, layer in enumerate(conv.cache.layers):
@@ -303,10 +301,7 @@ class _LayerHooks:
                 rows = rows.to(hidden.device)
                 hidden = hidden[:, rows]
                 self.kept = rows if self.kept is None else self.kept[rows]
-                run = active_run()  # the new keys of the next layers belong to the kept rows only
-                call = run.call
-                run.call = replace(call, positions=call.positions[rows], rope_ids=call.rope_ids[:, rows.cpu()])
-                run.cache.pending_positions = run.call.positions
+                active_run().narrow(rows)  # the new keys of the next layers belong to the kept rows only
             if self.kept is None:
                 return None
             cos, sin = kwargs["position_embeddings"]  # every layer gets the full step's tables

@@ -83,8 +83,14 @@ def time_prompt(loaded: LoadedModel, store: KVStore, session: str, message: Mess
             "other_s": max(m.ttft_s - m.prefill_s, 0.0)}
 
 
-def measure_ttft(loaded, store: KVStore, session: str, message: Message, modes=("prefix", "mpic"),
+# the app's panel: full recompute (the reference every TTFT is divided by), prefix caching, MPIC-k
+PANEL_MODES = ("recompute", "prefix", "mpic")
+
+
+def measure_ttft(loaded, store: KVStore, session: str, message: Message, modes=PANEL_MODES,
                  **params) -> dict[str, dict]:
     """TTFT of this prompt under each mode, in the session's current store state (the app's
-    "prefix caching vs MPIC" panel): mode -> :func:`time_prompt`'s figures."""
-    return {mode: time_prompt(loaded, store, session, message, mode, **params) for mode in modes}
+    "prefix caching vs MPIC" panel): mode -> :func:`time_prompt`'s figures, with ``label``, the
+    mode as a reader names it (``"MPIC-32"``)."""
+    return {mode: time_prompt(loaded, store, session, message, mode, **params)
+            | {"label": backends.make_backend("mpic", mode=mode, **params).reuse_label} for mode in modes}

@@ -34,6 +34,14 @@ class ForwardRun:
     def call_for(self, layer_idx: int) -> AttentionCall:
         return replace(self.call, layer_idx=layer_idx)
 
+    def narrow(self, rows: torch.Tensor) -> None:
+        """Only ``rows`` of the new tokens go on to the next layers (CacheBlend drops the others
+        between layers): the next layers' calls, and the keys the cache receives, are theirs."""
+        call = self.call
+        self.call = replace(call, positions=call.positions[rows.to(call.positions.device)],
+                            rope_ids=call.rope_ids[:, rows.to(call.rope_ids.device)])
+        self.cache.pending_positions = self.call.positions
+
     def timed(self, fn, *args, **kwargs):
         """Run a backend hook and add its time to the method's overhead. On CUDA the hook is
         bracketed by two events, so nothing waits for the device here."""
@@ -102,7 +110,7 @@ def exact_attention(backend, call: AttentionCall, layer, query, key, value, scal
             out, call.column_sums = causal_attention_column_sums(query, key, value, scaling)
             return out, None
         return causal_attention(query, key, value, scaling), None
-    read = layer.attend(query, scaling)  # a compressed layer attends over its stored form
+    read = layer.read_decode(query, scaling)  # a compressed layer answers from its stored form
     if read is not None:
         return read
     if backend.needs_decode_attention:

@@ -20,7 +20,7 @@ class KVCache(Cache):
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         layer = self.layers[layer_idx]
-        if key_states.shape[2] == 1:  # a decode step: the seam reads compressed layers via ``attend``
+        if key_states.shape[2] == 1:  # a decode step: the seam reads compressed layers via ``read_decode``
             return layer.append_decode(key_states, value_states, self.pending_positions)
         out = layer.append(key_states, value_states, self.pending_positions)
         self.peak_bytes = max(self.peak_bytes, self.nbytes())

@@ -15,10 +15,11 @@ import torch
 
 from backends.base import AttentionCall, KVBackend
 from backends.layout import PromptLayout
+from backends.media_reuse import ReusesMedia
 
 from ..errors import UserError
-from .attention import ForwardRun, forward_run
 from .cache import KVCache
+from .forward import position_ids, run_forward
 from .inputs import DEFAULT_SYSTEM, Chunk, Message
 from .models import LoadedModel
 
@@ -72,16 +73,36 @@ class Update:
     done: bool = False
 
 
+@dataclass
+class ConversationState:
+    """A conversation without its model: its method, cache and counters (:meth:`Conversation.snapshot`).
+    It pickles without weights, so it can cross processes (a ZeroGPU worker hands it back);
+    :meth:`Conversation.restore` continues it on a loaded model."""
+
+    backend: KVBackend
+    cache: KVCache
+    system_prompt: str | None
+    seen: int
+    next_position: int
+    pending: list[int]
+    turn_open: bool
+    layouts: list[PromptLayout]
+    steps: int
+    last_logits: torch.Tensor | None
+    linked: bool  # it had a linker (stored media KV): restore it with one
+
+
 class Conversation:
     """Multi-turn chat whose (compressed) cache is carried from turn to turn."""
 
     def __init__(self, loaded: LoadedModel, backend: KVBackend, system_prompt: str | None = DEFAULT_SYSTEM,
-                 linker=None):
+                 linker=None, cache: KVCache | None = None):
         self.loaded = loaded
         self.backend = backend
-        self.linker = linker  # engine.mpic.linking.Linker: stored media KV for backends that reuse it (MPIC)
-        self.adapter = loaded.adapter
-        self.cache = KVCache(backend, loaded.num_layers)
+        # engine.mpic.linking.Linker: stored media KV, for a backend that reuses it (backends.media_reuse.ReusesMedia)
+        self.linker = linker
+        # ``cache``: the backend's own, when a conversation is restored (a backend may track its layers)
+        self.cache = KVCache(backend, loaded.num_layers) if cache is None else cache
         self.system_prompt = system_prompt
         self.seen = 0  # tokens fed so far (the uncompressed history length)
         self.next_position = 0  # rotary position of the next token
@@ -89,75 +110,66 @@ class Conversation:
         self.turn_open = False  # a user turn was started without its closing (question-after mode)
         self.layouts: list[PromptLayout] = []
         self.steps = 0
-        self._sync = loaded.device.type == "cuda"
-        lm = loaded.language_model()
-        self._rotary_module = lm.rotary_emb
+        self.last_logits: torch.Tensor | None = None  # float32 logits after the last token fed (the next token's)
+
+    @property
+    def adapter(self):
+        return self.loaded.adapter
+
+    # --- its state, without the model ------------------------------------------------------------
+    def snapshot(self) -> ConversationState:
+        """The method, cache and counters, sharing their objects (nothing is copied)."""
+        return ConversationState(self.backend, self.cache, self.system_prompt, self.seen, self.next_position,
+                                 self.pending, self.turn_open, self.layouts, self.steps, self.last_logits,
+                                 linked=self.linker is not None)
+
+    @classmethod
+    def restore(cls, state: ConversationState, loaded: LoadedModel, linker=None) -> Conversation:
+        """The conversation ``state`` was taken from, continued on ``loaded`` (with ``linker`` when
+        ``state.linked``)."""
+        conv = cls(loaded, state.backend, state.system_prompt, linker, cache=state.cache)
+        conv.seen, conv.next_position, conv.pending = state.seen, state.next_position, state.pending
+        conv.turn_open, conv.layouts, conv.steps, conv.last_logits = state.turn_open, state.layouts, state.steps, state.last_logits
+        return conv
 
     # --- positions -----------------------------------------------------------------------------
-    def _position_ids(self, rope_ids: torch.Tensor) -> torch.Tensor:
-        rope_ids = rope_ids.to(self.loaded.device)
-        return rope_ids[:, None, :] if self.adapter.rope_dims == 3 else rope_ids
-
     def rotary(self, rope_ids: torch.Tensor):
         """(P, n) rotary ids -> (cos, sin) of shape (1, n, D), as the model computes them."""
         dummy = torch.zeros(1, dtype=self.loaded.dtype, device=self.loaded.device)
-        return self._rotary_module(dummy, self._position_ids(rope_ids))
+        return self.loaded.language_model().rotary_emb(dummy, position_ids(rope_ids.to(self.loaded.device)))
 
     # --- one forward pass ----------------------------------------------------------------------
-    def _forward(self, input_ids, rope_ids, layout: PromptLayout | None, model_kwargs: dict,
-                 positions: torch.Tensor | None = None, seen: int | None = None,
-                 cap_bytes: int | None = None) -> tuple[torch.Tensor, float]:
-        """One forward pass. ``positions`` / ``seen`` (token indices fed, history length after) let a
+    def forward(self, input_ids, rope_ids, layout: PromptLayout | None, model_kwargs: dict,
+                positions: torch.Tensor | None = None, seen: int | None = None,
+                cap_bytes: int | None = None) -> tuple[torch.Tensor, float]:
+        """One forward pass of new tokens on the cache: (float32 logits of the last one, seconds in
+        the method's hooks). ``positions`` / ``seen`` (token indices fed, history length after) let a
         linked prefill feed a subset of a chunk; ``input_ids`` is None when ``model_kwargs`` holds
         ``inputs_embeds``; ``cap_bytes``: a streamed prefill's memory cap, handed to the method."""
         q = rope_ids.shape[1]
         if positions is None:
             positions = torch.arange(self.seen, self.seen + q, device=self.loaded.device)
         seen = self.seen + q if seen is None else seen
-        self.cache.pending_positions = positions
         call = AttentionCall(layer_idx=0, num_layers=self.loaded.num_layers, phase="prefill" if q > 1 else "decode",
                              positions=positions, rope_ids=rope_ids, layout=layout, seen=seen,
                              step=self.steps, rotary=self.rotary, cap_bytes=cap_bytes)
-        run = ForwardRun(self.cache, call, sync=self._sync)
         dev = self.loaded.device
-        kwargs = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in model_kwargs.items()}
-        if "pixel_values" in kwargs and kwargs["pixel_values"].is_floating_point():
-            kwargs["pixel_values"] = kwargs["pixel_values"].to(self.loaded.dtype)
-        with forward_run(run):
-            out = self.loaded.model(input_ids=None if input_ids is None else input_ids.to(dev),
-                                    position_ids=self._position_ids(rope_ids),
-                                    past_key_values=self.cache, use_cache=True, logits_to_keep=1, **kwargs)
-            run.timed(self.backend.after_forward, self.cache, call)
+        out, run = run_forward(self.loaded.model, self.cache, call, sync=self.cuda,
+                               input_ids=None if input_ids is None else input_ids.to(dev), logits_to_keep=1,
+                               **self.loaded.on_device(model_kwargs))
         self.seen = seen
         return out.logits[0, -1].float(), run.settle()
+
+    def rewind(self, seen: int) -> None:
+        """Back to ``seen`` tokens fed, after a prefill abandoned half-way (its method already
+        dropped what that prefill had put in the cache)."""
+        self.seen = seen
 
     # --- a prompt fed in parts (engine.runtime.streaming) --------------------------------------
     def encode(self, message: Message, close_turn: bool = False) -> Chunk:
         """The next part of the conversation's prompt for ``message``, placed after what was fed
         (system prompt on the first turn, the last answer's unfed end, the user header if no turn
         is open), without feeding it."""
-        return self._encode(message, close_turn)
-
-    @torch.inference_mode()
-    def prefill_chunk(self, chunk: Chunk, cap_bytes: int | None = None) -> float:
-        """Prefill one part of a prompt on top of the cache (a streamed video's next frames), with
-        the rotary positions ``chunk`` carries; ``cap_bytes`` asks the method to hold the whole cache
-        under that many bytes once the part is in. Returns the seconds spent in the method's hooks."""
-        logits, overhead = self._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs,
-                                         cap_bytes=cap_bytes)
-        self.next_position = chunk.next_position
-        self.pending = []
-        self.layouts.append(chunk.layout)
-        self._last_logits = logits
-        return overhead
-
-    @property
-    def last_logits(self) -> torch.Tensor | None:
-        """Float32 logits after the last token fed (the next token's distribution)."""
-        return getattr(self, "_last_logits", None)
-
-    # --- turns ---------------------------------------------------------------------------------
-    def _encode(self, message: Message, close_turn: bool) -> Chunk:
         if self.linker is not None:  # decode the media once and note their content keys
             message = self.linker.resolve(message)
         prefix = list(self.pending)
@@ -165,6 +177,20 @@ class Conversation:
         return self.adapter.encode_turn(message, self.seen, self.next_position, system, prefix,
                                         open_turn=not self.turn_open, close_turn=close_turn)
 
+    @torch.inference_mode()
+    def prefill_chunk(self, chunk: Chunk, cap_bytes: int | None = None) -> float:
+        """Prefill one part of a prompt on top of the cache (a streamed video's next frames), with
+        the rotary positions ``chunk`` carries; ``cap_bytes`` asks the method to hold the whole cache
+        under that many bytes once the part is in. Returns the seconds spent in the method's hooks."""
+        logits, overhead = self.forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs,
+                                        cap_bytes=cap_bytes)
+        self.next_position = chunk.next_position
+        self.pending = []
+        self.layouts.append(chunk.layout)
+        self.last_logits = logits
+        return overhead
+
+    # --- turns ---------------------------------------------------------------------------------
     def _check_length(self, chunk: Chunk, max_new_tokens: int) -> None:
         needed = self.next_position + chunk.input_ids.shape[1] + max_new_tokens
         if needed > self.loaded.max_context:
@@ -177,7 +203,7 @@ class Conversation:
         """Prefill a partial user turn (media, text before the question) and compress it, without
         answering: the question then arrives on top of the compressed cache (``question_after``)."""
         start = time.perf_counter()
-        chunk = self._encode(message, close_turn=False)
+        chunk = self.encode(message, close_turn=False)
         self._check_length(chunk, 0)
         metrics = self._prefill(chunk, start)
         self.turn_open = True
@@ -187,10 +213,10 @@ class Conversation:
         m = Metrics(prompt_tokens=chunk.input_ids.shape[1],
                     visual_tokens=sum(v.length for v in chunk.layout.visuals))
         t0 = self._clock()
-        if self.linker is not None:
+        if self.linker is not None and isinstance(self.backend, ReusesMedia):
             logits, overhead = self.linker.prefill(self, chunk)
         else:
-            logits, overhead = self._forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
+            logits, overhead = self.forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
         m.prefill_s = self._clock() - t0
         m.overhead_s = overhead
         self.next_position = chunk.next_position
@@ -199,7 +225,7 @@ class Conversation:
         m.kv_bytes_prefill = m.kv_bytes = self.cache.nbytes()
         m.kv_trace.append(m.kv_bytes)
         m.tokens_held = self.cache.tokens_per_layer()
-        self._last_logits = logits
+        self.last_logits = logits
         return m
 
     @torch.inference_mode()
@@ -221,7 +247,7 @@ class Conversation:
         if question_after and message.text.strip() and (message.images or message.videos):
             setup = self.feed(replace(message, text=""))
             message = replace(message, images=[], videos=[])
-        chunk = self._encode(message, close_turn=True)
+        chunk = self.encode(message, close_turn=True)
         self._check_length(chunk, max_new_tokens)
         m = self._prefill(chunk, start)
         if setup is not None:
@@ -233,7 +259,7 @@ class Conversation:
         generator = torch.Generator().manual_seed(seed)
         ids: list[int] = []
         text = ""
-        logits = self._last_logits
+        logits = self.last_logits
         eos = set() if ignore_eos else self.adapter.eos_ids
         for step in range(max_new_tokens):
             token = self._sample(logits, temperature, top_p, generator)
@@ -249,8 +275,8 @@ class Conversation:
             yield Update(text, delta, list(ids), m)
             t0 = self._clock()
             self.steps += 1
-            logits, overhead = self._forward(torch.tensor([[token]]), torch.tensor([[self.next_position]] * self.adapter.rope_dims),
-                                             None, {})
+            logits, overhead = self.forward(torch.tensor([[token]]), torch.tensor([[self.next_position]] * self.adapter.rope_dims),
+                                            None, {})
             m.step_s.append(self._clock() - t0)
             m.decode_s += m.step_s[-1]
             m.decode_overhead_s += overhead
@@ -276,10 +302,10 @@ class Conversation:
     # --- helpers -------------------------------------------------------------------------------
     @property
     def cuda(self) -> bool:
-        return self._sync
+        return self.loaded.device.type == "cuda"
 
     def _clock(self) -> float:
-        if self._sync:
+        if self.cuda:
             torch.cuda.synchronize()
         return time.perf_counter()
 

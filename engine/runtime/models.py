@@ -111,6 +111,13 @@ class LoadedModel:
     def language_model(self):
         return self.model.model.language_model
 
+    def on_device(self, model_kwargs: dict) -> dict:
+        """A processor's model inputs on the model's device, pixels in the model's dtype."""
+        kwargs = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in model_kwargs.items()}
+        if "pixel_values" in kwargs and kwargs["pixel_values"].is_floating_point():
+            kwargs["pixel_values"] = kwargs["pixel_values"].to(self.dtype)
+        return kwargs
+
     def vision_modules(self) -> list[torch.nn.Module]:
         """What turns pixels into visual embeddings: the vision encoder (and LLaVA's projector)."""
         inner = self.model.model
@@ -118,7 +125,8 @@ class LoadedModel:
                 if m is not None]
 
 
-def _model_class(family: str):
+def model_class(family: str):
+    """The transformers class that loads a model of ``family``."""
     import transformers as tf
 
     return {
@@ -221,7 +229,7 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
     dev = pick_device(device)
     _, torch_dtype = pick_dtype(dtype, dev)
     say = progress or (lambda fraction, text: None)
-    cls = _model_class(spec.family)
+    cls = model_class(spec.family)
     if spec.source == "hub":
         say(0.1, f"Fetching {spec.repo} (weights are cached after the first download)...")
         model, tokenizer, image_processor, processor = _load_hub(spec, cls, dev, torch_dtype, quantization)
@@ -243,7 +251,7 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
             _retarget_special_ids(config, tokenizer)
             if spec.family != "llava" and not spec.family.startswith("qwen"):
                 processor = _generic_processor(spec.family, image_processor, tokenizer, config)
-        model = _random_model(cls, config, dev, torch_dtype, seed)
+        model = random_model(cls, config, dev, torch_dtype, seed)
     model.eval()
     model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
     say(0.9, "Model ready.")
@@ -265,7 +273,7 @@ def _load_arena(dev, dtype):
     return model.to(device=dev, dtype=dtype), tokenizer(version), arena_image_processor(version), None
 
 
-def _random_model(cls, config, dev, dtype, seed: int):
+def random_model(cls, config, dev, dtype, seed: int):
     """Seeded random weights, drawn tensor by tensor (the per-module initialisers take minutes at
     7B size on a CPU). Norm weights are ones, biases zero, matrices N(0, initializer_range)."""
     from transformers.initialization import no_init_weights

@@ -25,7 +25,8 @@ tensor and never imports torch. The app imports this package only; its modules, 
   sends), are stored when an MPIC turn adds media, listed by :func:`media_library` and dropped when
   the session closes or its model changes; :func:`mpic_default_k` suits MPIC-k's k to the model.
 * :mod:`.uploads`: which uploaded files a session may use, and which client may read them.
-* :mod:`.methods`: the KV-cache methods described in plain values (titles, papers, parameters).
+* :mod:`.methods`: the KV-cache methods described in plain values (titles, papers, parameters,
+  whether one reuses stored media).
 * :mod:`.scenes`: the offline model's scenes with their true answers (examples, "New scene"), so
   answers are marked right or wrong, and the Chat tab's examples for it (:data:`ARENA_EXAMPLES`).
 """
@@ -35,7 +36,7 @@ from ..runtime.models import ARENA
 from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, media_hint, prepare
 from .model_picker import default_model, has_random_weights, is_trained_here, model_choices, model_description
 from .model_pool import get_model
-from .methods import method_spec, method_specs
+from .methods import method_spec, method_specs, reuses_media
 from .scenes import ARENA_EXAMPLES, Scene, draw_scene, scene_types
 from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_default_k, mpic_ttft
@@ -50,5 +51,6 @@ __all__ = [
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",
     "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
     "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",
-    "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release", "track",
+    "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release",
+    "reuses_media", "track",
 ]

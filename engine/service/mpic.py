@@ -67,10 +67,7 @@ def reuse_summary(state: ChatState, conv: Conversation, prompt_tokens: int, note
     for layer, positions in zip(state.reused, reused):
         layer.update(int(p) for p in positions.flatten())
     count = round(sum(len(p) for p in reused) / len(reused)) if reused else 0
-    mode = conv.backend.mode
-    name = {"mpic": f"MPIC-{conv.backend.k}", "prefix": "prefix caching", "full_reuse": "full reuse",
-            "cacheblend": f"CacheBlend-{conv.backend.recompute_ratio:.0%}", "recompute": "full recompute"}[mode]
-    return {"mode": name, "reused": count, "recomputed": prompt_tokens - count,
+    return {"mode": conv.backend.reuse_label, "reused": count, "recomputed": prompt_tokens - count,
             "visuals": list(conv.linker.status) if conv.linker else [], "note": note}
 
 
@@ -81,7 +78,7 @@ def media_library(session: Session) -> list[dict]:
 
 def mpic_ttft(session: Session) -> dict | None:
     """TTFT of the last MPIC turn's message, sent as a new prompt with the store as it is now,
-    under full recompute, prefix caching and MPIC (its k): ``{"ttft_s": {mode: s}, "k", "tokens"}``.
+    under full recompute, prefix caching and MPIC (its k): :func:`ttft_on_gpu`'s figures.
     None without such a turn or when its message has no media (nothing to reuse)."""
     if session.last_mpic is None:
         return None
@@ -94,10 +91,12 @@ def mpic_ttft(session: Session) -> dict | None:
 
 @gpu_function(duration=lambda settings, prepared, session_id: request_seconds(settings, prepared, runs=3))
 def ttft_on_gpu(settings: Settings, prepared: Prepared, session_id: str) -> dict:
+    """``{"ttft_s": {bar name: s}, "reference": the bar the others are divided by, "tokens"}``,
+    the bars in the panel's order (:data:`~engine.mpic.ttft.PANEL_MODES`), the reference first."""
     loaded = get_model(settings.model)
-    params = {k: v for k, v in settings.method_params("mpic").items() if k != "mode"}
-    figures = measure_ttft(loaded, media_store(), session_id, prepared.message, ("recompute", "prefix", "mpic"),
-                           **params)
+    params = {k: v for k, v in settings.method_params(settings.method).items() if k != "mode"}
+    figures = list(measure_ttft(loaded, media_store(), session_id, prepared.message, **params).values())
     media_store().flush()
-    return {"ttft_s": {mode: f["ttft_s"] for mode, f in figures.items()}, "k": params.get("k", 32),
-            "tokens": figures["mpic"]["prompt_tokens"]}
+    names = [f["label"][:1].upper() + f["label"][1:] for f in figures]  # "Full recompute", "MPIC-32"
+    return {"ttft_s": {name: f["ttft_s"] for name, f in zip(names, figures)}, "reference": names[0],
+            "tokens": figures[0]["prompt_tokens"]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 import weakref
 
-from ..runtime.generate import Conversation
+from ..runtime.generate import Conversation, ConversationState
 from .inputs import Prepared, Settings
 from .model_pool import free_memory
 from .state import ChatState
@@ -47,8 +47,9 @@ class Session:
         (_STOPPING.add if value else _STOPPING.discard)(self.id)
 
     @property
-    def conv(self) -> Conversation | None:
-        """The chat's conversation (its compressed cache), None before the first message."""
+    def conv(self) -> Conversation | ConversationState | None:
+        """The chat's conversation (its compressed cache; its state after a ZeroGPU call), None
+        before the first message."""
         return self.chat.conv
 
     @property

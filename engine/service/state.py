@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import backends
 
 from ..mpic.linking import Linker
-from ..runtime.generate import Conversation
+from ..runtime.generate import Conversation, ConversationState
 from ..runtime.models import LoadedModel
 from . import zerogpu
 from .inputs import Prepared, Settings
@@ -32,22 +32,23 @@ class Reference:
 class ReferenceCache:
     """Full-cache runs keyed by (model, generation settings, messages so far), newest last.
 
-    ``conv`` is the full-cache conversation at the state of ``conv_key``; a chat's next reference
-    continues it, anything else replays the earlier messages on a fresh one.
+    ``conv`` is the full-cache conversation at the state of ``conv_key`` (its
+    :class:`ConversationState` while it crosses processes); a chat's next reference continues it,
+    anything else replays the earlier messages on a fresh one.
     """
 
     size = 16
 
     def __init__(self) -> None:
         self.results: OrderedDict[tuple, Reference] = OrderedDict()
-        self.conv: Conversation | None = None
+        self.conv: Conversation | ConversationState | None = None
         self.conv_key: tuple | None = None
 
     def __getstate__(self) -> dict:
         return dict(self.__dict__, conv=_portable(self.conv))
 
     def attach(self, loaded: LoadedModel) -> ReferenceCache:
-        _attach(self.conv, loaded, "")
+        self.conv = _attach(self.conv, loaded, "")
         return self
 
     def get(self, loaded: LoadedModel, settings: Settings, history: list[Prepared]) -> tuple[Reference, bool]:
@@ -75,22 +76,19 @@ class ReferenceCache:
         return reference
 
 
-def _portable(conv: Conversation | None) -> Conversation | None:
-    """A copy of ``conv`` that pickles without the model (weights never cross processes) and with
-    its linker as a flag; :func:`_attach` puts them back in the process that continues it."""
-    if conv is None or conv.loaded is None:
+def _portable(conv: Conversation | ConversationState | None) -> ConversationState | None:
+    """What of ``conv`` pickles: its state without the model (weights never cross processes) or
+    its linker; :func:`_attach` continues it in the process that takes it."""
+    return conv.snapshot() if isinstance(conv, Conversation) else conv
+
+
+def _attach(conv: Conversation | ConversationState | None, loaded: LoadedModel,
+            session_id: str) -> Conversation | None:
+    """``conv`` on ``loaded``, a linker to the session's media store given back if it had one."""
+    if not isinstance(conv, ConversationState):
         return conv
-    copy = Conversation.__new__(Conversation)
-    copy.__dict__.update(conv.__dict__, loaded=None, adapter=None, _rotary_module=None, linker=conv.linker is not None)
-    return copy
-
-
-def _attach(conv: Conversation | None, loaded: LoadedModel, session_id: str) -> None:
-    if conv is None or conv.loaded is not None:
-        return
-    linker = Linker(media_store(), session_id) if conv.linker else None
-    conv.__dict__.update(loaded=loaded, adapter=loaded.adapter, _rotary_module=loaded.language_model().rotary_emb,
-                         linker=linker, _sync=loaded.device.type == "cuda")
+    linker = Linker(media_store(), session_id) if conv.linked else None
+    return Conversation.restore(conv, loaded, linker)
 
 
 @dataclass
@@ -99,7 +97,7 @@ class ChatState:
     the GPU function takes it and hands back the new one (it pickles without the model; see
     :mod:`engine.service.zerogpu`)."""
 
-    conv: Conversation | None = None
+    conv: Conversation | ConversationState | None = None  # the state while it crosses processes
     cache_key: tuple | None = None  # Settings.cache_key of the method that built ``conv``
     history: list[Prepared] = field(default_factory=list)
     reused: list[set[int]] = field(default_factory=list)  # per layer: token indices whose KV came from the store
@@ -113,7 +111,7 @@ class ChatState:
         return self.conv is not None and self.cache_key == settings.cache_key
 
     def attach(self, loaded: LoadedModel, session_id: str) -> ChatState:
-        _attach(self.conv, loaded, session_id)
+        self.conv = _attach(self.conv, loaded, session_id)
         self.references.attach(loaded)
         return self
 

@@ -8,11 +8,14 @@ from collections.abc import Iterator
 
 import torch
 
+from backends.media_reuse import ReusesMedia
+
 from ..errors import UserError
 from ..mpic.linking import Linker
 from ..runtime.generate import Conversation, agreement
 from ..runtime.inputs import Message
 from .inputs import MAX_FRAMES, Prepared, Settings, request_seconds
+from .methods import reuses_media
 from .model_pool import Progress, free_memory, get_model, silent
 from .mpic import reuse_summary, store_media
 from .sessions import Session, stopping
@@ -71,7 +74,7 @@ def _relay(session: Session, views: Iterator[dict], progress: Progress) -> Itera
 def _chat_seconds(state: ChatState, settings: Settings, prepared: Prepared, session_id: str) -> float:
     answers = 1 if settings.method == "full" else 2  # the method's and the full cache's reference
     replay = len(state.history) if not state.references.results else 0  # a reference may replay the chat
-    return request_seconds(settings, prepared, answers + (settings.method == "mpic")) + 5 * replay
+    return request_seconds(settings, prepared, answers + reuses_media(settings.method)) + 5 * replay
 
 
 def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress = silent,
@@ -102,7 +105,7 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
             session.visuals = view["visuals"]
             earlier = [] if view["new_chat"] else session.transcript
             session.transcript = earlier + [(prepared.message.text, len(prepared.files), view["text"])]
-            if settings.method == "mpic":
+            if reuses_media(settings.method):
                 session.last_mpic = (settings, prepared)
         yield view
 
@@ -118,14 +121,14 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
     backend = settings.backend()
     loaded = get_model(settings.model)  # loaded by the caller; a worker forked before that loads it again
     state = arrive(state, loaded, session_id)
-    mpic = settings.method == "mpic"
+    reuses = reuses_media(settings.method)
     note = ""
-    if mpic:
+    if reuses:
         yield {"progress": (0.3, "Storing the KV of the media...")}
         note = store_media(session_id, loaded, prepared)
     new_chat = not state.continues(settings)
     if new_chat:  # the cache was built by another method or model: it cannot be continued
-        linker = Linker(media_store(), session_id) if mpic else None  # without it MPIC is the full cache
+        linker = Linker(media_store(), session_id) if reuses else None  # without it MPIC is the full cache
         state = ChatState(Conversation(loaded, backend, linker=linker), settings.cache_key, references=state.references)
     history = state.history + [prepared]
     reference, cached = None, False
@@ -134,7 +137,7 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
         reference, cached = state.references.get(loaded, settings, history)
     conv = state.conv
     yield {"progress": (0.7, f"Prefilling with {conv.backend.title}...")}
-    if mpic:
+    if reuses:
         conv.backend.reset_report()  # a prompt without stored media must not show the last one's reuse
     media = next((p.media for p in reversed(history) if p.media), "")  # the scene the chat is about
     message, stream, first_part = prepared.message, None, len(conv.layouts)
@@ -160,7 +163,7 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
             elif not stopping(session_id):  # a full-cache answer is itself the reference
                 key = settings.generation + tuple(p.key for p in history)
                 state.references.store(key, Reference(update.text, update.token_ids, view["metrics"], view["layers"]))
-            if mpic:
+            if reuses:
                 view["mpic"] = reuse_summary(state, conv, update.metrics.prompt_tokens, note)
                 highlight = [torch.tensor(sorted(p), dtype=torch.long)[None] for p in state.reused]
                 view["visuals"] = kept_visuals(conv, history, highlight, "reused")
@@ -208,7 +211,7 @@ def _compare(session: Session, settings: Settings, methods: list[str], turns: li
 
 def _compare_seconds(references: ReferenceCache, settings: Settings, methods: list[str], turns: list[Prepared],
                      session_id: str) -> float:
-    runs = (1 + len(methods) + ("mpic" in methods)) * len(turns)
+    runs = (1 + len(methods) + any(map(reuses_media, methods))) * len(turns)
     return request_seconds(settings, turns[0], runs=runs)
 
 
@@ -237,7 +240,7 @@ def _compare_runs(references: ReferenceCache, settings: Settings, methods: list[
     references = arrive(references, loaded, session_id)
     eos = loaded.adapter.eos_ids
     media = next((t.media for t in turns if t.media), "")
-    if "mpic" in methods:
+    if any(map(reuses_media, methods)):
         yield {"progress": (0.2, "Storing the KV of the media...")}
         store_media(session_id, loaded, turns[0])
         media_store().flush()
@@ -254,7 +257,7 @@ def _compare_runs(references: ReferenceCache, settings: Settings, methods: list[
     yield {"runs": runs, "done": False}
     for i, backend in enumerate(built):
         yield {"progress": (0.4 + 0.6 * i / len(built), f"{backend.title}...")}
-        linker = Linker(media_store(), session_id) if backend.name == "mpic" else None
+        linker = Linker(media_store(), session_id) if isinstance(backend, ReusesMedia) else None
         conv = Conversation(loaded, backend, linker=linker)
         run = {"name": backend.name, "method": backend.title, "turns": [], "visuals": None, "done": False}
         runs.append(run)

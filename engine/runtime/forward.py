@@ -1,0 +1,35 @@
+"""One forward pass of a text model through the runtime's attention seam, as the conversation, the
+benchmarks and the public entry point run it: the model's position ids from rotary ids, the cache
+told which tokens arrive, the backend's ``before_forward`` / ``after_forward`` around the pass."""
+
+from __future__ import annotations
+
+import torch
+
+from backends.base import AttentionCall
+
+from .attention import ForwardRun, forward_run
+from .cache import KVCache
+
+
+def position_ids(rope_ids: torch.Tensor) -> torch.Tensor:
+    """(P, n) rotary ids -> the ``position_ids`` the model takes: M-RoPE's three rows (temporal,
+    height, width) as (3, 1, n), with the batch of one in the middle; 1-D positions (1, n) as they are."""
+    return rope_ids[:, None, :] if rope_ids.shape[0] == 3 else rope_ids
+
+
+def run_forward(model, cache: KVCache, call: AttentionCall, sync: bool = False, **inputs):
+    """``model(**inputs)`` on ``cache`` for the new tokens ``call`` describes (their token indices,
+    rotary ids, layout): the cache learns which tokens the new keys belong to, the backend opens
+    and closes the pass, its ``after_forward`` is timed with its other hooks. The inputs and
+    ``call.positions`` are on the model's device (``call.rope_ids`` may be on the CPU); ``sync``:
+    CUDA, where hooks are timed with events. Returns (the model's output, the :class:`ForwardRun`),
+    whose ``settle()`` gives the seconds spent in the backend's hooks, read when the caller chooses
+    (a timed caller reads it after its own clock)."""
+    cache.pending_positions = call.positions
+    run = ForwardRun(cache, call, sync=sync)
+    with forward_run(run):
+        out = model(position_ids=position_ids(call.rope_ids.to(call.positions.device)), past_key_values=cache,
+                    use_cache=True, **inputs)
+        run.timed(cache.backend.after_forward, cache, call)
+    return out, run
