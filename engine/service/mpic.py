@@ -14,6 +14,7 @@ from .model_pool import get_model
 from .sessions import Session
 from .state import ChatState
 from .store import media_store
+from .view_types import ReuseSummary, StoredMedia, TtftView
 from .zerogpu import gpu_function
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ def store_media(session_id: str, loaded: LoadedModel, prepared: Prepared) -> str
     return f"could not store {', '.join(failed)}: recomputed" if failed else ""
 
 
-def reuse_summary(state: ChatState, conv: Conversation, prompt_tokens: int, note: str) -> dict:
+def reuse_summary(state: ChatState, conv: Conversation, prompt_tokens: int, note: str) -> ReuseSummary:
     """This prompt's reused and recomputed token counts (mean over layers), each visual's fate, and
     the chat's reused tokens so far (per layer) for the overlay."""
     reused = conv.backend.report.reused or []
@@ -52,19 +53,21 @@ def reuse_summary(state: ChatState, conv: Conversation, prompt_tokens: int, note
     mode = conv.backend.mode
     name = {"mpic": f"MPIC-{conv.backend.k}", "prefix": "prefix caching", "full_reuse": "full reuse",
             "cacheblend": f"CacheBlend-{conv.backend.recompute_ratio:.0%}", "recompute": "full recompute"}[mode]
-    return {"mode": name, "reused": count, "recomputed": prompt_tokens - count,
-            "visuals": list(conv.linker.status) if conv.linker else [], "note": note}
+    return ReuseSummary(name, count, prompt_tokens - count, list(conv.linker.status) if conv.linker else [], note)
 
 
-def media_library(session: Session) -> list[dict]:
-    """The session's stored media: label, kind, model, tokens, bytes, in_memory, on_disk."""
-    return media_store().library(session.id) if session.media_model is not None else []
+def media_library(session: Session) -> list[StoredMedia]:
+    """The session's stored media, oldest first."""
+    if session.media_model is None:
+        return []
+    return [StoredMedia(row["key"], row["label"], row["kind"], row["model"], row["tokens"], row["bytes"],
+                        row["in_memory"], row["on_disk"]) for row in media_store().library(session.id)]
 
 
-def mpic_ttft(session: Session) -> dict | None:
+def mpic_ttft(session: Session) -> TtftView | None:
     """TTFT of the last MPIC turn's message, sent as a new prompt with the store as it is now,
-    under full recompute, prefix caching and MPIC (its k): ``{"ttft_s": {mode: s}, "k", "tokens"}``.
-    None without such a turn or when its message has no media (nothing to reuse)."""
+    under full recompute, prefix caching and MPIC (its k). None without such a turn or when its
+    message has no media (nothing to reuse)."""
     if session.last_mpic is None:
         return None
     settings, prepared = session.last_mpic
@@ -75,11 +78,11 @@ def mpic_ttft(session: Session) -> dict | None:
 
 
 @gpu_function(duration=lambda settings, prepared, session_id: request_seconds(settings, prepared, runs=3))
-def ttft_on_gpu(settings: Settings, prepared: Prepared, session_id: str) -> dict:
+def ttft_on_gpu(settings: Settings, prepared: Prepared, session_id: str) -> TtftView:
     loaded = get_model(settings.model)
     params = {k: v for k, v in settings.method_params("mpic").items() if k != "mode"}
     figures = measure_ttft(loaded, media_store(), session_id, prepared.message, ("recompute", "prefix", "mpic"),
                            **params)
     media_store().flush()
-    return {"ttft_s": {mode: f["ttft_s"] for mode, f in figures.items()}, "k": params.get("k", 32),
-            "tokens": figures["mpic"]["prompt_tokens"]}
+    return TtftView({mode: f["ttft_s"] for mode, f in figures.items()}, params.get("k", 32),
+                    figures["mpic"]["prompt_tokens"])
