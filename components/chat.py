@@ -322,7 +322,8 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
             rows = examples(model or "")
             if rows:
                 gr.Examples(rows, inputs=[textbox], label="Examples (made by the project, work offline)"
-                            if model else "Examples (for hub models; random weights answer nonsense)")
+                            if model else "Examples (for hub models; random weights answer nonsense)",
+                            api_visibility="private")
         example_sets.append(column)
     with gr.Row():
         with gr.Column():

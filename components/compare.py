@@ -312,7 +312,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
             rows = example_rows(kind)
             if rows:
                 gr.Examples(rows, inputs=[textbox, follow_up], elem_id="compare-examples" if kind else None, label="Examples (both questions; answers marked right "
-                            "or wrong)" if kind else "Examples (for hub models)")
+                            "or wrong)" if kind else "Examples (for hub models)", api_visibility="private")
             if kind:
                 with gr.Row():
                     scene_kind = gr.Dropdown(list(service.scene_types()), value=service.scene_types()[0],
