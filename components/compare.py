@@ -234,15 +234,25 @@ def show_knobs(chosen: list[str]) -> list:
     return [gr.update(visible=method in (chosen or [])) for method, _ in knob_specs()]
 
 
-def new_scene(kind: str) -> tuple:
+@dataclass(frozen=True)
+class SceneOutputs(Outputs):
+    """What "New scene" sets: both questions and the status (KEEP: left as it is)."""
+
+    textbox: Any = KEEP
+    follow_up: Any = KEEP
+    status: Any = KEEP
+
+
+def new_scene(kind: str) -> SceneOutputs:
     """A fresh scene of ``kind`` from the model's scene generator, with its true answers: it fills
     the first question (with its media) and the follow-up."""
     try:
         scene = service.draw_scene(kind)
     except UserError as exc:
-        return gr.skip(), gr.skip(), refusal(exc)
-    return ({"text": scene.questions[0], "files": list(scene.files)}, scene.questions[1] if len(scene.questions) > 1 else "",
-            f"A new {kind} scene: its answers are marked right or wrong.")
+        return SceneOutputs(status=refusal(exc))
+    return SceneOutputs({"text": scene.questions[0], "files": list(scene.files)},
+                        scene.questions[1] if len(scene.questions) > 1 else "",
+                        f"A new {kind} scene: its answers are marked right or wrong.")
 
 
 GENERAL_EXAMPLES = [("What shapes do you see?", "What colour is the triangle?", ["shapes.png"]),
@@ -344,7 +354,8 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     methods.input(limit_methods, methods, [methods, status], queue=False, api_visibility="private")
     methods.change(show_knobs, methods, knobs, queue=False, api_visibility="private")
     settings.model.change(show_examples, settings.model, example_sets, queue=False, api_visibility="private")
-    scene_button.click(new_scene, scene_kind, [textbox, follow_up, status], queue=False, api_visibility="private")
+    scene_button.click(by_component(tab, new_scene), scene_kind, components_of(tab, SceneOutputs), queue=False,
+                       api_visibility="private")
     own = {"budget": budget} | {f"{m}_{p['name']}": knob for (m, p), knob in zip(knob_specs(), knobs)}
     button.click(by_component(tab, run), [textbox, methods, follow_up, session], tab.outputs,
                  inputs_kwargs=settings.named | own,

@@ -75,11 +75,12 @@ def test_question_before_or_with_the_media():
 
 
 def test_new_scene_fills_both_questions_with_known_answers():
-    box, then, status = compare.new_scene("images")
+    scene = compare.new_scene("images")
+    box, then, status = scene.textbox, scene.follow_up, scene.status
     assert box["text"] and then and len(box["files"]) >= 2 and "new images scene" in status
-    assert compare.new_scene("nonsense")[2].startswith(chat.NOT_ANSWERED)
-    moving, _, _ = compare.new_scene("moving")
-    assert moving["files"][0].endswith(".avi")  # drawn frames, read back pixel for pixel
+    refused = compare.new_scene("nonsense")
+    assert refused.status.startswith(chat.NOT_ANSWERED) and set(refused.changed()) == {"status"}
+    assert compare.new_scene("moving").textbox["files"][0].endswith(".avi")  # drawn frames, read back pixel for pixel
 
 
 @pytest.mark.parametrize("methods", [[], ["streamingllm", "a", "b", "c", "d"]])
