@@ -4,6 +4,7 @@ served)."""
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import gradio as gr
@@ -246,6 +247,21 @@ def test_a_large_image_within_the_limits_is_downscaled_at_load(tmp_path, monkeyp
     make_image(4, (400, 100)).save(path)
     image = engine.media.load_image(str(path))
     assert image.size == (200, 50)  # the aspect ratio kept, at most LOAD_PIXELS
+
+
+def test_outputs_reach_gradio_keyed_by_component_and_leave_the_rest_as_it_is():
+    from components import compare, outputs
+
+    with gr.Blocks():
+        tab = compare.CompareTab(*[gr.Textbox() for _ in range(4)], answers=[gr.Textbox() for _ in range(compare.SLOTS)],
+                                 table=gr.Dataframe(), status=gr.Markdown(), memory=gr.Plot(), speed=gr.Plot(),
+                                 layers=gr.Plot(), quality=gr.Plot(), gallery=gr.Gallery(), at_scale=gr.Markdown())
+    sent = compare.CompareOutputs(answers=list("abcde"), status="Done.")
+    assert outputs.keyed(tab, sent) == {**dict(zip(tab.answers, "abcde")), tab.status: "Done."}
+    assert tab.outputs == [*tab.answers, tab.table, tab.status, tab.memory, tab.speed, tab.layers, tab.quality,
+                           tab.gallery, tab.at_scale, tab.textbox]  # the API's order of results
+    wired = outputs.by_component(tab, compare.run)
+    assert inspect.signature(wired) == inspect.signature(compare.run)  # Gradio reads the API's parameters from it
 
 
 def test_overlay_shades_dropped_tokens():
