@@ -38,11 +38,20 @@ CSS = """
 """
 
 
-PUBLIC_API = {"chat", "compare"}  # the named endpoints; every other event stays off the API page
-
-
 def _release(request: gr.Request) -> None:
     service.release(getattr(request, "session_hash", None))  # the tab closed: free its caches now
+
+
+def _private_session_load(demo: gr.Blocks, session: gr.State) -> None:
+    """The API's endpoints are ``/chat`` and ``/compare``; every other event is declared with
+    ``api_visibility="private"``, but one cannot be: the load event Gradio adds for a State whose
+    value is a callable (each tab's :class:`Session`), which takes no ``api_visibility``
+    (``Component.attach_load_event`` in Gradio 6.31). A State without a callable would give API
+    clients no Session (Gradio makes one lazily from that callable on their first event), so
+    the event is kept and made private here, the one place the app sets a Gradio internal."""
+    for fn in demo.fns.values():
+        if fn.outputs == [session] and fn.fn is service.Session:
+            fn.api_visibility = "private"
 
 
 def build_demo() -> gr.Blocks:
@@ -63,10 +72,7 @@ def build_demo() -> gr.Blocks:
                     with gr.Tab("About", id="about"):
                         build_about()
         demo.unload(_release)
-    for fn in demo.fns.values():  # the State's own load event (it makes each tab's Session) is internal too
-        if fn.api_name not in PUBLIC_API:
-            fn.api_visibility = "private"
-    clients.install(demo)  # each upload noted with its client; the file route serves it to that client only
+    _private_session_load(demo, session)
     demo.queue(max_size=int(os.environ.get("KV_ARENA_QUEUE", 32)))
     return demo
 

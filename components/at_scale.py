@@ -27,10 +27,10 @@ def scale_line(method: str, fraction: float | None, prompt_tokens: int) -> str:
         if arch.name not in SHOWN:
             continue
         p = at_scale.project(arch, fraction, prompt_tokens, MEMORY)
-        rows.append(f"- **{arch.name.split('/')[-1]}** ({plots.fmt_bytes(p['bytes_per_token'])}/token): this prompt "
-                    f"{plots.fmt_bytes(p['prompt_full_bytes'])} → {plots.fmt_bytes(p['prompt_method_bytes'])}; "
-                    f"16 GiB fits {_count(p['fit_full_tokens'], p['fit_full_frames'])} → "
-                    f"{_count(p['fit_method_tokens'], p['fit_method_frames'])}")
+        rows.append(f"- **{arch.name.split('/')[-1]}** ({plots.fmt_bytes(p.bytes_per_token)}/token): this prompt "
+                    f"{plots.fmt_bytes(p.prompt_full_bytes)} → {plots.fmt_bytes(p.prompt_method_bytes)}; "
+                    f"16 GiB fits {_count(p.fit_full_tokens, p.fit_full_frames)} → "
+                    f"{_count(p.fit_method_tokens, p.fit_method_frames)}")
     return (f"*Computed, not measured:* this {fraction:.2f}x at real scale (full cache → {method}, "
             f"{prompt_tokens:,} prompt tokens)\n" + "\n".join(rows) + "\n" + speed_line(fraction, prompt_tokens))
 
@@ -43,11 +43,11 @@ def speed_line(fraction: float, prompt_tokens: int, tokens_shown: tuple[int, ...
     lines = []
     for tokens in (prompt_tokens, *tokens_shown):
         s = at_scale.speed(arch, fraction, tokens)
-        lines.append(f"- **{arch.name.split('/')[-1]} on {s['hardware']}** at {tokens:,} tokens: first token "
-                     f"≈ {s['ttft_s'] * 1e3:.0f} ms for both (same prefill); a decode step ≈ "
-                     f"{s['step_full_s'] * 1e3:.2f} → {s['step_method_s'] * 1e3:.2f} ms "
-                     f"(weights {plots.fmt_bytes(s['weight_bytes'])} + KV {plots.fmt_bytes(s['kv_full_bytes'])} "
-                     f"→ {plots.fmt_bytes(s['kv_full_bytes'] * fraction)} read per step, at peak rates)")
+        lines.append(f"- **{arch.name.split('/')[-1]} on {s.hardware}** at {tokens:,} tokens: first token "
+                     f"≈ {s.ttft_s * 1e3:.0f} ms for both (same prefill); a decode step ≈ "
+                     f"{s.step_full_s * 1e3:.2f} → {s.step_method_s * 1e3:.2f} ms "
+                     f"(weights {plots.fmt_bytes(s.weight_bytes)} + KV {plots.fmt_bytes(s.kv_full_bytes)} "
+                     f"→ {plots.fmt_bytes(s.kv_full_bytes * fraction)} read per step, at peak rates)")
     return "\n".join(lines)
 
 
@@ -58,9 +58,9 @@ def compare_speed_line(fractions: dict[str, float], prompt_tokens: int, long: in
     lines = []
     for tokens in (prompt_tokens, long):
         full = at_scale.speed(arch, 1.0, tokens)
-        steps = ", ".join(f"{name} {at_scale.speed(arch, f, tokens)['step_method_s'] * 1e3:.2f}"
+        steps = ", ".join(f"{name} {at_scale.speed(arch, f, tokens).step_method_s * 1e3:.2f}"
                           for name, f in fractions.items())
-        lines.append(f"- at {tokens:,} tokens: first token ≈ {full['ttft_s'] * 1e3:.0f} ms for all (same prefill); "
-                     f"decode step (ms) full {full['step_full_s'] * 1e3:.2f}, {steps}")
-    return (f"*Computed, not measured* ({arch.name.split('/')[-1]} on {full['hardware']}, from bytes and FLOPs at "
+        lines.append(f"- at {tokens:,} tokens: first token ≈ {full.ttft_s * 1e3:.0f} ms for all (same prefill); "
+                     f"decode step (ms) full {full.step_full_s * 1e3:.2f}, {steps}")
+    return (f"*Computed, not measured* ({arch.name.split('/')[-1]} on {full.hardware}, from bytes and FLOPs at "
             "peak rates; the speeds measured above are a tiny model's Python overhead):\n" + "\n".join(lines))

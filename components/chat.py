@@ -1,8 +1,9 @@
 """The Chat tab: a multi-turn chat with images and videos, streamed token by token, with live
 panels (KV memory, speed, per-layer budget) and the kept-visual-token overlay.
 
-:func:`respond` is the event's logic with plain arguments (tests call it directly);
-:func:`submit` is what Gradio calls, with the settings column's values.
+:func:`respond` is the event's logic with plain arguments (tests call it directly), yielding
+:class:`ChatOutputs`; :func:`submit` is the event, with the settings column's values, wired to
+Gradio by component (:func:`components.outputs.by_component`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 
@@ -19,13 +21,14 @@ from engine import service
 from engine.errors import UserError
 
 from . import at_scale, checked_controls, clients, media_library, overlay, plots
-from .plots import fmt_bytes
+from .outputs import KEEP, Outputs, by_component, components_of
+from .plots import Drawn, fmt_bytes
 from .settings import SettingsPanel, realised_note, settings_from_named
 
 log = logging.getLogger(__name__)
 PLOT_EVERY_S = 0.4  # redraw the panels at most this often while streaming
 # send the text at most this often while streaming: each message costs Gradio a rebuild of every
-# output it skips (gr.skip()), ~10 ms each, more than a tiny model's whole decode step
+# output it leaves as it is (KEEP), ~10 ms each, more than a tiny model's whole decode step
 TEXT_EVERY_S = 0.1
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 EMPTY_INPUT = {"text": "", "files": []}
@@ -89,101 +92,116 @@ def user_messages(text: str, files: list[str]) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
-def reference_run(view: dict) -> dict | None:
-    return {"method": "Full cache", **view["reference"]} if view.get("reference") else None
+def reference_run(view: service.ChatView) -> Drawn | None:
+    """The full cache's answer as the panels draw it (None for the full cache itself)."""
+    ref = view.reference
+    return Drawn("Full cache", ref.metrics, ref.layers, ref.cached) if ref else None
 
 
-def status_line(view: dict, settings: service.Settings) -> str:
+def status_line(view: service.ChatView, settings: service.Settings) -> str:
     """One line of figures under the chat, in words."""
-    m, ref = view["metrics"], view.get("reference")
-    parts = [f"**{view['method']}**", f"{m['new_tokens']} new tokens", f"KV cache {fmt_bytes(m['kv_bytes'])}"]
+    m, ref = view.metrics, view.reference
+    parts = [f"**{view.method}**", f"{m.new_tokens} new tokens", f"KV cache {fmt_bytes(m.kv_bytes)}"]
     if ref:
-        full = ref["metrics"]["kv_trace"]
-        same_point = full[min(len(m["kv_trace"]) - 1, len(full) - 1)]
-        parts[-1] += f" vs {fmt_bytes(same_point)} full ({1 - m['kv_bytes'] / same_point:.0%} saved)"
-        parts.append(f"after the prompt it held {plots.kept_fraction(view, reference_run(view)):.2f}x of the full KV")
-    if view.get("stream"):
-        parts.append(stream_line(view["stream"]))
-    parts += [f"first token after {m['ttft_s']:.2f} s", f"{m['decode_tok_s']:.1f} tokens/s"]
-    if view.get("right") is not None:
-        parts.append("**right**" if view["right"] else f"**wrong** (the scene's answer: {view['truth']})")
-    if view.get("agreement") is not None:
-        parts.append(f"{view['agreement']:.0%} of its answer tokens match the full cache's")
-    if view.get("done"):
+        full = ref.metrics.kv_trace
+        same_point = full[min(len(m.kv_trace) - 1, len(full) - 1)]
+        parts[-1] += f" vs {fmt_bytes(same_point)} full ({1 - m.kv_bytes / same_point:.0%} saved)"
+        parts.append(f"after the prompt it held {plots.kept_fraction(view, ref):.2f}x of the full KV")
+    if view.stream:
+        parts.append(stream_line(view.stream))
+    parts += [f"first token after {m.ttft_s:.2f} s", f"{m.decode_tok_s:.1f} tokens/s"]
+    if view.right is not None:
+        parts.append("**right**" if view.right else f"**wrong** (the scene's answer: {view.truth})")
+    if view.agreement is not None:
+        parts.append(f"{view.agreement:.0%} of its answer tokens match the full cache's")
+    if view.done:
         parts.append(model_time(m, ref))
-    if ref and ref["cached"]:
+    if ref and ref.cached:
         parts.append("full-cache figures reused from an earlier run on this input (cached)")
-    if view.get("mpic"):
-        parts.append(mpic_line(view["mpic"]))
+    if view.mpic:
+        parts.append(mpic_line(view.mpic))
     if service.has_random_weights(settings.model):
         parts.append("random weights: the text is nonsense, the figures are real")
     return " · ".join(parts)
 
 
-def stream_line(stream: dict) -> str:
+def stream_line(stream: service.StreamView) -> str:
     """How the media streamed in: frames, chunks, the cap and the most the cache held meanwhile."""
-    line = f"streamed {stream['frames_total']} frames in {len(stream['frames'])} chunks"
-    peak = fmt_bytes(max(stream["peak_kv_bytes"], default=0))
-    if stream["capped"]:
-        return line + f" under a cap of {fmt_bytes(stream['cap_bytes'])} (at most {peak} while a chunk went in)"
+    line = f"streamed {stream.frames_total} frames in {len(stream.frames)} chunks"
+    peak = fmt_bytes(max(stream.peak_kv_bytes, default=0))
+    if stream.capped:
+        return line + f" under a cap of {fmt_bytes(stream.cap_bytes)} (at most {peak} while a chunk went in)"
     return line + f" without a cap (up to {peak})"
 
 
-def model_time(metrics: dict, reference: dict | None) -> str:
+def model_time(metrics: service.Meters, reference: service.ReferenceView | None) -> str:
     """The model's own time for this message (first token and decode), and the full-cache
     reference's when it was computed now: what the wait was made of, besides the app."""
-    own = metrics["ttft_s"] + metrics["decode_s"]
-    line = f"model time {own:.3f} s"
-    if reference and not reference["cached"]:
-        full = reference["metrics"]["ttft_s"] + reference["metrics"]["decode_s"]
-        line += f" + {full:.3f} s for the full-cache reference"
+    line = f"model time {metrics.ttft_s + metrics.decode_s:.3f} s"
+    if reference and not reference.cached:
+        line += f" + {reference.metrics.ttft_s + reference.metrics.decode_s:.3f} s for the full-cache reference"
     return line
 
 
-def mpic_line(reuse: dict) -> str:
+def mpic_line(reuse: service.ReuseSummary) -> str:
     """What MPIC reused from the store for this prompt, and any image it had to recompute."""
-    line = f"{reuse['mode']}: {reuse['reused']} prompt tokens reused from the media store, {reuse['recomputed']} computed"
+    line = f"{reuse.mode}: {reuse.reused} prompt tokens reused from the media store, {reuse.recomputed} computed"
     # a stored image the linker could not use says why ("recomputed (not stored)", a damaged file...)
-    missed = [f"image/video {i + 1} {why}" for i, why in enumerate(reuse["visuals"]) if why.startswith("recomputed (")]
+    missed = [f"image/video {i + 1} {why}" for i, why in enumerate(reuse.visuals) if why.startswith("recomputed (")]
     if missed:
         line += " (" + "; ".join(missed) + ")"
-    if reuse.get("note"):
-        line += f"; {reuse['note']}"
+    if reuse.note:
+        line += f"; {reuse.note}"
     return line
 
 
-def panels(view: dict) -> tuple:
-    run = {"method": view["method"], "metrics": view["metrics"], "layers": view["layers"], "stream": view.get("stream")}
-    ref = reference_run(view)
+def panels(view: service.ChatView) -> tuple:
+    """The memory, speed and layer panels."""
+    run, ref = Drawn(view.method, view.metrics, view.layers, stream=view.stream), reference_run(view)
     return plots.memory_figure([run], ref), plots.speed_figure([run], ref), plots.layer_figure([run], ref)
 
 
-def measured(view: dict) -> tuple:
+def measured(view: service.ChatView) -> tuple[str, str | None]:
     """The line under the memory panel (computed at real scale) and the settings column's note on
-    what the method really held (both from the fraction measured after the prompt)."""
-    fraction = 1.0 if view["reference"] is None else plots.kept_fraction(view, reference_run(view))
-    return (at_scale.scale_line(view["method"], fraction, view["metrics"]["prompt_tokens"]),
-            realised_note(view["method"], fraction))
+    what the method really held (both from the fraction measured after the prompt; None: nothing
+    measured)."""
+    fraction = 1.0 if view.reference is None else plots.kept_fraction(view, view.reference)
+    return (at_scale.scale_line(view.method, fraction, view.metrics.prompt_tokens),
+            realised_note(view.method, fraction))
 
 
 def progress_reporter(progress):
     return (lambda fraction, text: progress(fraction, desc=text)) if progress is not None else (lambda f, t: None)
 
 
+@dataclass(frozen=True)
+class ChatOutputs(Outputs):
+    """What one yield of the chat event sets, by :class:`ChatTab`'s names (KEEP: left as it is)."""
+
+    chatbot: Any = KEEP
+    textbox: Any = KEEP
+    status: Any = KEEP
+    memory: Any = KEEP
+    speed: Any = KEEP
+    layers: Any = KEEP
+    layer_picker: Any = KEEP
+    gallery: Any = KEEP
+    scale_line: Any = KEEP
+    realised: Any = KEEP
+
+
 def respond(message, history: list, session: service.Session, settings: service.Settings,
-            progress=None) -> Iterator[tuple]:
-    """Answer one message. Yields (chatbot, input box, status, memory, speed, layers, layer picker,
-    overlay gallery, line at real scale, realised-fraction note). Bad input is said once, in the
-    status line under the input: the chat and the panels keep what they showed, the rejected files
-    leave the input box (the text stays)."""
+            progress=None) -> Iterator[ChatOutputs]:
+    """Answer one message: the chat, the panels, the kept-token overlay and the notes as it streams.
+    Bad input is said once, in the status line under the input: the chat and the panels keep what
+    they showed, the rejected files leave the input box (the text stays)."""
     text, files = parse_message(message)
     history = list(history or [])
-    skip = (gr.skip(),) * (len(ChatTab.OUTPUTS) - 3)
     try:
         service.check_uploads(session, files)
         prepared = service.prepare(text, files, settings.num_frames, progress_reporter(progress))
     except UserError as exc:
-        yield history, {"text": text, "files": []}, refusal(exc), *skip
+        yield ChatOutputs(chatbot=history, textbox={"text": text, "files": []}, status=refusal(exc))
         return
     shown, turns = history, transcript(history)
     remembered = session.remembers(settings, turns)  # the history sent is the conversation, or a new one starts
@@ -192,38 +210,40 @@ def respond(message, history: list, session: service.Session, settings: service.
         shown = shown + [{"role": "assistant", "content": WHY_NEW[why], "metadata": {"title": NEW_CONVERSATION}}]
     shown = shown + user_messages(text, files)
     answer = {"role": "assistant", "content": "…"}
-    # the panels empty while it works (plain values: cheaper for Gradio than skipping them)
-    yield shown + [answer], EMPTY_INPUT, "Working…", None, None, None, overlay.MEAN, None, "", gr.skip()
+    # the panels empty while it works (plain values: cheaper for Gradio than leaving them as they are)
+    yield ChatOutputs(shown + [answer], EMPTY_INPUT, "Working…", memory=None, speed=None, layers=None,
+                      layer_picker=overlay.MEAN, gallery=None, scale_line="")
     hint = service.media_hint(settings.model, (session.history if remembered else []) + [prepared])
     drawn = sent = time.monotonic()  # the first figures when done, or after PLOT_EVERY_S of streaming
     try:
         for view in service.chat_turn(session, settings, prepared, progress_reporter(progress), shown=turns):
-            if not view["done"] and time.monotonic() - sent < TEXT_EVERY_S:
+            if not view.done and time.monotonic() - sent < TEXT_EVERY_S:
                 continue
             sent = time.monotonic()
-            answer = {"role": "assistant", "content": view["text"] or "…"}
-            redraw = view["done"] or time.monotonic() - drawn > PLOT_EVERY_S
-            figures = panels(view) if redraw else (gr.skip(),) * 3
-            drawn = time.monotonic() if redraw else drawn
-            picker, gallery, notes = gr.skip(), gr.skip(), (gr.skip(),) * 2
-            if view["done"]:
-                picker = gr.Dropdown(choices=overlay.layer_choices(len(view["layers"]["tokens"])), value=overlay.MEAN)
-                gallery = overlay.gallery(view["visuals"])
-                notes = measured(view)
             status = status_line(view, settings) + (f"\n\n{hint}" if hint else "")
-            yield shown + [answer], gr.skip(), status, *figures, picker, gallery, *notes
+            outputs = ChatOutputs(shown + [{"role": "assistant", "content": view.text or "…"}], status=status)
+            if view.done or time.monotonic() - drawn > PLOT_EVERY_S:
+                memory, speed, layers = panels(view)
+                outputs = replace(outputs, memory=memory, speed=speed, layers=layers)
+                drawn = time.monotonic()
+            if view.done:
+                scale, realised = measured(view)
+                picker = gr.Dropdown(choices=overlay.layer_choices(len(view.layers.tokens)), value=overlay.MEAN)
+                outputs = replace(outputs, layer_picker=picker, gallery=overlay.gallery(view.visuals), scale_line=scale,
+                                  realised=KEEP if realised is None else realised)
+            yield outputs
     except UserError as exc:
-        yield history, message, refusal(exc), *skip  # the chat as it was, the message back
+        yield ChatOutputs(chatbot=history, textbox=message, status=refusal(exc))  # the chat as it was, the message back
 
 
-def submit(message, history, session, request: gr.Request, progress=gr.Progress(), **controls):
+def submit(message, history, session, request: gr.Request, progress=gr.Progress(), **controls) -> Iterator[ChatOutputs]:
     """The Chat event (the API's ``/chat``): settings from the column's controls, by name
     (``settings.control_names()``), then :func:`respond`."""
     service.track(session, getattr(request, "session_hash", None), clients.client_of(request))
     try:
         settings = settings_from_named(controls)
     except UserError as exc:  # the chat and the message as they were, the reason under them
-        yield list(history or []), message, refusal(exc), *(gr.skip(),) * (len(ChatTab.OUTPUTS) - 3)
+        yield ChatOutputs(chatbot=list(history or []), textbox=message, status=refusal(exc))
         return
     yield from respond(message, history, session, settings, progress)
 
@@ -232,10 +252,10 @@ def stop(session: service.Session) -> None:
     session.stop_requested = True  # the answer ends after the current token, cleanly
 
 
-def clear(session: service.Session) -> tuple:
+def clear(session: service.Session) -> ChatOutputs:
     session.new_chat()
-    return ([], EMPTY_INPUT, "", None, None, None, gr.Dropdown(choices=[overlay.MEAN], value=overlay.MEAN), None, "",
-            gr.skip())
+    return ChatOutputs([], EMPTY_INPUT, "", None, None, None, gr.Dropdown(choices=[overlay.MEAN], value=overlay.MEAN),
+                       None, "")
 
 
 def show_layer(session: service.Session, choice: str):
@@ -266,6 +286,8 @@ def show_examples(model: str) -> tuple:
 
 @dataclass
 class ChatTab:
+    """The Chat tab's outputs (named as :class:`ChatOutputs`' fields)."""
+
     chatbot: gr.Chatbot
     textbox: gr.MultimodalTextbox
     status: gr.Markdown
@@ -277,12 +299,9 @@ class ChatTab:
     scale_line: gr.Markdown
     realised: gr.Markdown
 
-    OUTPUTS = ("chatbot", "textbox", "status", "memory", "speed", "layers", "layer_picker", "gallery", "scale_line",
-               "realised")
-
     @property
     def outputs(self) -> list:
-        return [getattr(self, name) for name in self.OUTPUTS]
+        return components_of(self, ChatOutputs)
 
 
 def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
@@ -303,7 +322,8 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
             rows = examples(model or "")
             if rows:
                 gr.Examples(rows, inputs=[textbox], label="Examples (made by the project, work offline)"
-                            if model else "Examples (for hub models; random weights answer nonsense)")
+                            if model else "Examples (for hub models; random weights answer nonsense)",
+                            api_visibility="private")
         example_sets.append(column)
     with gr.Row():
         with gr.Column():
@@ -324,11 +344,11 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
     tab = ChatTab(chatbot, textbox, status, memory, speed, layers, picker, gallery, scale, settings.realised)
     settings.model.change(show_examples, settings.model, example_sets, queue=False, api_visibility="private")
 
-    textbox.submit(submit, [textbox, chatbot, session], tab.outputs, inputs_kwargs=settings.named, api_name="chat",
-                   concurrency_id="gpu", concurrency_limit=1).success(
+    textbox.submit(by_component(tab, submit), [textbox, chatbot, session], tab.outputs, inputs_kwargs=settings.named,
+                   api_name="chat", concurrency_id="gpu", concurrency_limit=1).success(
         media_library.after_turn, [session, settings.method], [library, ttft], concurrency_id="gpu",
         api_visibility="private")
     stop_button.click(stop, session, None, queue=False, api_visibility="private")
-    clear_button.click(clear, session, tab.outputs, queue=False, api_visibility="private")
+    clear_button.click(by_component(tab, clear), session, tab.outputs, queue=False, api_visibility="private")
     picker.change(show_layer, [session, picker], gallery, queue=False, api_visibility="private")
     return tab

@@ -5,15 +5,15 @@ upload to whoever holds the path (``allowed_paths``, ``blocked_paths`` and ``set
 are per path, not per client). So :class:`ClientCookie`, an ASGI middleware, gives each client an
 id in a cookie on its first response (a browser keeps it for its tabs; ``gradio_client`` keeps the
 cookies of its first request and sends them with its uploads, events and downloads), notes each
-upload under that id (:func:`install` hooks Gradio's set of uploaded paths) and answers 404 to a
-file request for an upload the requesting client did not make. The ledger itself is
-``engine.service.uploads``.
+upload under that id (from the upload route's answer: the server paths of the files it received,
+before the client sees them) and answers 404 to a file request for an upload the requesting client
+did not make. The ledger itself is ``engine.service.uploads``.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
-from contextvars import ContextVar
 from http.cookies import SimpleCookie
 
 import gradio as gr
@@ -23,7 +23,7 @@ from engine import service
 
 COOKIE = "kv_arena_client"
 FILE_ROUTE = "/file="
-_CURRENT: ContextVar[str | None] = ContextVar("kv_arena_client", default=None)
+UPLOAD_ROUTE = "/upload"  # POST: the files' bytes in, their server paths out (a JSON list)
 
 
 def _sent_cookie(scope) -> str | None:
@@ -46,9 +46,18 @@ def _set_cookie(client: str, secure: bool) -> bytes:
     return f"{COOKIE}={client}; Path=/; HttpOnly; {where}".encode("latin-1")
 
 
+def _uploaded(body: bytes) -> list[str]:
+    """The server paths an upload request's answer names (none if it is not a list of paths)."""
+    try:
+        paths = json.loads(body)
+    except ValueError:
+        return []
+    return [p for p in paths if isinstance(p, str)] if isinstance(paths, list) else []
+
+
 class ClientCookie:
-    """ASGI middleware: the client's id for this request (made on its first), and the file route
-    closed to uploads of other clients."""
+    """ASGI middleware: the client's id for this request (made on its first), each upload noted
+    under it, and the file route closed to uploads of other clients."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -65,38 +74,26 @@ class ClientCookie:
             await send({"type": "http.response.body", "body": b"Not found."})
             return
 
+        upload = scope.get("method") == "POST" and path.endswith(UPLOAD_ROUTE)
+        status, body = 0, b""
+
         async def send_with_cookie(message) -> None:
-            if message["type"] == "http.response.start" and not sent:
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  (b"set-cookie", _set_cookie(client, _secure(scope)))]}
+            nonlocal status, body
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if not sent:
+                    message = {**message, "headers": [*message.get("headers", []),
+                                                      (b"set-cookie", _set_cookie(client, _secure(scope)))]}
+            elif message["type"] == "http.response.body" and upload and status == 200:
+                body += message.get("body", b"")
+                if not message.get("more_body"):  # noted before the client can name the paths
+                    service.note_uploads(_uploaded(body), client)
             await send(message)
 
-        token = _CURRENT.set(client)  # the upload route runs in this context: the ledger reads it
-        try:
-            await self.app(scope, receive, send_with_cookie)
-        finally:
-            _CURRENT.reset(token)
+        await self.app(scope, receive, send_with_cookie)
 
 
-class UploadLedger(set):
-    """Gradio's set of uploaded paths; each upload is also told to the service with the id of the
-    client that sent it."""
-
-    def update(self, *batches) -> None:
-        for paths in batches:
-            paths = list(paths)
-            service.note_uploads(paths, _CURRENT.get())
-            super().update(paths)
-
-
-def install(demo: gr.Blocks) -> None:
-    """Hook ``demo``'s uploads (call before launch; pass :data:`LAUNCH` to ``launch``)."""
-    ledger = UploadLedger(demo.upload_file_set)
-    demo.temp_file_sets = [ledger if s is demo.upload_file_set else s for s in demo.temp_file_sets]
-    demo.upload_file_set = ledger
-
-
-LAUNCH = {"app_kwargs": {"middleware": [Middleware(ClientCookie)]}}
+LAUNCH = {"app_kwargs": {"middleware": [Middleware(ClientCookie)]}}  # pass to ``launch`` (app.launch_options)
 
 
 def client_of(request: gr.Request | None) -> str | None:

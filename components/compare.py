@@ -3,14 +3,16 @@ full cache and 1 to 4 methods run one after another through it (never interleave
 is its own), each on its own compressed cache; answers per turn in columns, marked right or wrong
 where the scene is known, a table per turn and the same panels.
 
-:func:`respond` holds the logic with plain arguments; :func:`run` is the wired event.
+:func:`respond` holds the logic with plain arguments, yielding :class:`CompareOutputs`;
+:func:`run` is the event, wired to Gradio by component (:func:`components.outputs.by_component`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import gradio as gr
 
@@ -18,6 +20,7 @@ from engine import service
 from engine.errors import UserError
 
 from . import at_scale, checked_controls, clients, overlay, plots
+from .outputs import KEEP, Outputs, by_component, components_of
 from .chat import ASSETS, TEXT_EVERY_S, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
 from .settings import RANGES, SettingsPanel, control, own_params, settings_from_named
 
@@ -29,65 +32,63 @@ DEFAULT_METHODS = ["h2o", "snapkv", "attention_pack", "elastic_cache"]  # at 0.2
 DEFAULT_BUDGET = 0.2
 
 
-def answer_seconds(metrics: dict) -> float:
+def answer_seconds(metrics: service.Meters) -> float:
     """The model's own time for one answer: to the first token, then every decode step."""
-    return metrics["ttft_s"] + metrics["decode_s"]
+    return metrics.ttft_s + metrics.decode_s
 
 
-def mark(turn: dict) -> str:
+def mark(turn: service.CompareTurn) -> str:
     """Right or wrong against the scene's true answer; "" when there is none (uploads, hub models)."""
-    if turn.get("right") is None:
+    if turn.right is None:
         return ""
-    return "right" if turn["right"] else f"wrong ({turn['truth']})"
+    return "right" if turn.right else f"wrong ({turn.truth})"
 
 
-def table(runs: list[dict]) -> list[list]:
+def table(runs: tuple[service.CompareRun, ...]) -> list[list]:
     """One row per run and turn; every "vs full" column a ratio to the full cache's same turn, the
     KV one measured after that turn's prompt (the fraction of the full cache's bytes it holds); a
     full cache's row from an earlier run on the same input says "(cached)"."""
-    full = runs[0]["turns"]
+    full = runs[0].turns
     rows = []
     for run in runs:
         is_full = run is runs[0]
-        for n, (turn, ref) in enumerate(zip(run["turns"], full), start=1):
-            if "metrics" not in turn:
+        for n, (turn, ref) in enumerate(zip(run.turns, full), start=1):
+            if turn.metrics is None:
                 continue
-            m, fm = turn["metrics"], ref["metrics"]
+            m, fm = turn.metrics, ref.metrics
             spread = plots.step_spread(turn, ref)
-            name = run["method"] + (" (cached)" if turn.get("cached") else "" if turn.get("done") else " (running…)")
-            rows.append([name, n, "" if is_full else plots.vs_full(m["kv_bytes_prefill"], fm["kv_bytes_prefill"]),
-                         round(m["ttft_s"], 3), "" if is_full else plots.vs_full(m["ttft_s"], fm["ttft_s"], spread),
-                         round(m["decode_tok_s"], 1),
-                         "" if is_full else plots.vs_full(m["decode_tok_s"], fm["decode_tok_s"], spread),
+            name = run.method + (" (cached)" if turn.cached else "" if turn.done else " (running…)")
+            rows.append([name, n, "" if is_full else plots.vs_full(m.kv_bytes_prefill, fm.kv_bytes_prefill),
+                         round(m.ttft_s, 3), "" if is_full else plots.vs_full(m.ttft_s, fm.ttft_s, spread),
+                         round(m.decode_tok_s, 1),
+                         "" if is_full else plots.vs_full(m.decode_tok_s, fm.decode_tok_s, spread),
                          round(answer_seconds(m), 3),
-                         "" if turn.get("agreement") is None else f"{turn['agreement']:.0%}", mark(turn)])
+                         "" if turn.agreement is None else f"{turn.agreement:.0%}", mark(turn)])
     return rows
 
 
-def last_turn(run: dict) -> dict:
-    """A run as the memory, speed and layer panels draw it: its last answered turn."""
-    done = [t for t in run["turns"] if "metrics" in t]
-    turn = done[-1] if done else {}
-    return {"method": run["method"], "metrics": turn.get("metrics"), "layers": turn.get("layers"),
-            "cached": turn.get("cached", False), "agreement": turn.get("agreement")}
+def last_turn(run: service.CompareRun) -> plots.Drawn | None:
+    """A run as the memory, speed and layer panels draw it: its last answered turn (None: none)."""
+    answered = [t for t in run.turns if t.metrics is not None]
+    return plots.Drawn(run.method, answered[-1].metrics, answered[-1].layers, answered[-1].cached) if answered else None
 
 
-def held_line(run: dict, full: dict) -> str:
+def held_line(run: service.CompareRun, full: service.CompareRun) -> str:
     """The fraction of the full cache's KV the method really holds after the first prompt."""
-    if run is full or not run["turns"] or "metrics" not in run["turns"][0]:
+    if run is full or not run.turns or run.turns[0].metrics is None:
         return ""
-    return f"holds {plots.kept_fraction(run['turns'][0], full['turns'][0]):.2f}x the full KV\n\n"
+    return f"holds {plots.kept_fraction(run.turns[0], full.turns[0]):.2f}x the full KV\n\n"
 
 
-def answer_text(run: dict, full: dict) -> str:
+def answer_text(run: service.CompareRun, full: service.CompareRun) -> str:
     """What the method holds, then each turn's question and answer, marked right or wrong where the
     scene is known."""
     lines = []
-    for n, turn in enumerate(run["turns"], start=1):
-        verdict = {True: "  ✓ right", False: f"  ✗ wrong (true: {turn.get('truth')})"}.get(turn.get("right"), "")
-        lines.append(f"{n}. {turn.get('question', '')}\n→ {turn.get('text', '')}{verdict if turn.get('done') else ''}")
+    for n, turn in enumerate(run.turns, start=1):
+        verdict = {True: "  ✓ right", False: f"  ✗ wrong (true: {turn.truth})"}.get(turn.right, "")
+        lines.append(f"{n}. {turn.question}\n→ {turn.text}{verdict if turn.done else ''}")
     cached = "the full cache's answers are from an earlier run on this input (cached)\n\n" \
-        if run is full and any(t.get("cached") for t in run["turns"]) else ""
+        if run is full and any(t.cached for t in run.turns) else ""
     return cached + held_line(run, full) + "\n\n".join(lines)
 
 
@@ -97,7 +98,7 @@ def column_titles(methods: list[str]) -> list[str]:
     return (["Full cache"] + [service.method_spec(m)["title"] for m in chosen] + [""] * SLOTS)[:SLOTS]
 
 
-def answer_boxes(runs: list[dict], titles: list[str], first: bool) -> list:
+def answer_boxes(runs: tuple[service.CompareRun, ...], titles: list[str], first: bool) -> list:
     """The answer columns: on the ``first`` yield an update with each column's title and
     visibility, after that plain values (an update rebuilds the component in Gradio, ~10 ms each)."""
     texts = [answer_text(run, runs[0]) for run in runs]
@@ -107,14 +108,14 @@ def answer_boxes(runs: list[dict], titles: list[str], first: bool) -> list:
     return [gr.Textbox(label=title or None, value=text, visible=bool(title)) for title, text in zip(titles, texts)]
 
 
-def scale_line(runs: list[dict]) -> str:
+def scale_line(runs: tuple[service.CompareRun, ...]) -> str:
     """The computed speed at real scale of each method, at the fraction it held after the first prompt."""
-    full = runs[0]["turns"][0] if runs[0]["turns"] else None
-    if not full or "metrics" not in full:
+    full = runs[0].turns[0] if runs[0].turns else None
+    if not full or full.metrics is None:
         return ""
-    fractions = {run["method"]: plots.kept_fraction(run["turns"][0], full) for run in runs[1:]
-                 if run["turns"] and "metrics" in run["turns"][0]}
-    return at_scale.compare_speed_line(fractions, full["metrics"]["prompt_tokens"])
+    fractions = {run.method: plots.kept_fraction(run.turns[0], full) for run in runs[1:]
+                 if run.turns and run.turns[0].metrics is not None}
+    return at_scale.compare_speed_line(fractions, full.metrics.prompt_tokens)
 
 
 def conversation(message, follow_up, num_frames: int, progress) -> list:
@@ -128,10 +129,26 @@ def conversation(message, follow_up, num_frames: int, progress) -> list:
     return turns
 
 
+@dataclass(frozen=True)
+class CompareOutputs(Outputs):
+    """What one yield of the Compare event sets, by :class:`CompareTab`'s names (KEEP: left as it is);
+    ``answers``: one value per answer column."""
+
+    answers: Any = KEEP
+    table: Any = KEEP
+    status: Any = KEEP
+    memory: Any = KEEP
+    speed: Any = KEEP
+    layers: Any = KEEP
+    quality: Any = KEEP
+    gallery: Any = KEEP
+    at_scale: Any = KEEP
+    textbox: Any = KEEP
+
+
 def respond(message, methods: list[str], session: service.Session, settings: service.Settings,
-            progress=None, follow_up: str | None = "") -> Iterator[tuple]:
-    """Yields (5 answer boxes, table, status, memory, speed, layers, quality, overlay gallery, speed
-    at real scale, input box).
+            progress=None, follow_up: str | None = "") -> Iterator[CompareOutputs]:
+    """The answer columns, the table, the status and, once every method has run, the panels.
     Bad input is said once, in the status line: the rest keeps what it showed, rejected files
     leave the input box."""
     text, files = parse_message(message)
@@ -145,47 +162,50 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
         sent = time.monotonic()
         titles, finished = column_titles(methods), -1
         for view in views:
-            runs = view["runs"]
-            done_runs = sum(run["done"] for run in runs)
-            if not view["done"] and done_runs == finished and time.monotonic() - sent < TEXT_EVERY_S:
+            runs = view.runs
+            done_runs = sum(run.done for run in runs)
+            if not view.done and done_runs == finished and time.monotonic() - sent < TEXT_EVERY_S:
                 continue  # a token of a running answer: sent at most every TEXT_EVERY_S
             first = finished == -1
             sent, finished = time.monotonic(), done_runs
-            # the panels are drawn once, when every method has run (empty until then: plain None
-            # costs Gradio less than gr.skip(), and the table shows the progress)
-            figures, items, scale = (None,) * 4, None, ""
-            if view["done"]:
-                scale = scale_line(runs)
-                reference, others = last_turn(runs[0]), [last_turn(r) for r in runs[1:]]
-                figures = (plots.memory_figure(others, reference), plots.speed_figure(others, reference),
-                           plots.layer_figure(others, reference), plots.quality_figure(runs))
-                items = [item for run in runs[1:] for item in overlay.gallery(run["visuals"], prefix=run["method"] + ", ")]
-            status = "Done." if view["done"] else f"Running {runs[-1]['method']}…"
-            if view["done"] and len(turns) > 1:
+            status = "Done." if view.done else f"Running {runs[-1].method}…"
+            if view.done and len(turns) > 1:
                 status += " The panels show the last turn; the table every turn."
             if service.has_random_weights(settings.model):
                 status += " Random weights: the answers are nonsense, the figures are real."
             hint = service.media_hint(settings.model, turns[:1])
             status += f" {hint}" if hint else ""
-            yield (*answer_boxes(runs, titles, first=first), table(runs), status, *figures, items, scale, gr.skip())
+            # the panels are drawn once, when every method has run (empty until then: plain None
+            # costs Gradio less than leaving them as they are, and the table shows the progress)
+            outputs = CompareOutputs(answer_boxes(runs, titles, first=first), table(runs), status, memory=None,
+                                     speed=None, layers=None, quality=None, gallery=None, at_scale="")
+            if view.done:
+                reference, others = last_turn(runs[0]), [d for d in map(last_turn, runs[1:]) if d]
+                outputs = replace(outputs, memory=plots.memory_figure(others, reference),
+                                  speed=plots.speed_figure(others, reference),
+                                  layers=plots.layer_figure(others, reference), quality=plots.quality_figure(runs),
+                                  gallery=[item for run in runs[1:]
+                                           for item in overlay.gallery(run.visuals, prefix=run.method + ", ")],
+                                  at_scale=scale_line(runs))
+            yield outputs
     except UserError as exc:
         yield refused(exc, {"text": text, "files": []})
 
 
-def refused(exc: UserError, box) -> tuple:
+def refused(exc: UserError, box=KEEP) -> CompareOutputs:
     """Every output kept as it was but the status (the message) and the input box."""
-    return (*(gr.skip(),) * (SLOTS + 1), refusal(exc), *(gr.skip(),) * 6, box)
+    return CompareOutputs(status=refusal(exc), textbox=box)
 
 
 def run(message, methods, follow_up: str | None = None, session=None, request: gr.Request = None, progress=gr.Progress(),
-        **controls):
+        **controls) -> Iterator[CompareOutputs]:
     """The Compare event (the API's ``/compare``): settings by name (the budget and the methods'
     knobs from the Compare tab's own controls), then :func:`respond`."""
     service.track(session, getattr(request, "session_hash", None), clients.client_of(request))
     try:
         settings = settings_from_named(controls)
     except UserError as exc:
-        yield refused(exc, gr.skip())
+        yield refused(exc)
         return
     yield from respond(message, methods, session, settings, progress, follow_up)
 
@@ -214,15 +234,25 @@ def show_knobs(chosen: list[str]) -> list:
     return [gr.update(visible=method in (chosen or [])) for method, _ in knob_specs()]
 
 
-def new_scene(kind: str) -> tuple:
+@dataclass(frozen=True)
+class SceneOutputs(Outputs):
+    """What "New scene" sets: both questions and the status (KEEP: left as it is)."""
+
+    textbox: Any = KEEP
+    follow_up: Any = KEEP
+    status: Any = KEEP
+
+
+def new_scene(kind: str) -> SceneOutputs:
     """A fresh scene of ``kind`` from the model's scene generator, with its true answers: it fills
     the first question (with its media) and the follow-up."""
     try:
         scene = service.draw_scene(kind)
     except UserError as exc:
-        return gr.skip(), gr.skip(), refusal(exc)
-    return ({"text": scene.questions[0], "files": list(scene.files)}, scene.questions[1] if len(scene.questions) > 1 else "",
-            f"A new {kind} scene: its answers are marked right or wrong.")
+        return SceneOutputs(status=refusal(exc))
+    return SceneOutputs({"text": scene.questions[0], "files": list(scene.files)},
+                        scene.questions[1] if len(scene.questions) > 1 else "",
+                        f"A new {kind} scene: its answers are marked right or wrong.")
 
 
 GENERAL_EXAMPLES = [("What shapes do you see?", "What colour is the triangle?", ["shapes.png"]),
@@ -242,6 +272,8 @@ def example_rows(trained: bool) -> list[list]:
 
 @dataclass
 class CompareTab:
+    """The Compare tab's controls and outputs (named as :class:`CompareOutputs`' fields)."""
+
     methods: gr.CheckboxGroup
     textbox: gr.MultimodalTextbox
     follow_up: gr.Textbox
@@ -258,8 +290,7 @@ class CompareTab:
 
     @property
     def outputs(self) -> list:
-        return [*self.answers, self.table, self.status, self.memory, self.speed, self.layers, self.quality,
-                self.gallery, self.at_scale, self.textbox]
+        return components_of(self, CompareOutputs)
 
 
 def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
@@ -291,7 +322,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
             rows = example_rows(kind)
             if rows:
                 gr.Examples(rows, inputs=[textbox, follow_up], elem_id="compare-examples" if kind else None, label="Examples (both questions; answers marked right "
-                            "or wrong)" if kind else "Examples (for hub models)")
+                            "or wrong)" if kind else "Examples (for hub models)", api_visibility="private")
             if kind:
                 with gr.Row():
                     scene_kind = gr.Dropdown(list(service.scene_types()), value=service.scene_types()[0],
@@ -323,8 +354,10 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     methods.input(limit_methods, methods, [methods, status], queue=False, api_visibility="private")
     methods.change(show_knobs, methods, knobs, queue=False, api_visibility="private")
     settings.model.change(show_examples, settings.model, example_sets, queue=False, api_visibility="private")
-    scene_button.click(new_scene, scene_kind, [textbox, follow_up, status], queue=False, api_visibility="private")
+    scene_button.click(by_component(tab, new_scene), scene_kind, components_of(tab, SceneOutputs), queue=False,
+                       api_visibility="private")
     own = {"budget": budget} | {f"{m}_{p['name']}": knob for (m, p), knob in zip(knob_specs(), knobs)}
-    button.click(run, [textbox, methods, follow_up, session], tab.outputs, inputs_kwargs=settings.named | own,
+    button.click(by_component(tab, run), [textbox, methods, follow_up, session], tab.outputs,
+                 inputs_kwargs=settings.named | own,
                  api_name="compare", concurrency_id="gpu", concurrency_limit=1)
     return tab

@@ -22,8 +22,8 @@ COLUMNS = ["media", "kind", "tokens", "stored (MB)", "in memory", "on disk", "mo
 
 def library_rows(session: service.Session) -> list[list]:
     """The session's stored media as table rows, oldest first."""
-    return [[row["label"] or row["key"][:12], row["kind"], row["tokens"], round(row["bytes"] / 2**20, 2),
-             "yes" if row["in_memory"] else "no", "yes" if row["on_disk"] else "no", row["model"]]
+    return [[row.label or row.key[:12], row.kind, row.tokens, round(row.nbytes / 2**20, 2),
+             "yes" if row.in_memory else "no", "yes" if row.on_disk else "no", row.model]
             for row in service.media_library(session)]
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from engine.service.view_types import KeptVisual
+
 MEAN = "mean over layers"
 DROPPED = np.array([110, 0, 0], dtype=np.float32)
 TILE = 336  # longest side of one drawn frame, in pixels
@@ -41,11 +43,11 @@ def draw(picture: np.ndarray, keep: np.ndarray) -> Image.Image:
     return Image.fromarray(out.clip(0, 255).astype(np.uint8))
 
 
-def render(visual: dict, layer: int | None = None) -> tuple[Image.Image, str]:
+def render(visual: KeptVisual, layer: int | None = None) -> tuple[Image.Image, str]:
     """One image or video of the service's ``kept_visuals`` -> (overlay, caption)."""
-    keep = visual["keep"]  # (layers, t, h, w)
+    keep = visual.keep  # (layers, t, h, w)
     keep = keep.mean(0) if layer is None or layer >= keep.shape[0] else keep[layer]
-    tiles = [draw(picture, grid) for picture, grid in zip(visual["pictures"], keep)]
+    tiles = [draw(picture, grid) for picture, grid in zip(visual.pictures, keep)]
     if len(tiles) == 1:
         image = tiles[0]
     else:  # a video: frames side by side with a small gap
@@ -56,8 +58,8 @@ def render(visual: dict, layer: int | None = None) -> tuple[Image.Image, str]:
             image.paste(tile, (x, 0))
             x += tile.width + gap
     where = "" if layer is None else f" at layer {layer + 1}"  # the gallery's label says: mean over layers
-    meaning = visual.get("meaning", "kept")  # MPIC: "reused" (shaded: recomputed)
-    caption = f"{visual['label']}: {keep.mean():.0%} of {keep.size} {meaning}{where}"  # short: a caption is one line
+    # short: a caption is one line; the meaning is "kept", or MPIC's "reused" (shaded: recomputed)...
+    caption = f"{visual.label}: {keep.mean():.0%} of {keep.size} {visual.meaning}{where}"
     return image, caption
 
 
@@ -75,14 +77,14 @@ def with_caption(image: Image.Image, caption: str) -> Image.Image:
     return out
 
 
-def gallery(visuals: list[dict] | None, choice: str | None = None, prefix: str = "") -> list[tuple[Image.Image, None]]:
+def gallery(visuals: list[KeptVisual] | None, choice: str | None = None, prefix: str = "") -> list[tuple[Image.Image, None]]:
     """Gallery items for a list of visuals at the chosen layer: each picture with its caption
     under it (drawn in; the gallery's own caption would cover the picture)."""
     layer = layer_index(choice)
     return [(with_caption(*_prefixed(render(visual, layer), prefix)), None) for visual in visuals or []]
 
 
-def captions(visuals: list[dict] | None, choice: str | None = None, prefix: str = "") -> list[str]:
+def captions(visuals: list[KeptVisual] | None, choice: str | None = None, prefix: str = "") -> list[str]:
     """The captions :func:`gallery` draws, as text."""
     return [prefix + render(visual, layer_index(choice))[1] for visual in visuals or []]
 

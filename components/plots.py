@@ -1,4 +1,4 @@
-"""The live panels, as Plotly figures built from the service's plain figures (no torch).
+"""The live panels, as Plotly figures built from the service's typed views (no torch).
 
 Each figure keeps a fixed ``uirevision`` so a user's zoom survives the redraws while tokens stream.
 The full cache is always drawn in grey, dashed where it is a line, and named "(cached)" when its
@@ -7,7 +7,11 @@ figures come from an earlier run on the same input.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import plotly.graph_objects as go
+
+from engine.service.view_types import CompareRun, LayerFigures, Meters, StreamView, TtftView
 
 FULL_COLOR = "#8c8c8c"
 COLORS = ["#e4572e", "#2e86ab", "#f3a712", "#29bf12", "#a846a0"]
@@ -34,12 +38,23 @@ def fmt_bytes(n: float) -> str:
     return f"{n / scale:.1f} {unit}" if scale > 1 else f"{n:.0f} bytes"
 
 
-def step_spread(*runs: dict) -> float | None:
+@dataclass(frozen=True)
+class Drawn:
+    """One answer as the memory, speed and layer panels draw it (the full cache's is the reference)."""
+
+    method: str
+    metrics: Meters
+    layers: LayerFigures | None = None
+    cached: bool = False  # the full cache's figures, from an earlier run on the same input
+    stream: StreamView | None = None  # its media streamed in under a cap
+
+
+def step_spread(*runs) -> float | None:
     """The relative spread (std / mean) of the decode steps' times, the larger of the runs': a
     difference smaller than this is within the noise of this machine. None: too few steps to tell."""
     spreads = []
     for run in runs:
-        steps = run["metrics"].get("step_s") or []
+        steps = run.metrics.step_s
         if len(steps) >= 2:
             mean = sum(steps) / len(steps)
             spreads.append((sum((s - mean) ** 2 for s in steps) / (len(steps) - 1)) ** 0.5 / mean if mean else 0.0)
@@ -63,14 +78,15 @@ def vs_full(value: float, reference: float, spread: float | None = 0.0) -> str:
     return SAME if abs(ratio - 1) < spread else f"{ratio:.2f}x"
 
 
-def kept_fraction(run: dict, reference: dict | None) -> float | None:
-    """The fraction of the full cache's bytes the run holds after the prompt (measured, not the budget)."""
-    full = reference["metrics"]["kv_bytes_prefill"] if reference else 0
-    return run["metrics"]["kv_bytes_prefill"] / full if full else None
+def kept_fraction(run, reference) -> float | None:
+    """The fraction of the full cache's bytes ``run`` holds after the prompt (measured, not the
+    budget); both have ``metrics`` (a :class:`Drawn`, a chat view, a Compare turn)."""
+    full = reference.metrics.kv_bytes_prefill if reference else 0
+    return run.metrics.kv_bytes_prefill / full if full else None
 
 
-def series_name(run: dict) -> str:
-    return run["method"] + (" (cached)" if run.get("cached") else "")
+def series_name(method: str, cached: bool = False) -> str:
+    return method + (" (cached)" if cached else "")
 
 
 def _figure(uirevision: str, traces: list[dict] = (), xaxis: dict | None = None,
@@ -85,32 +101,31 @@ def _empty(uirevision: str) -> go.Figure:
     return _figure(uirevision)
 
 
-def memory_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
+def memory_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure:
     """KV bytes held after the prompt (x = 0) and after each generated token, per method; a run
-    whose media streamed in under a cap (its ``stream``, the service's view) also has the bytes held
-    after each chunk (x < 0: the last chunk at -1) and the cap as a dotted horizontal line.
+    whose media streamed in under a cap (its ``stream``) also has the bytes held after each chunk
+    (x < 0: the last chunk at -1) and the cap as a dotted horizontal line.
 
-    ``runs``: dicts with ``method`` and ``metrics["kv_trace"]``; ``reference``: the full cache's,
-    drawn dashed, and every method's name in the legend says its saving at its last point (labels on
-    the lines overlapped when methods hold about the same).
+    ``reference``: the full cache's, drawn dashed, and every method's name in the legend says its
+    saving at its last point (labels on the lines overlapped when methods hold about the same).
     """
-    everything = [r for r in ([reference] if reference else []) + runs if r and r["metrics"]["kv_trace"]]
+    everything = [r for r in ([reference] if reference else []) + runs if r and r.metrics.kv_trace]
     if not everything:
         return _empty("memory")
-    streams = [(i, r["stream"]) for i, r in enumerate(runs) if r.get("stream")]
-    largest = [max(r["metrics"]["kv_trace"]) for r in everything]
-    largest += [max(s["kv_bytes"] + [s["cap_bytes"] or 0]) for _, s in streams if s["kv_bytes"]]
+    streams = [(i, r.stream) for i, r in enumerate(runs) if r.stream]
+    largest = [max(r.metrics.kv_trace) for r in everything]
+    largest += [max([*s.kv_bytes, s.cap_bytes or 0]) for _, s in streams if s.kv_bytes]
     scale, unit = byte_unit(max(largest))
-    full = reference["metrics"]["kv_trace"] if reference else None
+    full = reference.metrics.kv_trace if reference else None
     traces = []
     if full:
-        traces.append(dict(type="scatter", y=[b / scale for b in full], name=series_name(reference), mode="lines",
-                           line=dict(color=FULL_COLOR, dash="dash")))
+        traces.append(dict(type="scatter", y=[b / scale for b in full], mode="lines",
+                           name=series_name(reference.method, reference.cached), line=dict(color=FULL_COLOR, dash="dash")))
     for i, run in enumerate(runs):
-        trace = run["metrics"]["kv_trace"]
+        trace = run.metrics.kv_trace
         if not trace:
             continue
-        name = series_name(run)
+        name = series_name(run.method, run.cached)
         if full:  # the saving at the same point of the answer
             last = len(trace) - 1
             held, ref = trace[last], full[min(last, len(full) - 1)]
@@ -124,19 +139,19 @@ def memory_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
     return _figure("memory", traces, xaxis=dict(title=title), yaxis=dict(title=f"KV cache ({unit})", rangemode="tozero"))
 
 
-def stream_traces(stream: dict, run: dict, color: str, scale: float, unit: str) -> list[dict]:
+def stream_traces(stream: StreamView, run: Drawn, color: str, scale: float, unit: str) -> list[dict]:
     """The bytes held after each streamed chunk (a full cache rises, a capped method saw-tooths
     under its cap), and the cap across the whole figure."""
-    held = stream["kv_bytes"]
+    held = stream.kv_bytes
     x = list(range(-len(held), 0))
     traces = [dict(type="scatter", x=x, y=[b / scale for b in held], mode="lines+markers",
-                   name=f"{run['method']}: after each chunk of frames", line=dict(color=color, width=1),
+                   name=f"{run.method}: after each chunk of frames", line=dict(color=color, width=1),
                    marker=dict(color=color, size=5),
-                   hovertext=[f"frame {f} of {stream['frames_total']}" for f in stream["frames"]])]
-    if stream["cap_bytes"]:
-        end = max(0, len(run["metrics"]["kv_trace"]) - 1)
-        name = f"cap {stream['cap_bytes'] / scale:.3g} {unit}" + ("" if stream["capped"] else " (the full cache streams without one)")
-        traces.append(dict(type="scatter", x=[x[0] if x else 0, end], y=[stream["cap_bytes"] / scale] * 2, name=name,
+                   hovertext=[f"frame {f} of {stream.frames_total}" for f in stream.frames])]
+    if stream.cap_bytes:
+        end = max(0, len(run.metrics.kv_trace) - 1)
+        name = f"cap {stream.cap_bytes / scale:.3g} {unit}" + ("" if stream.capped else " (the full cache streams without one)")
+        traces.append(dict(type="scatter", x=[x[0] if x else 0, end], y=[stream.cap_bytes / scale] * 2, name=name,
                            mode="lines", line=dict(color="#222222", dash="dot", width=1)))
     return traces
 
@@ -145,21 +160,21 @@ SPEED_ROWS = (("ttft_s", "<b>Time to first token</b> (s), lower is better", (0.6
               ("decode_tok_s", "<b>Decode speed</b> (tokens/s), higher is better", (0.0, 0.4)))
 
 
-def speed_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
+def speed_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure:
     """Time to first token and decode tokens/s, one horizontal bar per method (names never collide,
     however many), the full cache first, labelled with the ratio to it, said in words where it is
     within the noise of the decode steps (:func:`vs_full`)."""
-    bars = ([reference] if reference else []) + [r for r in runs if r and r.get("metrics")]
+    bars = ([reference] if reference else []) + [r for r in runs if r and r.metrics is not None]
     traces, axes, titles = [], {}, []
     for row, (key, title, domain) in enumerate(SPEED_ROWS, start=1):
-        ref = reference["metrics"][key] if reference else None
-        labels = [f"{r['metrics'][key]:.3g}" + ("" if r is reference or ref is None else
-                                               f"  {vs_full(r['metrics'][key], ref, step_spread(r, reference))}")
-                  for r in bars]
+        ref = getattr(reference.metrics, key) if reference else None
+        values = [getattr(r.metrics, key) for r in bars]
+        labels = [f"{value:.3g}" + ("" if r is reference or ref is None else
+                                    f"  {vs_full(value, ref, step_spread(r, reference))}")
+                  for r, value in zip(bars, values)]
         colors = [FULL_COLOR if r is reference else COLORS[(i - bool(reference)) % len(COLORS)] for i, r in enumerate(bars)]
-        values = [r["metrics"][key] for r in bars]
         suffix = "" if row == 1 else str(row)
-        traces.append(dict(type="bar", y=[series_name(r) for r in bars], x=values, orientation="h", text=labels,
+        traces.append(dict(type="bar", y=[series_name(r.method, r.cached) for r in bars], x=values, orientation="h", text=labels,
                            textposition="outside", cliponaxis=False, marker_color=colors, textfont=dict(size=12),
                            xaxis=f"x{suffix}", yaxis=f"y{suffix}"))
         axes[f"xaxis{suffix}"] = AXIS | dict(range=[0, 2.2 * max(values, default=0) or 1], anchor=f"y{suffix}")  # room for the labels
@@ -172,25 +187,25 @@ def speed_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
     return go.Figure(data=traces, layout=layout)
 
 
-def layer_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
+def layer_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure:
     """Per layer: the share of the full cache's bytes each method holds (tokens held / tokens seen
     when there is no reference), with the method's planned per-layer budget where it reports one."""
-    full = reference["layers"]["bytes"] if reference and reference.get("layers") else None
+    full = reference.layers.nbytes if reference and reference.layers else None
     traces, count = [], 0
     for i, run in enumerate(runs):
-        layers = run.get("layers")
+        layers = run.layers
         if not layers:
             continue
         color = COLORS[i % len(COLORS)]
         if full:
-            shares = [b / f if f else 0.0 for b, f in zip(layers["bytes"], full)]
+            shares = [b / f if f else 0.0 for b, f in zip(layers.nbytes, full)]
         else:
-            shares = [t / layers["seen"] if layers["seen"] else 0.0 for t in layers["tokens"]]
+            shares = [t / layers.seen if layers.seen else 0.0 for t in layers.tokens]
         x = list(range(1, len(shares) + 1))
         count = len(x)
-        traces.append(dict(type="bar", x=x, y=shares, name=series_name(run), marker_color=color))
-        if layers.get("planned"):
-            traces.append(dict(type="scatter", x=x, y=layers["planned"], name=f"{run['method']}: planned", mode="markers",
+        traces.append(dict(type="bar", x=x, y=shares, name=series_name(run.method, run.cached), marker_color=color))
+        if layers.planned:
+            traces.append(dict(type="scatter", x=x, y=layers.planned, name=f"{run.method}: planned", mode="markers",
                                marker=dict(color=color, symbol="line-ew-open", size=18, line=dict(width=3))))
     return _figure("layers", traces, xaxis=dict(title="layer", dtick=1 if count <= 40 else None),
                    yaxis=dict(title="share of the full cache's bytes" if full else "tokens held / tokens seen",
@@ -200,28 +215,30 @@ def layer_figure(runs: list[dict], reference: dict | None = None) -> go.Figure:
 TURN_SYMBOLS = ["circle", "diamond", "square", "triangle-up"]
 
 
-def quality_figure(runs: list[dict]) -> go.Figure:
-    """One marker per method and turn (a Compare run's ``turns``; the full cache first): x the
+def quality_figure(runs: tuple[CompareRun, ...]) -> go.Figure:
+    """One marker per method and turn (the Compare runs; the full cache first): x the
     fraction of the full cache's KV bytes it really holds after that turn's prompt (measured), y
     the share of its answer tokens equal to the full cache's, position by position. A method's
     turns are joined by a line, first question (circle) to follow-up (diamond). Methods with
     different knobs (a budget, ZipVL's tau, MPIC's mode) meet on this axis. No labels on the
     markers: methods at one point would write over each other; the legend names them."""
     traces = []
-    full = runs[0]["turns"] if runs else []
+    full = runs[0].turns if runs else ()
     if full:
-        traces.append(dict(type="scatter", x=[1.0] * len(full), y=[1.0] * len(full), name=series_name(runs[0] | full[0]),
+        traces.append(dict(type="scatter", x=[1.0] * len(full), y=[1.0] * len(full),
+                           name=series_name(runs[0].method, full[0].cached),
                            mode="markers", marker=dict(color=FULL_COLOR, symbol="star", size=16)))
     for i, run in enumerate(runs[1:]):
-        points = [(kept_fraction(turn, ref), turn.get("agreement"), n)
-                  for n, (turn, ref) in enumerate(zip(run["turns"], full)) if "metrics" in turn and "metrics" in ref]
+        points = [(kept_fraction(turn, ref), turn.agreement, n)
+                  for n, (turn, ref) in enumerate(zip(run.turns, full))
+                  if turn.metrics is not None and ref.metrics is not None]
         points = [(x, y, n) for x, y, n in points if x is not None and y is not None]
         if not points:  # still running, or no reference to measure against
             continue
         color = COLORS[i % len(COLORS)]
-        traces.append(dict(type="scatter", x=[x for x, _, _ in points], y=[y for _, y, _ in points], name=run["method"],
+        traces.append(dict(type="scatter", x=[x for x, _, _ in points], y=[y for _, y, _ in points], name=run.method,
                            mode="markers+lines", line=dict(color=color, width=1, dash="dot"),
-                           hovertext=[f"{run['method']}, turn {n + 1}" for _, _, n in points],
+                           hovertext=[f"{run.method}, turn {n + 1}" for _, _, n in points],
                            marker=dict(color=color, size=12, symbol=[TURN_SYMBOLS[n % len(TURN_SYMBOLS)]
                                                                      for _, _, n in points])))
     return _figure("quality", traces,
@@ -230,13 +247,13 @@ def quality_figure(runs: list[dict]) -> go.Figure:
                               range=[-0.05, 1.1]))
 
 
-def ttft_figure(ttft: dict | None) -> go.Figure:
+def ttft_figure(ttft: TtftView | None) -> go.Figure:
     """TTFT of one prompt under prefix caching vs MPIC-k, full recompute in grey as the reference
     (``ttft``: the service's ``mpic_ttft``, bars by name; None draws an empty panel)."""
     fig = _empty("mpic-ttft")
     if not ttft:
         return fig
-    times, reference = ttft["ttft_s"], ttft["reference"]
+    times, reference = ttft.ttft_s, ttft.reference
     names = list(times)
     base = times.get(reference)
     labels = [f"{times[n]:.3g} s" + ("" if n == reference or not base else f" ({times[n] / base:.2f}x)")
@@ -245,5 +262,5 @@ def ttft_figure(ttft: dict | None) -> go.Figure:
     fig.add_bar(x=names, y=[times[n] for n in names], text=labels, textposition="outside", cliponaxis=False,
                 marker_color=colors)
     fig.update_yaxes(title="time to first token (s)", range=[0, 1.25 * max(times.values(), default=0) or 1])
-    fig.update_xaxes(title=f"the last MPIC message ({ttft['tokens']} prompt tokens), its media already stored")
+    fig.update_xaxes(title=f"the last MPIC message ({ttft.tokens} prompt tokens), its media already stored")
     return fig

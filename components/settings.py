@@ -196,10 +196,11 @@ def budget_note(spec: dict) -> str:
             "the full cache it really holds is measured after your message and shown here.")
 
 
-def realised_note(method: str, fraction: float | None) -> str:
-    """What the method really held, measured after the prompt (a chat turn's output)."""
+def realised_note(method: str, fraction: float | None) -> str | None:
+    """What the method really held, measured after the prompt (a chat turn's output; None: nothing
+    measured)."""
     if fraction is None:
-        return gr.skip()
+        return None
     return f"**Measured after the prompt:** {method} holds {fraction:.2f}x of the full cache's KV bytes."
 
 

@@ -14,9 +14,9 @@ def config(method="streamingllm", **kw):
 
 
 def turn(session, message, history=(), method="streamingllm", **kw):
-    """All outputs of one chat event, and the message it refused with (or None)."""
+    """All outputs of one chat event (``chat.ChatOutputs``), and the message it refused with (or None)."""
     outputs = list(chat.respond(message, list(history), session, config(method, **kw)))
-    status = outputs[-1][2] if outputs else ""
+    status = outputs[-1].status if outputs else ""
     return outputs, status if isinstance(status, str) and status.startswith(chat.NOT_ANSWERED) else None
 
 

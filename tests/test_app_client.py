@@ -164,6 +164,11 @@ def test_history_is_the_conversation(url, image):
     assert sum((m.get("metadata") or {}).get("title") == NEW_CONVERSATION for m in final[0]) == 1
 
 
+def test_the_api_has_two_endpoints_and_every_other_event_is_private(url):
+    api = Client(url, verbose=False).view_api(print_info=False, return_format="dict")
+    assert set(api["named_endpoints"]) == {"/chat", "/compare"} and not api["unnamed_endpoints"]
+
+
 def test_compare_through_the_api(url, image):
     client = Client(url, verbose=False)
     result = client.predict(message={"text": "Describe.", "files": [handle_file(image)]}, methods=["streamingllm"],

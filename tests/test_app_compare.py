@@ -17,9 +17,11 @@ from engine.errors import UserError
 def test_compare_runs_full_then_each_method(media):
     session = service.Session()
     runs = list(compare.respond(ask("What is this?", media["image"]), ["streamingllm"], session, config(max_new_tokens=4)))
-    first = runs[0][:compare.SLOTS]
+    first = runs[0].answers
     assert first[0].label == "Full cache" and first[1].label == "StreamingLLM" and first[2].visible is False
-    *boxes, table, status, memory, speed, layers, quality, gallery, scale, _ = runs[-1]
+    last = runs[-1]
+    boxes, table, status, memory, quality, gallery, scale = (last.answers, last.table, last.status, last.memory,
+                                                             last.quality, last.gallery, last.at_scale)
     assert re.match(r"holds 0\.\d\dx the full KV\n\n1\. What is this\?\n→ ", boxes[1])
     assert [row[:2] for row in table] == [["Full cache", 1], ["StreamingLLM", 1]]
     assert all(re.fullmatch(r"\d+\.\d\dx(, too few steps to tell)?|same within noise", cell)
@@ -33,13 +35,13 @@ def test_compare_runs_full_then_each_method(media):
     assert [t.name for t in quality.data][0] == "Full cache" and tuple(quality.data[0].x) == (1.0,)
     assert scale.startswith("*Computed, not measured*") and "StreamingLLM" in scale
     again = list(compare.respond(ask("What is this?", media["image"]), ["streamingllm"], session, config(max_new_tokens=4)))
-    assert again[-1][compare.SLOTS][0][0] == "Full cache (cached)"  # the table's full-cache row
+    assert again[-1].table[0][0] == "Full cache (cached)"  # the table's full-cache row
 
 
 def test_compare_asks_a_follow_up_on_each_methods_own_cache(media):
     outputs = list(compare.respond(ask("What is this?", media["image"]), ["h2o", "snapkv"], service.Session(),
                                    config(max_new_tokens=3), follow_up="And the colours?"))
-    *boxes, table, status, memory, speed, layers, quality, gallery, scale, _ = outputs[-1]
+    boxes, table, quality = outputs[-1].answers, outputs[-1].table, outputs[-1].quality
     assert [row[:2] for row in table] == [["Full cache", 1], ["Full cache", 2], ["H2O (heavy hitters)", 1],
                                           ["H2O (heavy hitters)", 2], ["SnapKV", 1], ["SnapKV", 2]]
     assert "2. And the colours?\n→ " in boxes[2]
@@ -54,7 +56,7 @@ def test_the_offline_models_example_is_marked_right_or_wrong_and_methods_differ(
     values = control_values(model=service.ARENA, budget=compare.DEFAULT_BUDGET)
     outputs = list(compare.respond(first, compare.DEFAULT_METHODS, service.Session(), settings_from(values),
                                    follow_up=then))
-    *boxes, table, status, memory, speed, layers, quality, gallery, scale, _ = outputs[-1]
+    boxes, table = outputs[-1].answers, outputs[-1].table
     assert len(table) == 2 * 5 and all(row[9] == "right" or row[9].startswith("wrong (") for row in table)
     assert [row[9] for row in table[:2]] == ["right", "right"]  # the full cache answers both right
     differ = {row[0] for row in table[2:] if row[8] != "100%"}
@@ -66,24 +68,27 @@ def test_question_before_or_with_the_media():
     first, then = compare.example_rows(True)[0]
     values = control_values(model=service.ARENA, budget=0.2, compress="before_question")
     outputs = list(compare.respond(first, ["snapkv"], service.Session(), settings_from(values)))
-    table = outputs[-1][compare.SLOTS]
+    table = outputs[-1].table
     assert table[0][9] == "right" and table[1][3] > 0  # answered, its TTFT counts both prefills
     with pytest.raises(UserError, match="When the cache is compressed"):
         settings_from(control_values(model=service.ARENA, compress="sometimes"))
 
 
 def test_new_scene_fills_both_questions_with_known_answers():
-    box, then, status = compare.new_scene("images")
+    scene = compare.new_scene("images")
+    box, then, status = scene.textbox, scene.follow_up, scene.status
     assert box["text"] and then and len(box["files"]) >= 2 and "new images scene" in status
-    assert compare.new_scene("nonsense")[2].startswith(chat.NOT_ANSWERED)
-    moving, _, _ = compare.new_scene("moving")
-    assert moving["files"][0].endswith(".avi")  # drawn frames, read back pixel for pixel
+    refused = compare.new_scene("nonsense")
+    assert refused.status.startswith(chat.NOT_ANSWERED) and set(refused.changed()) == {"status"}
+    assert compare.new_scene("moving").textbox["files"][0].endswith(".avi")  # drawn frames, read back pixel for pixel
 
 
 @pytest.mark.parametrize("methods", [[], ["streamingllm", "a", "b", "c", "d"]])
 def test_compare_rejects_a_bad_selection(media, methods):
     outputs = list(compare.respond(ask("Hi", media["image"]), methods, service.Session(), config()))
-    (*kept, status, memory, speed, layers, quality, gallery, scale, box), = outputs
+    (refused,) = outputs
+    status = refused.status
+    assert set(refused.changed()) == {"status", "textbox"}  # the rest as it was
     assert status.startswith(chat.NOT_ANSWERED) and "Pick 1 to 4 methods" in status
 
 

@@ -4,6 +4,7 @@ served)."""
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import gradio as gr
@@ -44,7 +45,7 @@ def test_a_method_without_budget_hides_the_slider_and_shows_what_it_holds(media)
         assert budget.visible is uses and (note == "") is uses
     session = service.Session()
     outputs, error = turn(session, ask("What is this?", media["image"]), method="mpic")
-    realised = outputs[-1][9]
+    realised = outputs[-1].realised
     assert error is None and re.search(r"MPIC.* holds \d\.\d\dx of the full cache's KV bytes", realised)
 
 
@@ -53,9 +54,12 @@ def test_chat_turn_streams_text_panels_and_overlay(media, monkeypatch):
     session = service.Session()
     outputs, error = turn(session, ask("What is this?", media["image"]), max_new_tokens=6)
     assert error is None and len(outputs) >= 3  # the echo, then one update per token
-    history, box, status, memory, speed, layers, picker, gallery, scale, realised = outputs[-1]
+    last = outputs[-1]
+    history, status, memory, speed, layers, picker, gallery, scale, realised = (
+        last.chatbot, last.status, last.memory, last.speed, last.layers, last.layer_picker, last.gallery,
+        last.scale_line, last.realised)
     assert history[0]["role"] == "user" and history[-1]["role"] == "assistant" and history[-1]["content"]
-    assert outputs[0][1] == chat.EMPTY_INPUT  # the input box empties as soon as the message is taken
+    assert outputs[0].textbox == chat.EMPTY_INPUT  # the input box empties as soon as the message is taken
     assert "StreamingLLM" in status and "saved" in status and "random weights" in status
     assert re.search(r"after the prompt it held 0\.\d\dx of the full KV", status)
     assert "Qwen2.5-VL-7B-Instruct" in scale and "16 GiB fits" in scale
@@ -76,13 +80,13 @@ def test_chat_turn_streams_text_panels_and_overlay(media, monkeypatch):
 def test_multi_turn_continues_and_settings_change_starts_new_conversation(media):
     session = service.Session()
     first, _ = turn(session, ask("Describe.", media["image"]))
-    history = first[-1][0]
+    history = first[-1].chatbot
     second, error = turn(session, ask("And the colours?"), history)
-    assert error is None and second[-1][0][: len(history)] == history
-    assert not any(m.get("metadata") for m in second[-1][0])  # same cache, no divider
+    assert error is None and second[-1].chatbot[: len(history)] == history
+    assert not any(m.get("metadata") for m in second[-1].chatbot)  # same cache, no divider
     assert len(session.history) == 2
-    third, _ = turn(session, ask("Again?"), second[-1][0], budget=0.2)
-    assert third[-1][0][len(second[-1][0])]["metadata"]["title"] == "New conversation"
+    third, _ = turn(session, ask("Again?"), second[-1].chatbot, budget=0.2)
+    assert third[-1].chatbot[len(second[-1].chatbot)]["metadata"]["title"] == "New conversation"
     assert len(session.history) == 1
 
 
@@ -91,8 +95,8 @@ def test_full_cache_reference_is_cached_per_input(media):
     turn(session, ask("What is this?", media["image"]), method="full")
     chat.clear(session)
     outputs, _ = turn(session, ask("What is this?", media["image"]))
-    assert "cached" in outputs[-1][2]
-    assert outputs[-1][4].data[0].y[0] == "Full cache (cached)"
+    assert "cached" in outputs[-1].status
+    assert outputs[-1].speed.data[0].y[0] == "Full cache (cached)"
 
 
 def test_stop_ends_the_answer_and_keeps_the_chat_usable(media, monkeypatch):
@@ -102,8 +106,8 @@ def test_stop_ends_the_answer_and_keeps_the_chat_usable(media, monkeypatch):
     next(events), next(events)  # the echo, then the first token
     chat.stop(session)
     last = list(events)[-1]
-    assert int(re.search(r"(\d+) new tokens", last[2]).group(1)) < 40
-    outputs, error = turn(session, ask("Go on."), last[0])
+    assert int(re.search(r"(\d+) new tokens", last.status).group(1)) < 40
+    outputs, error = turn(session, ask("Go on."), last.chatbot)
     assert error is None and len(session.history) == 2
 
 
@@ -111,7 +115,7 @@ def test_new_chat_clears_history_panels_and_cache(media):
     session = service.Session()
     turn(session, ask("Hi", media["image"]))
     outputs = chat.clear(session)
-    assert outputs[0] == [] and outputs[3] is None and outputs[7] is None
+    assert outputs.chatbot == [] and outputs.memory is None and outputs.gallery is None
     assert session.conv is None and session.history == [] and session.visuals == []
 
 
@@ -119,7 +123,7 @@ def test_video_turn_draws_a_strip_of_frames(media):
     session = service.Session()
     outputs, error = turn(session, ask("Where does the ball go?", media["video"]), num_frames=4)
     assert error is None
-    image, _ = outputs[-1][7][0]
+    image, _ = outputs[-1].gallery[0]
     assert "video" in overlay.captions(session.visuals)[0] and image.width > 2 * (image.height - overlay.CAPTION_PX - 10)  # 2 temporal tokens side by side, the caption under
 
 
@@ -148,15 +152,15 @@ def test_bad_input_gives_a_message_and_the_next_request_succeeds(media, monkeypa
                "too_long": ask("Watch", media["video"]), "too_big": ask("Watch", media["big_video"])}[case]
     session = service.Session()
     history, _ = turn(session, ask("First.", media["image"]))
-    history = history[-1][0]
+    history = history[-1].chatbot
     outputs, error = turn(session, message, history)
     assert error is not None and expected in error
     # said once, in the status line: the chat as it was, the panels untouched, the files out of the box
-    (shown, box, _, *panels), = outputs
-    assert shown == history and box == {"text": message["text"], "files": []}
-    assert all(isinstance(p, type(gr.skip())) for p in panels)
+    (refused,) = outputs
+    assert refused.chatbot == history and refused.textbox == {"text": message["text"], "files": []}
+    assert set(refused.changed()) == {"chatbot", "textbox", "status"}
     outputs, error = turn(session, ask("Still there?"), history)
-    assert error is None and outputs[-1][0][: len(history)] == history and len(session.history) == 2
+    assert error is None and outputs[-1].chatbot[: len(history)] == history and len(session.history) == 2
 
 
 def test_model_that_fails_to_load(media, monkeypatch):
@@ -174,15 +178,15 @@ def test_model_that_fails_to_load(media, monkeypatch):
     session = service.Session()
     values = settings.control_values(model=name, method="streamingllm", max_new_tokens=4)
     outputs = list(chat.respond(ask("Hi", media["image"]), [], session, settings.settings_from(values)))
-    assert "failed to load: RuntimeError: weights file truncated" in outputs[-1][2]
-    assert outputs[-1][0] == [] and outputs[-1][1] == ask("Hi", media["image"])  # history and message back
+    assert "failed to load: RuntimeError: weights file truncated" in outputs[-1].status
+    assert outputs[-1].chatbot == [] and outputs[-1].textbox == ask("Hi", media["image"])  # history and message back
     assert turn(session, ask("Hi", media["image"]))[1] is None
 
 
 def test_out_of_memory_frees_the_cache_and_keeps_serving(media, monkeypatch):
     session = service.Session()
     first, _ = turn(session, ask("First.", media["image"]))
-    history = first[-1][0]
+    history = first[-1].chatbot
     real = Conversation.stream
 
     def oom(self, *args, **kwargs):
@@ -191,11 +195,11 @@ def test_out_of_memory_frees_the_cache_and_keeps_serving(media, monkeypatch):
 
     monkeypatch.setattr(Conversation, "stream", oom)
     outputs, error = turn(session, ask("Second.", media["image2"]), history)
-    assert "Out of GPU memory" in error and outputs[-1][0] == history
+    assert "Out of GPU memory" in error and outputs[-1].chatbot == history
     assert session.conv is None
     monkeypatch.setattr(Conversation, "stream", real)
     outputs, error = turn(session, ask("Third."), history)
-    assert error is None and outputs[-1][0][len(history)]["metadata"]["title"] == "New conversation"
+    assert error is None and outputs[-1].chatbot[len(history)]["metadata"]["title"] == "New conversation"
 
 
 @pytest.mark.parametrize("name, value", [("budget", 5), ("budget", -1), ("budget", 0), ("max_new_tokens", 0),
@@ -206,7 +210,7 @@ def test_out_of_range_settings_are_said_not_clamped(media, name, value):
         settings.settings_from(values)
     named = dict(zip(settings.control_names(), values))
     outputs = list(chat.submit(ask("Hi", media["image"]), [], service.Session(), None, None, **named))
-    assert outputs[-1][2].startswith(chat.NOT_ANSWERED) and "must lie between" in outputs[-1][2]
+    assert outputs[-1].status.startswith(chat.NOT_ANSWERED) and "must lie between" in outputs[-1].status
 
 
 def test_a_question_without_media_to_the_trained_model_gets_a_hint():
@@ -216,7 +220,7 @@ def test_a_question_without_media_to_the_trained_model_gets_a_hint():
     with_scene = service.prepare("What colour is the circle?", [str(chat.ASSETS / "arena_colour.png")])
     assert service.media_hint("tiny-arena-vl", [with_scene]) == ""
     outputs, error = turn(service.Session(), ask("What colour is the circle?"), method="full", model="tiny-arena-vl")
-    assert error is None and "Hint: tiny-arena-vl only answers questions about its kind of scenes" in outputs[-1][2]
+    assert error is None and "Hint: tiny-arena-vl only answers questions about its kind of scenes" in outputs[-1].status
 
 
 def test_an_image_over_the_limits_is_refused_before_decoding(tmp_path, monkeypatch):
@@ -245,13 +249,27 @@ def test_a_large_image_within_the_limits_is_downscaled_at_load(tmp_path, monkeyp
     assert image.size == (200, 50)  # the aspect ratio kept, at most LOAD_PIXELS
 
 
+def test_outputs_reach_gradio_keyed_by_component_and_leave_the_rest_as_it_is():
+    from components import compare, outputs
+
+    with gr.Blocks():
+        tab = compare.CompareTab(*[gr.Textbox() for _ in range(4)], answers=[gr.Textbox() for _ in range(compare.SLOTS)],
+                                 table=gr.Dataframe(), status=gr.Markdown(), memory=gr.Plot(), speed=gr.Plot(),
+                                 layers=gr.Plot(), quality=gr.Plot(), gallery=gr.Gallery(), at_scale=gr.Markdown())
+    sent = compare.CompareOutputs(answers=list("abcde"), status="Done.")
+    assert outputs.keyed(tab, sent) == {**dict(zip(tab.answers, "abcde")), tab.status: "Done."}
+    assert tab.outputs == [*tab.answers, tab.table, tab.status, tab.memory, tab.speed, tab.layers, tab.quality,
+                           tab.gallery, tab.at_scale, tab.textbox]  # the API's order of results
+    wired = outputs.by_component(tab, compare.run)
+    assert inspect.signature(wired) == inspect.signature(compare.run)  # Gradio reads the API's parameters from it
+
+
 def test_overlay_shades_dropped_tokens():
     import numpy as np
 
     keep = np.ones((2, 1, 4, 4), np.float32)
     keep[:, 0, :2] = 0.0  # top half dropped in every layer
-    visual = {"label": "turn 1, image 1", "kind": "image", "keep": keep,
-              "pictures": [np.full((64, 64, 3), 200, np.uint8)]}
+    visual = service.KeptVisual("turn 1, image 1", "image", "kept", [np.full((64, 64, 3), 200, np.uint8)], keep)
     image, caption = overlay.render(visual)
     assert caption == "turn 1, image 1: 50% of 16 kept"
     pixels = np.asarray(image)
@@ -265,9 +283,9 @@ def test_projection_at_real_scale_is_plain_arithmetic_on_the_configs():
     arch = next(a for a in at_scale.architectures() if a.name == "Qwen/Qwen2-VL-2B-Instruct")
     assert arch.bytes_per_token == 2 * 28 * 2 * 128 * 2  # 28 KiB, as the About tab says
     p = at_scale.project(arch, 0.25, 1000, memory_bytes=2**30)
-    assert p["prompt_full_bytes"] == 1000 * 28 * 1024 and p["prompt_method_bytes"] == 250 * 28 * 1024
-    assert p["fit_full_tokens"] == 2**30 // (28 * 1024) and p["fit_method_tokens"] == 4 * p["fit_full_tokens"]
-    assert p["fit_full_frames"] == p["fit_full_tokens"] // 128
+    assert p.prompt_full_bytes == 1000 * 28 * 1024 and p.prompt_method_bytes == 250 * 28 * 1024
+    assert p.fit_full_tokens == 2**30 // (28 * 1024) and p.fit_method_tokens == 4 * p.fit_full_tokens
+    assert p.fit_full_frames == p.fit_full_tokens // 128
     llava = next(a for a in at_scale.architectures() if a.name == "llava-hf/llava-1.5-7b-hf")
     assert llava.bytes_per_token == 2 * 32 * 32 * 128 * 2  # no grouped-query attention: 512 KiB a token
     from components.at_scale import scale_line
@@ -287,8 +305,9 @@ def test_examples_are_those_of_the_selected_model():
 def test_vs_full_is_one_unit_and_marks_noise():
     from components import plots
 
-    steady = {"metrics": {"step_s": [0.010, 0.011, 0.009, 0.010]}}  # about 8% spread
+    steady = plots.Drawn("H2O", service.Meters(step_s=[0.010, 0.011, 0.009, 0.010]))  # about 8% spread
     assert plots.vs_full(50, 100) == "0.50x"
     assert plots.vs_full(0.0105, 0.0100, plots.step_spread(steady, steady)) == "same within noise"
     assert plots.vs_full(0.0200, 0.0100, plots.step_spread(steady, steady)) == "2.00x"
-    assert plots.vs_full(0.0200, 0.0100, plots.step_spread({"metrics": {"step_s": [0.01]}})) == "2.00x, too few steps to tell"
+    one_step = plots.Drawn("H2O", service.Meters(step_s=[0.01]))
+    assert plots.vs_full(0.0200, 0.0100, plots.step_spread(one_step)) == "2.00x, too few steps to tell"

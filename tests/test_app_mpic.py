@@ -33,14 +33,14 @@ def test_mpic_stores_uploads_and_reuses_them_in_the_next_turn(media, media_store
     rows = media_library.library_rows(session)
     assert [r[0] for r in rows] == ["a.png", "b.png"] and all(r[1] == "image" and r[3] > 0 for r in rows)
     assert all(r[2] > 0 and r[4] == "yes" for r in rows)
-    second, error = turn(session, ask("Which one is brighter?", media["image"], media["image2"]), first[-1][0],
+    second, error = turn(session, ask("Which one is brighter?", media["image"], media["image2"]), first[-1].chatbot,
                          method="mpic", params=k4)
-    assert error is None and not any(m.get("metadata") for m in second[-1][0])  # the same conversation
-    status = second[-1][2]
+    assert error is None and not any(m.get("metadata") for m in second[-1].chatbot)  # the same conversation
+    status = second[-1].status
     reused = int(re.search(r"(\d+) prompt tokens reused from the media store", status).group(1))
     assert reused > 0 and "recomputed (" not in status
     assert len(media_library.library_rows(session)) == 2  # stored once, found again
-    gallery = second[-1][7]
+    gallery = second[-1].gallery
     assert len(gallery) == 4 and all("reused" in caption for caption in overlay.captions(session.visuals))
     table, figure = media_library.refresh(session)
     assert len(table) == 2 and list(figure.data[0].x) == ["Full recompute", "Prefix caching", "MPIC-4"]
@@ -53,7 +53,7 @@ def test_a_second_session_cannot_see_or_link_the_first_sessions_media(media, med
     store = media_store()
     a, b = service.Session(), service.Session()
     turn(a, ask("Mine.", media["image"]), method="mpic")
-    key = service.media_library(a)[0]["key"]
+    key = service.media_library(a)[0].key
     assert service.media_library(b) == [] and media_library.library_rows(b) == []
     assert store.get(b.id, MODEL, key) is None  # by content hash, from the other namespace
     _, error = turn(b, ask("Theirs?"), method="mpic")
@@ -81,10 +81,10 @@ def test_a_damaged_store_file_does_not_break_a_turn(media, media_store):
     data = bytearray(files[0].read_bytes())
     data[-64:] = bytes(64)  # same size, so only the checksums can tell
     files[0].write_bytes(bytes(data))
-    outputs, error = turn(session, ask("Still there?", media["image"]), first[-1][0], method="mpic")
-    assert error is None and outputs[-1][0][-1]["content"]
+    outputs, error = turn(session, ask("Still there?", media["image"]), first[-1].chatbot, method="mpic")
+    assert error is None and outputs[-1].chatbot[-1]["content"]
     # the damaged file is found (by the upload's lookup or by the linker), deleted and recomputed
-    assert re.search(r"image/video 1 recomputed \((damaged file|stored entry unusable|not stored)\)", outputs[-1][2])
+    assert re.search(r"image/video 1 recomputed \((damaged file|stored entry unusable|not stored)\)", outputs[-1].status)
 
 
 def test_mpic_default_k_suits_the_model_image_size(media_store):
@@ -96,7 +96,7 @@ def test_mpic_default_k_suits_the_model_image_size(media_store):
     scene = str(chat.ASSETS / "arena_colour.png")
     k = {"mpic": {"k": service.mpic_default_k("tiny-arena-vl")}}
     first, _ = turn(session, ask("What colour is the circle?", scene), method="mpic", model="tiny-arena-vl", params=k)
-    second, error = turn(session, ask("What colour is the triangle?", scene), first[-1][0], method="mpic",
+    second, error = turn(session, ask("What colour is the triangle?", scene), first[-1].chatbot, method="mpic",
                          model="tiny-arena-vl", params=k)
     assert error is None
-    assert int(re.search(r"(\d+) prompt tokens reused", second[-1][2]).group(1)) >= 100 - 32
+    assert int(re.search(r"(\d+) prompt tokens reused", second[-1].status).group(1)) >= 100 - 32

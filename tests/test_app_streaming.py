@@ -48,40 +48,40 @@ def test_a_video_streams_under_a_cap_and_follow_ups_go_on(video):
     full_session, capped_session = service.Session(), service.Session()
     full, error = streamed_turn(full_session, video, "full", CAP_BYTES / 2**20)
     assert error is None
-    rising, _ = chunk_trace(full[-1][3])
+    rising, _ = chunk_trace(full[-1].memory)
     assert len(rising) == 4 and rising == sorted(set(rising))  # 8 frames, 2 a chunk: the full cache only grows
     one_chunk = max(b - a for a, b in zip(rising, rising[1:]))
 
     outputs, error = streamed_turn(capped_session, video, "infinipot_v", CAP_BYTES / 2**20)
-    assert error is None and outputs[-1][0][-1]["content"] not in ("", "…")
-    held, cap = chunk_trace(outputs[-1][3])
+    assert error is None and outputs[-1].chatbot[-1]["content"] not in ("", "…")
+    held, cap = chunk_trace(outputs[-1].memory)
     assert cap == CAP_BYTES and len(held) == 4  # one point per chunk of frames
     assert all(b <= CAP_BYTES + one_chunk for b in held) and max(held) < max(rising)
-    status = outputs[-1][2]
+    status = outputs[-1].status
     assert re.search(r"streamed 8 frames in 4 chunks under a cap of 160\.0 KiB \(at most [\d.]+ KiB", status)
     peak = float(re.search(r"at most ([\d.]+) KiB", status).group(1)) * 2**10
     assert peak <= CAP_BYTES + one_chunk
     (visual,) = capped_session.visuals  # the overlay draws the video whole: its 4 temporal groups, joined from the chunks
-    assert visual["label"] == "video 1" and visual["keep"].shape[1] == 4
+    assert visual.label == "video 1" and visual.keep.shape[1] == 4
 
-    history = outputs[-1][0]
+    history = outputs[-1].chatbot
     follow, error = streamed_turn(capped_session, None, "infinipot_v", CAP_BYTES / 2**20, history)
-    assert error is None and follow[-1][0][: len(history)] == history
-    assert not any(m.get("metadata") for m in follow[-1][0]) and len(capped_session.history) == 2
+    assert error is None and follow[-1].chatbot[: len(history)] == history
+    assert not any(m.get("metadata") for m in follow[-1].chatbot) and len(capped_session.history) == 2
 
 
 def test_the_full_cache_streamed_answers_as_one_prompt_does(video):
     one_prompt, _ = streamed_turn(service.Session(), video, "full", 0)
     streamed_, _ = streamed_turn(service.Session(), video, "full", 1.0)
-    assert streamed_[-1][0][-1]["content"] == one_prompt[-1][0][-1]["content"]
-    assert "streamed 8 frames in 4 chunks without a cap" in streamed_[-1][2]
-    assert not any(t.name.endswith("after each chunk of frames") for t in one_prompt[-1][3].data)
+    assert streamed_[-1].chatbot[-1]["content"] == one_prompt[-1].chatbot[-1]["content"]
+    assert "streamed 8 frames in 4 chunks without a cap" in streamed_[-1].status
+    assert not any(t.name.endswith("after each chunk of frames") for t in one_prompt[-1].memory.data)
 
 
 def test_a_method_that_cannot_hold_a_cap_is_refused_in_one_line(video):
     outputs, error = streamed_turn(service.Session(), video, "h2o", 1.0)
     assert error is not None and "H2O" in error and "cannot stream a video under a memory cap" in error
-    assert "\n" not in error and outputs[-1][0] == []  # the chat as it was
+    assert "\n" not in error and outputs[-1].chatbot == []  # the chat as it was
 
 
 def test_the_frame_limit_rises_with_a_cap():
@@ -101,9 +101,10 @@ def test_the_frame_limit_rises_with_a_cap():
 
 
 def test_the_memory_figure_draws_chunks_before_the_answer_and_the_cap():
-    run = {"method": "InfiniPot-V", "metrics": {"kv_trace": [3, 4]},
-           "stream": {"kv_bytes": [1, 2, 1.5], "frames": [2, 4, 6], "frames_total": 6, "cap_bytes": 2, "capped": True}}
+    stream = service.StreamView(frames=[2, 4, 6], kv_bytes=[1, 2, 1.5], peak_kv_bytes=[2, 3, 3], frames_total=6,
+                                cap_bytes=2, capped=True)
+    run = plots.Drawn("InfiniPot-V", service.Meters(kv_trace=[3, 4]), stream=stream)
     figure = plots.memory_figure([run])
     chunks, cap = figure.data[1], figure.data[2]
     assert list(chunks.x) == [-3, -2, -1] and list(cap.x) == [-3, 1] and list(cap.y) == [2, 2]
-    assert chat.stream_line(run["stream"] | {"peak_kv_bytes": [2, 3, 3]}).startswith("streamed 6 frames in 3 chunks")
+    assert chat.stream_line(stream).startswith("streamed 6 frames in 3 chunks")

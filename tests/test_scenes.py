@@ -49,6 +49,6 @@ def test_speed_at_scale_reads_weights_and_cache_per_step():
     arch = next(a for a in at_scale.architectures() if a.name == "Qwen/Qwen2.5-VL-7B-Instruct")
     assert 7e9 < arch.decoder_params < 8.5e9  # a 7B model's language part
     short, long = at_scale.speed(arch, 0.2, 1_000), at_scale.speed(arch, 0.2, 32_768)
-    assert short["step_method_s"] < short["step_full_s"] and long["ttft_s"] > 30 * short["ttft_s"]
-    saved = long["step_full_s"] - long["step_method_s"]
-    assert saved == pytest.approx(0.8 * long["kv_full_bytes"] / at_scale.A100.bandwidth)
+    assert short.step_method_s < short.step_full_s and long.ttft_s > 30 * short.ttft_s
+    saved = long.step_full_s - long.step_method_s
+    assert saved == pytest.approx(0.8 * long.kv_full_bytes / at_scale.A100.bandwidth)

@@ -132,7 +132,7 @@ def test_two_turns_continue_the_compressed_cache_across_fresh_workers(zero_gpu, 
     assert all(t.device.type == "cpu" for t in kept)
 
     second = chat(session, config, "And what colour is it?")
-    assert not second["new_chat"] and len(session.history) == 2
+    assert not second.new_chat and len(session.history) == 2
     after_second = session.conv.cache.tokens_per_layer()
     assert all(b > a for a, b in zip(after_first, after_second))  # the cache grew: the first turn is in it
     for before, layer in zip(kept, session.conv.cache.layers):  # StreamingLLM's sinks stay as they were
@@ -143,8 +143,8 @@ def test_two_turns_continue_the_compressed_cache_across_fresh_workers(zero_gpu, 
     loaded = service.get_model(MODEL)
     conv = Conversation(loaded, config.backend())
     plain = [conv.ask(p.message, max_new_tokens=6).text for p in session.history]
-    assert [first["text"], second["text"]] == plain
-    assert first["reference"] is not None and second["agreement"] is not None
+    assert [first.text, second.text] == plain
+    assert first.reference is not None and second.agreement is not None
 
 
 class StrictPickler(pickle.Pickler):
@@ -186,7 +186,7 @@ def test_every_method_continues_its_chat_across_fresh_workers_and_sends_only_its
     assert isinstance(session.conv, ConversationState)  # came back from the worker without the model
     after_first = session.conv.seen
     second = chat(session, config, "And what colour is it?")
-    assert not second["new_chat"] and len(session.history) == 2 and session.conv.seen > after_first
+    assert not second.new_chat and len(session.history) == 2 and session.conv.seen > after_first
     state, buffer = session.chat, io.BytesIO()
     pickler = StrictPickler(buffer)
     pickler.dump(state)
@@ -198,14 +198,14 @@ def test_every_method_continues_its_chat_across_fresh_workers_and_sends_only_its
 def test_mpic_turn_stores_its_media_for_the_app(zero_gpu, picture):
     session, mpic = service.Session(), settings("mpic", params={"mpic": {"k": 2}})
     view = chat(session, mpic, "Describe it.", picture)
-    assert view["mpic"] is not None and session.last_mpic is not None
+    assert view.mpic is not None and session.last_mpic is not None
     library = service.media_library(session)  # read in this process: what the worker stored came back
-    assert [row["label"] for row in library] == ["board.png"] and library[0]["on_disk"]
+    assert [row.label for row in library] == ["board.png"] and library[0].on_disk
     reused_first = sum(map(len, session.chat.reused))
     again = chat(session, mpic, "Describe it once more.", picture)
-    assert not again["new_chat"] and again["mpic"]["reused"] > 0 and again["mpic"]["visuals"] == ["linked"]
+    assert not again.new_chat and again.mpic.reused > 0 and again.mpic.visuals == ["linked"]
     assert sum(map(len, session.chat.reused)) > reused_first > 0  # the chat's reused tokens carried over
-    assert service.mpic_ttft(session)["tokens"] > 0  # a regular (non-generator) GPU function too
+    assert service.mpic_ttft(session).tokens > 0  # a regular (non-generator) GPU function too
     session.close()
 
 
@@ -213,10 +213,10 @@ def test_compare_keeps_its_reference_and_asks_for_more_time_per_method(zero_gpu,
     session = service.Session()
     prepared = service.prepare("What is in the picture?", [picture])
     views = list(service.compare(session, settings("full"), ["streamingllm", "h2o"], prepared))
-    assert views[-1]["done"] and [r["name"] for r in views[-1]["runs"]] == ["full", "streamingllm", "h2o"]
+    assert views[-1].done and [r.name for r in views[-1].runs] == ["full", "streamingllm", "h2o"]
     assert len(session.chat.references.results) == 1
     again = list(service.compare(session, settings("full"), ["snapkv"], prepared))
-    assert again[-1]["runs"][0]["turns"][0]["cached"]  # the reference came back out of the first worker
+    assert again[-1].runs[0].turns[0].cached  # the reference came back out of the first worker
     one, three = zero_gpu.seconds[-1], zero_gpu.seconds[0]
     assert three > one  # the duration grows with the methods compared
 

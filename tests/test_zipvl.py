@@ -229,8 +229,8 @@ def test_multi_turn_and_the_overlay_shows_the_important_tokens(models):
     assert len(visuals) == 2
     span = conv.layouts[0].visuals[0].span
     inside = ((important >= span[0]) & (important < span[1])).sum().item()
-    assert visuals[0]["keep"][0].mean() == pytest.approx(inside / (span[1] - span[0]))
-    assert 0 < visuals[0]["keep"].mean() < 1  # some visual tokens at 4 bits, some at 2
+    assert visuals[0].keep[0].mean() == pytest.approx(inside / (span[1] - span[0]))
+    assert 0 < visuals[0].keep.mean() < 1  # some visual tokens at 4 bits, some at 2
 
 
 def test_bad_parameters_raise():

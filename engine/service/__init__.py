@@ -17,6 +17,8 @@ tensor and never imports torch. The app imports this package only; its modules, 
   full cache and up to four methods one after another on one input.
 * :mod:`.streamed`: a message's media streamed under a KV cap, a few frames at a time (progress by
   frames, the cache's bytes after each chunk).
+* :mod:`.view_types`: what the facade hands the UI, typed (frozen dataclasses of plain values and
+  numpy arrays, no torch): :class:`ChatView`, :class:`CompareView` and their parts.
 * :mod:`.views`: the figures the panels draw; :mod:`.at_scale`: what a KV fraction means on the
   real architectures.
 * :mod:`.store` and :mod:`.mpic`: MPIC's media KV store is one per process, under
@@ -44,10 +46,26 @@ from .sessions import Session, close_session, release, track
 from .state import ChatState
 from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
 from .uploads import check_uploads, may_read, note_uploads
+from .view_types import (
+    ChatView,
+    CompareRun,
+    CompareTurn,
+    CompareView,
+    KeptVisual,
+    LayerFigures,
+    LibraryEntry,
+    Meters,
+    ReferenceView,
+    ReuseSummary,
+    StreamView,
+    TtftView,
+)
 from .views import kept_visuals
 
 __all__ = [
     "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Prepared", "Scene", "Session", "Settings",
+    "ChatView", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters",
+    "ReferenceView", "ReuseSummary", "StreamView", "TtftView",
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",
     "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
     "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",

@@ -72,21 +72,47 @@ def architectures() -> tuple[Architecture, ...]:
                  for p in sorted(CONFIG_DIR.glob("*.json")))
 
 
-def project(arch: Architecture, kept_fraction: float, prompt_tokens: int, memory_bytes: int = 16 * 2**30) -> dict:
+@dataclass(frozen=True)
+class Projection:
+    """A prompt's KV bytes on an architecture, full cache and method, and what fits in a memory."""
+
+    name: str
+    bytes_per_token: int
+    prompt_full_bytes: int
+    prompt_method_bytes: float
+    fit_full_tokens: int
+    fit_method_tokens: int | None  # None: unbounded (the method holds nothing)
+    fit_full_frames: int | None  # None: the family has no fixed count of tokens per frame
+    fit_method_frames: int | None
+
+
+def project(arch: Architecture, kept_fraction: float, prompt_tokens: int,
+            memory_bytes: int = 16 * 2**30) -> Projection:
     """This prompt's KV bytes on ``arch`` with the full cache and with the method, and how many tokens
     (and 448 px video frames, where the family has a fixed count) fit in ``memory_bytes`` of KV."""
     full_tokens = memory_bytes // arch.bytes_per_token
     method_tokens = int(full_tokens / kept_fraction) if kept_fraction > 0 else None
     frame = FRAME_TOKENS.get(arch.model_type)
-    return {"name": arch.name, "bytes_per_token": arch.bytes_per_token,
-            "prompt_full_bytes": prompt_tokens * arch.bytes_per_token,
-            "prompt_method_bytes": prompt_tokens * arch.bytes_per_token * kept_fraction,
-            "fit_full_tokens": full_tokens, "fit_method_tokens": method_tokens,
-            "fit_full_frames": full_tokens // frame if frame else None,
-            "fit_method_frames": method_tokens // frame if frame and method_tokens else None}
+    return Projection(arch.name, arch.bytes_per_token, prompt_tokens * arch.bytes_per_token,
+                      prompt_tokens * arch.bytes_per_token * kept_fraction, full_tokens, method_tokens,
+                      full_tokens // frame if frame else None,
+                      method_tokens // frame if frame and method_tokens else None)
 
 
-def speed(arch: Architecture, kept_fraction: float, prompt_tokens: int, hardware: Hardware = A100) -> dict:
+@dataclass(frozen=True)
+class SpeedAtScale:
+    """Time to first token and one decode step on a GPU at peak rates (computed, not measured)."""
+
+    name: str
+    hardware: str
+    ttft_s: float
+    step_full_s: float
+    step_method_s: float
+    weight_bytes: int
+    kv_full_bytes: int
+
+
+def speed(arch: Architecture, kept_fraction: float, prompt_tokens: int, hardware: Hardware = A100) -> SpeedAtScale:
     """Time to first token and one decode step on ``hardware`` at peak rates, full cache and a
     method holding ``kept_fraction`` of its bytes (computed, not measured). The prefill is compute
     bound: 2 FLOPs per weight per token plus attention's 4 x layers x tokens^2 x heads x head dim;
@@ -95,7 +121,5 @@ def speed(arch: Architecture, kept_fraction: float, prompt_tokens: int, hardware
     weights = arch.decoder_params * DTYPE_BYTES
     kv_full = prompt_tokens * arch.bytes_per_token
     flops = 2 * arch.decoder_params * prompt_tokens + 4 * arch.layers * prompt_tokens**2 * arch.heads * arch.head_dim
-    return {"name": arch.name, "hardware": hardware.name, "ttft_s": flops / hardware.flops,
-            "step_full_s": (weights + kv_full) / hardware.bandwidth,
-            "step_method_s": (weights + kv_full * kept_fraction) / hardware.bandwidth,
-            "weight_bytes": weights, "kv_full_bytes": kv_full}
+    return SpeedAtScale(arch.name, hardware.name, flops / hardware.flops, (weights + kv_full) / hardware.bandwidth,
+                        (weights + kv_full * kept_fraction) / hardware.bandwidth, weights, kv_full)

@@ -18,6 +18,7 @@ from .model_pool import get_model
 from .sessions import Session
 from .state import ChatState
 from .store import media_store
+from .view_types import LibraryEntry, ReuseSummary, TtftView
 from .zerogpu import gpu_function
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def store_media(session_id: str, loaded: LoadedModel, prepared: Prepared) -> str
     return f"could not store {', '.join(failed)}: recomputed" if failed else ""
 
 
-def reuse_summary(state: ChatState, conv: Conversation, prompt_tokens: int, note: str) -> dict:
+def reuse_summary(state: ChatState, conv: Conversation, prompt_tokens: int, note: str) -> ReuseSummary:
     """This prompt's reused and recomputed token counts (mean over layers), each visual's fate, and
     the chat's reused tokens so far (per layer) for the overlay."""
     reused = conv.backend.report.reused or []
@@ -67,16 +68,19 @@ def reuse_summary(state: ChatState, conv: Conversation, prompt_tokens: int, note
     for layer, positions in zip(state.reused, reused):
         layer.update(int(p) for p in positions.flatten())
     count = round(sum(len(p) for p in reused) / len(reused)) if reused else 0
-    return {"mode": conv.backend.reuse_label, "reused": count, "recomputed": prompt_tokens - count,
-            "visuals": list(conv.linker.status) if conv.linker else [], "note": note}
+    return ReuseSummary(conv.backend.reuse_label, count, prompt_tokens - count,
+                        list(conv.linker.status) if conv.linker else [], note)
 
 
-def media_library(session: Session) -> list[dict]:
-    """The session's stored media: label, kind, model, tokens, bytes, in_memory, on_disk."""
-    return media_store().library(session.id) if session.media_model is not None else []
+def media_library(session: Session) -> list[LibraryEntry]:
+    """The session's stored media, oldest first."""
+    if session.media_model is None:
+        return []
+    return [LibraryEntry(row["key"], row["label"], row["kind"], row["model"], row["tokens"], row["bytes"],
+                        row["in_memory"], row["on_disk"]) for row in media_store().library(session.id)]
 
 
-def mpic_ttft(session: Session) -> dict | None:
+def mpic_ttft(session: Session) -> TtftView | None:
     """TTFT of the last MPIC turn's message, sent as a new prompt with the store as it is now,
     under full recompute, prefix caching and MPIC (its k): :func:`ttft_on_gpu`'s figures.
     None without such a turn or when its message has no media (nothing to reuse)."""
@@ -90,13 +94,11 @@ def mpic_ttft(session: Session) -> dict | None:
 
 
 @gpu_function(duration=lambda settings, prepared, session_id: request_seconds(settings, prepared, runs=3))
-def ttft_on_gpu(settings: Settings, prepared: Prepared, session_id: str) -> dict:
-    """``{"ttft_s": {bar name: s}, "reference": the bar the others are divided by, "tokens"}``,
-    the bars in the panel's order (:data:`~engine.mpic.ttft.PANEL_MODES`), the reference first."""
+def ttft_on_gpu(settings: Settings, prepared: Prepared, session_id: str) -> TtftView:
+    """The bars in the panel's order (:data:`~engine.mpic.ttft.PANEL_MODES`), the reference first."""
     loaded = get_model(settings.model)
     params = {k: v for k, v in settings.method_params(settings.method).items() if k != "mode"}
     figures = list(measure_ttft(loaded, media_store(), session_id, prepared.message, **params).values())
     media_store().flush()
     names = [f["label"][:1].upper() + f["label"][1:] for f in figures]  # "Full recompute", "MPIC-32"
-    return {"ttft_s": {name: f["ttft_s"] for name, f in zip(names, figures)}, "reference": names[0],
-            "tokens": figures[0]["prompt_tokens"]}
+    return TtftView({name: f["ttft_s"] for name, f in zip(names, figures)}, names[0], figures[0]["prompt_tokens"])

@@ -11,6 +11,7 @@ from .model_pool import free_memory
 from .state import ChatState
 from .store import media_store
 from .uploads import forget_uploads
+from .view_types import KeptVisual
 
 _STOPPING: set[str] = set()  # ids of sessions whose answer should end (seen by in-process GPU work only)
 
@@ -33,7 +34,7 @@ class Session:
         # (question, attachments, answer) of each turn in ``chat.conv``: what a chat showing this
         # conversation must show since its last new-conversation marker
         self.transcript: list[tuple[str, int, str]] = []
-        self.visuals: list[dict] = []  # kept-token maps of the last answer, for the overlay
+        self.visuals: list[KeptVisual] = []  # kept-token maps of the last answer, for the overlay
         self.uploads: set[str] = set()  # paths of the uploads it used (see check_uploads)
         self.client: str | None = None  # the id of the browser or API client the tab belongs to (uploads.py)
         self.stop_requested = False

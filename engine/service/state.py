@@ -15,7 +15,8 @@ from ..runtime.models import LoadedModel
 from . import zerogpu
 from .inputs import Prepared, Settings
 from .store import media_store
-from .views import layer_figures
+from .view_types import LayerFigures, Meters
+from .views import layer_figures, meters
 from .zerogpu import relocate
 
 
@@ -25,8 +26,8 @@ class Reference:
 
     text: str
     token_ids: list[int]
-    metrics: dict
-    layers: dict
+    metrics: Meters
+    layers: LayerFigures
 
 
 class ReferenceCache:
@@ -66,7 +67,7 @@ class ReferenceCache:
                 self.conv.ask(earlier.message, **generation)
         update = self.conv.ask(history[-1].message, **generation)
         self.conv_key = key
-        reference = Reference(update.text, update.token_ids, update.metrics.to_dict(), layer_figures(self.conv))
+        reference = Reference(update.text, update.token_ids, meters(update.metrics), layer_figures(self.conv))
         return self.store(key, reference), False
 
     def store(self, key: tuple, reference: Reference) -> Reference:

@@ -9,7 +9,7 @@ streams without a cap (the reference: its line crosses the cap)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import replace
 
 from backends.layout import PromptLayout, VisualSpan
@@ -20,6 +20,7 @@ from ..runtime.inputs import Message
 from ..runtime.streaming import DEFAULT_FRAMES_PER_CHUNK, feed_streaming
 from .inputs import Settings
 from .methods import method_specs
+from .view_types import Meters, ProgressNote, StreamView
 
 FRAMES_PER_CHUNK = DEFAULT_FRAMES_PER_CHUNK
 
@@ -35,31 +36,29 @@ def check_streamable(settings: Settings) -> None:
                         f"({can}), the full cache, or set the cap to 0.")
 
 
-def stream_media(conv: Conversation, message: Message, settings: Settings) -> Iterator[dict]:
-    """Feed ``message``'s media (its text left for the question) chunk by chunk, yielding
-    ``{"progress": (fraction, text)}`` after each; returns the stream's view: per chunk
-    ``frames`` (fed so far), ``kv_bytes`` (held once the method evicted) and ``peak_kv_bytes``
-    (held while the chunk went in), and ``frames_total``, ``cap_bytes`` (the cap set),
-    ``capped`` (whether the method held it), ``tokens``, ``seconds``, ``overhead_s``, ``parts``
-    (the media item each fed part belongs to, None for text; :func:`joined_layout`)."""
+def stream_media(conv: Conversation, message: Message,
+                 settings: Settings) -> Generator[ProgressNote, None, tuple[StreamView, list[int | None]]]:
+    """Feed ``message``'s media (its text left for the question) chunk by chunk, yielding a
+    :class:`ProgressNote` after each; returns the stream's view and the media item each fed part
+    belongs to (None for text; :func:`joined_layout`)."""
     cap = None if settings.method == "full" else settings.cap_bytes
     bounds = _media_bounds(message)
-    view = {"frames": [], "kv_bytes": [], "peak_kv_bytes": [], "frames_total": sum(bounds[-1:]),
-            "cap_bytes": settings.cap_bytes, "capped": cap is not None, "tokens": 0, "seconds": 0.0,
-            "overhead_s": 0.0, "parts": []}
-    done = 0
+    frames, kv_bytes, peak_kv_bytes, parts = [], [], [], []
+    tokens, seconds, overhead_s, done = 0, 0.0, 0.0, 0
     for progress in feed_streaming(conv, replace(message, text=""), FRAMES_PER_CHUNK, cap):
-        view["tokens"] += progress.tokens
-        view["seconds"] += progress.chunk_s
-        view["overhead_s"] += progress.overhead_s
+        tokens += progress.tokens
+        seconds += progress.chunk_s
+        overhead_s += progress.overhead_s
         fed, done = done, progress.frames_done
-        view["parts"].append(next(i for i, end in enumerate(bounds) if fed < end) if done > fed else None)
+        parts.append(next(i for i, end in enumerate(bounds) if fed < end) if done > fed else None)
         if done > fed:  # a chunk of media (the header and the text around them are not)
-            view["frames"].append(done)
-            view["kv_bytes"].append(progress.kv_bytes)
-            view["peak_kv_bytes"].append(progress.peak_kv_bytes)
-            yield {"progress": (done / progress.frames_total, f"Streaming frame {done} of {progress.frames_total}...")}
-    return view
+            frames.append(done)
+            kv_bytes.append(progress.kv_bytes)
+            peak_kv_bytes.append(progress.peak_kv_bytes)
+            yield ProgressNote(done / progress.frames_total, f"Streaming frame {done} of {progress.frames_total}...")
+    view = StreamView(frames, kv_bytes, peak_kv_bytes, sum(bounds[-1:]), settings.cap_bytes, cap is not None, tokens,
+                      seconds, overhead_s)
+    return view, parts
 
 
 def _media_bounds(message: Message) -> list[int]:
@@ -71,12 +70,11 @@ def _media_bounds(message: Message) -> list[int]:
     return ends
 
 
-def with_stream(metrics: dict, stream: dict) -> dict:
+def with_stream(metrics: Meters, stream: StreamView) -> Meters:
     """A turn's meters counting its streamed part: the question's prefill came after it."""
-    return metrics | {"prompt_tokens": metrics["prompt_tokens"] + stream["tokens"],
-                      "prefill_s": metrics["prefill_s"] + stream["seconds"],
-                      "ttft_s": metrics["ttft_s"] + stream["seconds"],
-                      "overhead_s": metrics["overhead_s"] + stream["overhead_s"]}
+    return replace(metrics, prompt_tokens=metrics.prompt_tokens + stream.tokens,
+                   prefill_s=metrics.prefill_s + stream.seconds, ttft_s=metrics.ttft_s + stream.seconds,
+                   overhead_s=metrics.overhead_s + stream.overhead_s)
 
 
 def joined_layout(parts: list[PromptLayout], owners: list[int | None]) -> PromptLayout:

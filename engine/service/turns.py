@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,24 +24,33 @@ from .state import ChatState, Reference, ReferenceCache, arrive, depart
 from .scenes import is_right, true_answer
 from .store import media_store
 from .streamed import check_streamable, joined_layout, stream_media, with_stream
-from .views import kept_visuals, layer_figures
+from .view_types import ChatView, CompareRun, CompareTurn, CompareView, ProgressNote, ReferenceView
+from .views import kept_visuals, layer_figures, meters
 from .zerogpu import gpu_function
 
 log = logging.getLogger(__name__)
 MAX_COMPARE = 4
 
 
-def _reference_view(reference: Reference | None, cached: bool) -> dict | None:
+def _reference_view(reference: Reference | None, cached: bool) -> ReferenceView | None:
     if reference is None:
         return None
-    return {"text": reference.text, "metrics": reference.metrics, "layers": reference.layers, "cached": cached}
+    return ReferenceView(reference.text, reference.metrics, reference.layers, cached)
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A GPU function's last yield: its last view and the state it hands back to the session."""
+
+    view: ChatView | CompareView
+    state: ChatState | ReferenceCache
 
 
 class CacheLost(UserError):
     """The GPU work failed mid-forward: the chat's cache is half-written, so it goes."""
 
 
-def _guarded(run: Iterator[dict], chat: bool) -> Iterator[dict]:
+def _guarded(run: Iterator, chat: bool) -> Iterator:
     """Out-of-memory and unexpected failures become a UserError (inside the GPU function, so what
     crosses back from a ZeroGPU worker is a plain message). A failure mid-forward leaves a cache
     half-written, so a chat's cache is dropped (:class:`CacheLost`; the history on screen stays)."""
@@ -58,12 +68,12 @@ def _guarded(run: Iterator[dict], chat: bool) -> Iterator[dict]:
         raise lost(f"The model failed on this input ({exc.__class__.__name__}: {str(exc)[:200]}).{after}") from None
 
 
-def _relay(session: Session, views: Iterator[dict], progress: Progress) -> Iterator[dict]:
+def _relay(session: Session, views: Iterator, progress: Progress) -> Iterator[ChatView | CompareView | Handoff]:
     """A GPU function's yields, in the caller: progress goes to ``progress``, views go on."""
     try:
         for view in views:
-            if "progress" in view:
-                progress(*view["progress"])
+            if isinstance(view, ProgressNote):
+                progress(view.fraction, view.text)
             else:
                 yield view
     except CacheLost:
@@ -78,13 +88,12 @@ def _chat_seconds(state: ChatState, settings: Settings, prepared: Prepared, sess
 
 
 def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress = silent,
-              shown: list[tuple[str, int, str]] | None = None) -> Iterator[dict]:
-    """Answer one message, yielding a view after every token: ``text``, ``done``, ``new_chat``,
-    ``method`` (its title), ``metrics`` (Metrics.to_dict()), ``layers`` (:func:`layer_figures`),
-    ``reference`` (the full cache's text, metrics, layers and ``cached``; None for the full cache
-    itself), and once done ``agreement`` with the reference (answer tokens, end-of-turn left out),
-    ``visuals`` (:func:`kept_visuals`), and ``truth`` and ``right`` when the scene is one the app
-    drew (:mod:`.scenes`; None otherwise).
+              shown: list[tuple[str, int, str]] | None = None) -> Iterator[ChatView]:
+    """Answer one message, yielding a :class:`ChatView` after every token: the answer so far, its
+    meters and per-layer figures, the full cache's reference (None for the full cache itself), and
+    once done the agreement with the reference (answer tokens, end-of-turn left out), the kept
+    visual tokens, and the true answer and right/wrong when the scene is one the app drew
+    (:mod:`.scenes`; None otherwise).
 
     ``shown`` is the transcript of the chat the message was sent after (``Session.transcript``'s
     form): when it is not the session's conversation, that conversation ends and a new one starts,
@@ -100,31 +109,34 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
     session.use_model(settings.model)
     session.stop_requested = False
     for view in _relay(session, chat_on_gpu(session.chat, settings, prepared, session.id), progress):
-        if view["done"]:
-            session.chat = view.pop("state")  # the same object when the GPU function ran in this process
-            session.visuals = view["visuals"]
-            earlier = [] if view["new_chat"] else session.transcript
-            session.transcript = earlier + [(prepared.message.text, len(prepared.files), view["text"])]
+        if isinstance(view, Handoff):
+            session.chat = view.state  # the same object when the GPU function ran in this process
+            view = view.view
+            session.visuals = view.visuals
+            earlier = [] if view.new_chat else session.transcript
+            session.transcript = earlier + [(prepared.message.text, len(prepared.files), view.text)]
             if reuses_media(settings.method):
                 session.last_mpic = (settings, prepared)
         yield view
 
 
 @gpu_function(duration=_chat_seconds)
-def chat_on_gpu(state: ChatState, settings: Settings, prepared: Prepared, session_id: str) -> Iterator[dict]:
-    """One chat turn as a pure function: yields ``{"progress": (fraction, text)}`` and views; the
-    last view holds ``state``, the chat after this turn (the same object when run in-process)."""
+def chat_on_gpu(state: ChatState, settings: Settings, prepared: Prepared,
+                session_id: str) -> Iterator[ProgressNote | ChatView | Handoff]:
+    """One chat turn as a pure function: yields progress and views; the last is a :class:`Handoff`
+    with the chat after this turn (the same object when run in-process)."""
     yield from _guarded(_turn(state, settings, prepared, session_id), chat=True)
 
 
-def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: str) -> Iterator[dict]:
+def _turn(state: ChatState, settings: Settings, prepared: Prepared,
+          session_id: str) -> Iterator[ProgressNote | ChatView | Handoff]:
     backend = settings.backend()
     loaded = get_model(settings.model)  # loaded by the caller; a worker forked before that loads it again
     state = arrive(state, loaded, session_id)
     reuses = reuses_media(settings.method)
     note = ""
     if reuses:
-        yield {"progress": (0.3, "Storing the KV of the media...")}
+        yield ProgressNote(0.3, "Storing the KV of the media...")
         note = store_media(session_id, loaded, prepared)
     new_chat = not state.continues(settings)
     if new_chat:  # the cache was built by another method or model: it cannot be continued
@@ -133,45 +145,44 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
     history = state.history + [prepared]
     reference, cached = None, False
     if settings.method != "full" and not _beyond_one_prompt(history):
-        yield {"progress": (0.4, "Full-cache reference for this input...")}
+        yield ProgressNote(0.4, "Full-cache reference for this input...")
         reference, cached = state.references.get(loaded, settings, history)
     conv = state.conv
-    yield {"progress": (0.7, f"Prefilling with {conv.backend.title}...")}
+    yield ProgressNote(0.7, f"Prefilling with {conv.backend.title}...")
     if reuses:
         conv.backend.reset_report()  # a prompt without stored media must not show the last one's reuse
     media = next((p.media for p in reversed(history) if p.media), "")  # the scene the chat is about
-    message, stream, first_part = prepared.message, None, len(conv.layouts)
+    message, stream, parts, first_part = prepared.message, None, [], len(conv.layouts)
     if settings.streamed and (message.images or message.videos):
-        stream = yield from stream_media(conv, message, settings)
+        stream, parts = yield from stream_media(conv, message, settings)
         message = Message(message.text, media_first=message.media_first)  # the question, on the capped cache
     for update in conv.stream(message, max_new_tokens=settings.max_new_tokens,
                               temperature=settings.temperature, question_after=settings.question_after,
                               should_stop=lambda: stopping(session_id)):
-        metrics = update.metrics.to_dict()
-        view = {"text": update.text, "done": update.done, "new_chat": new_chat,
-                "metrics": with_stream(metrics, stream) if stream else metrics,
-                "method": conv.backend.title, "reference": _reference_view(reference, cached),
-                "layers": layer_figures(conv), "agreement": None, "visuals": None, "mpic": None,
-                "stream": stream and {k: v for k, v in stream.items() if k != "parts"}}
-        if update.done:
-            if stream:  # one layout per turn, as a one-shot prompt has (the overlay pairs them with messages)
-                conv.layouts[first_part:] = [joined_layout(conv.layouts[first_part:], stream["parts"])]
-            state.history = history
-            view = marked(view, media, prepared.message.text)
-            if reference is not None:
-                view["agreement"] = agreement(update.token_ids, reference.token_ids, loaded.adapter.eos_ids)
-            elif not stopping(session_id):  # a full-cache answer is itself the reference
-                key = settings.generation + tuple(p.key for p in history)
-                state.references.store(key, Reference(update.text, update.token_ids, view["metrics"], view["layers"]))
-            if reuses:
-                view["mpic"] = reuse_summary(state, conv, update.metrics.prompt_tokens, note)
-                highlight = [torch.tensor(sorted(p), dtype=torch.long)[None] for p in state.reused]
-                view["visuals"] = kept_visuals(conv, history, highlight, "reused")
-                media_store().flush()  # what this call stored reaches the app's process through the disk
-            else:
-                view["visuals"] = kept_visuals(conv, history)
-            view["state"] = depart(state)
-        yield view
+        metrics = meters(update.metrics)
+        view = ChatView(update.text, update.done, new_chat, conv.backend.title,
+                        with_stream(metrics, stream) if stream else metrics, layer_figures(conv),
+                        _reference_view(reference, cached), stream)
+        if not update.done:
+            yield view
+            continue
+        if stream:  # one layout per turn, as a one-shot prompt has (the overlay pairs them with messages)
+            conv.layouts[first_part:] = [joined_layout(conv.layouts[first_part:], parts)]
+        state.history = history
+        view = marked(view, media, prepared.message.text)
+        if reference is not None:
+            view = replace(view, agreement=agreement(update.token_ids, reference.token_ids, loaded.adapter.eos_ids))
+        elif not stopping(session_id):  # a full-cache answer is itself the reference
+            key = settings.generation + tuple(p.key for p in history)
+            state.references.store(key, Reference(update.text, update.token_ids, view.metrics, view.layers))
+        if reuses:
+            reuse = reuse_summary(state, conv, update.metrics.prompt_tokens, note)  # adds to state.reused
+            highlight = [torch.tensor(sorted(p), dtype=torch.long)[None] for p in state.reused]
+            view = replace(view, mpic=reuse, visuals=kept_visuals(conv, history, highlight, "reused"))
+            media_store().flush()  # what this call stored reaches the app's process through the disk
+        else:
+            view = replace(view, visuals=kept_visuals(conv, history))
+        yield Handoff(view, depart(state))
 
 
 def _beyond_one_prompt(history: list[Prepared]) -> bool:
@@ -181,7 +192,7 @@ def _beyond_one_prompt(history: list[Prepared]) -> bool:
 
 
 def compare(session: Session, settings: Settings, methods: list[str], turns: Prepared | list[Prepared],
-            progress: Progress = silent) -> Iterator[dict]:
+            progress: Progress = silent) -> Iterator[CompareView]:
     """The full cache, then each method, one after another (never interleaved: honest timings),
     each through the whole conversation ``turns`` (the first question with its media, then any
     follow-ups) on its own compressed cache."""
@@ -198,14 +209,15 @@ def compare(session: Session, settings: Settings, methods: list[str], turns: Pre
 
 
 def _compare(session: Session, settings: Settings, methods: list[str], turns: list[Prepared],
-             progress: Progress) -> Iterator[dict]:
+             progress: Progress) -> Iterator[CompareView]:
     get_model(settings.model, progress)
     session.use_model(settings.model)
     session.stop_requested = False
     views = compare_on_gpu(session.chat.references, settings, methods, turns, session.id)
     for view in _relay(session, views, progress):
-        if view["done"]:
-            session.chat.references = view.pop("references")
+        if isinstance(view, Handoff):
+            session.chat.references = view.state
+            view = view.view
         yield view
 
 
@@ -217,65 +229,63 @@ def _compare_seconds(references: ReferenceCache, settings: Settings, methods: li
 
 @gpu_function(duration=_compare_seconds)
 def compare_on_gpu(references: ReferenceCache, settings: Settings, methods: list[str], turns: list[Prepared],
-                   session_id: str) -> Iterator[dict]:
-    """A comparison as a pure function: yields progress and views; the last view holds
-    ``references``, the session's full-cache references with this conversation's added."""
+                   session_id: str) -> Iterator[ProgressNote | CompareView | Handoff]:
+    """A comparison as a pure function: yields progress and views; the last is a :class:`Handoff`
+    with the session's full-cache references, this conversation's added."""
     yield from _guarded(_compare_runs(references, settings, methods, turns, session_id), chat=False)
 
 
-def marked(turn: dict, media: str, question: str) -> dict:
+def marked(turn: ChatView | CompareTurn, media: str, question: str) -> ChatView | CompareTurn:
     """A turn's answer with its true answer and right/wrong where the scene is known (else None)."""
     truth = true_answer(media, question)
-    return turn | {"question": question, "truth": truth, "right": is_right(turn["text"], truth)}
+    return replace(turn, question=question, truth=truth, right=is_right(turn.text, truth))
 
 
 def _compare_runs(references: ReferenceCache, settings: Settings, methods: list[str], turns: list[Prepared],
-                  session_id: str) -> Iterator[dict]:
-    """Views: ``runs`` (the full cache first), each with ``name``, ``method``, ``visuals`` and
-    ``turns``, one dict per answered turn: ``question``, ``text``, ``metrics``, ``layers``,
-    ``agreement`` (answer tokens equal to the full cache's, end-of-turn left out), ``cached``
-    (the full cache's, from an earlier run), ``truth`` and ``right`` (None when unknown), ``done``."""
+                  session_id: str) -> Iterator[ProgressNote | CompareView | Handoff]:
+    """Views of the runs so far (the full cache first), each answer marked right or wrong where the
+    scene is known and its agreement with the full cache's (end-of-turn left out)."""
     built = [settings.backend(m) for m in methods]
     loaded = get_model(settings.model)
     references = arrive(references, loaded, session_id)
     eos = loaded.adapter.eos_ids
     media = next((t.media for t in turns if t.media), "")
     if any(map(reuses_media, methods)):
-        yield {"progress": (0.2, "Storing the KV of the media...")}
+        yield ProgressNote(0.2, "Storing the KV of the media...")
         store_media(session_id, loaded, turns[0])
         media_store().flush()
-    full = {"name": "full", "method": "Full cache", "turns": [], "visuals": None, "done": False}
-    runs = [full]
-    answers = []
+    answers, full = [], []
     for i, prepared in enumerate(turns):
-        yield {"progress": (0.3, f"Full cache, turn {i + 1}...")}
+        yield ProgressNote(0.3, f"Full cache, turn {i + 1}...")
         reference, cached = references.get(loaded, settings, turns[:i + 1])
         answers.append(reference)
-        full["turns"].append(marked({"text": reference.text, "metrics": reference.metrics, "layers": reference.layers,
-                                     "agreement": 1.0, "cached": cached, "done": True}, media, prepared.message.text))
-    full["done"] = True
-    yield {"runs": runs, "done": False}
+        full.append(marked(CompareTurn(prepared.message.text, reference.text, reference.metrics, reference.layers,
+                                       1.0, cached, done=True), media, prepared.message.text))
+    runs = [CompareRun("full", "Full cache", tuple(full), done=True)]
+    yield CompareView(tuple(runs), False)
     for i, backend in enumerate(built):
-        yield {"progress": (0.4 + 0.6 * i / len(built), f"{backend.title}...")}
+        yield ProgressNote(0.4 + 0.6 * i / len(built), f"{backend.title}...")
         linker = Linker(media_store(), session_id) if isinstance(backend, ReusesMedia) else None
         conv = Conversation(loaded, backend, linker=linker)
-        run = {"name": backend.name, "method": backend.title, "turns": [], "visuals": None, "done": False}
-        runs.append(run)
+        answered: list[CompareTurn] = []
+        runs.append(CompareRun(backend.name, backend.title))
         for prepared, reference in zip(turns, answers):
-            turn = {"question": prepared.message.text, "agreement": None, "cached": False, "truth": None, "right": None}
-            run["turns"].append(turn)
+            answered.append(CompareTurn(prepared.message.text))
             for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
                                       temperature=settings.temperature, question_after=settings.question_after,
                                       should_stop=lambda: stopping(session_id)):
-                turn.update(text=update.text, metrics=update.metrics.to_dict(), done=update.done)
+                turn = replace(answered[-1], text=update.text, metrics=meters(update.metrics), done=update.done)
                 if update.done:  # the per-layer figures once per answer: they walk every layer
-                    turn.update(marked(turn, media, prepared.message.text), layers=layer_figures(conv),
-                                agreement=agreement(update.token_ids, reference.token_ids, eos))
-                yield {"runs": runs, "done": False}
+                    turn = replace(marked(turn, media, prepared.message.text), layers=layer_figures(conv),
+                                   agreement=agreement(update.token_ids, reference.token_ids, eos))
+                answered[-1] = turn
+                runs[-1] = replace(runs[-1], turns=tuple(answered))
+                yield CompareView(tuple(runs), False)
             if stopping(session_id):
                 break
-        run["visuals"], run["done"] = kept_visuals(conv, turns[:len(run["turns"])]), True
-        yield {"runs": runs, "done": False}
+        runs[-1] = replace(runs[-1], turns=tuple(answered), visuals=kept_visuals(conv, turns[:len(answered)]),
+                           done=True)
+        yield CompareView(tuple(runs), False)
         if stopping(session_id):
             break
-    yield {"runs": runs, "done": True, "references": depart(references)}
+    yield Handoff(CompareView(tuple(runs), True), depart(references))

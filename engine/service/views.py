@@ -1,5 +1,5 @@
-"""Figures the panels draw, in plain lists and numpy arrays: the cache per layer and the visual
-tokens each method kept."""
+"""Figures the panels draw, as the typed views of :mod:`.view_types`: an answer's meters, the
+cache per layer and the visual tokens each method kept."""
 
 from __future__ import annotations
 
@@ -8,24 +8,28 @@ import torch
 from PIL import Image
 
 from ..media import Video
-from ..runtime.generate import Conversation
+from ..runtime.generate import Conversation, Metrics
 from .inputs import Prepared
+from .view_types import KeptVisual, LayerFigures, Meters
 
 
-def layer_figures(conv: Conversation) -> dict:
+def meters(metrics: Metrics) -> Meters:
+    """The runtime's meters as the UI reads them."""
+    return Meters(**metrics.to_dict())
+
+
+def layer_figures(conv: Conversation) -> LayerFigures:
     """Per layer: tokens held, bytes held, and the method's planned budgets if it reports them."""
     report = conv.backend.report
-    return {"tokens": conv.cache.tokens_per_layer(), "bytes": [layer.nbytes() for layer in conv.cache.layers],
-            "seen": conv.seen, "planned": [float(b) for b in report.layer_budgets or []] or None}
+    return LayerFigures(conv.cache.tokens_per_layer(), [layer.nbytes() for layer in conv.cache.layers], conv.seen,
+                        [float(b) for b in report.layer_budgets or []] or None)
 
 
 def kept_visuals(conv: Conversation, history: list[Prepared], highlight: list | None = None,
-                 meaning: str | None = None) -> list[dict]:
-    """For each image and video of the chat, the share of KV heads keeping each visual token, per layer.
-
-    Returns dicts with ``label``, ``kind``, ``meaning``, ``pictures`` (the image, or the frames a
-    video's temporal tokens cover, as the model saw them) and ``keep`` of shape (layers, t, h, w).
-    ``highlight`` (per layer, token indices) replaces the kept tokens, e.g. MPIC's reused ones.
+                 meaning: str | None = None) -> list[KeptVisual]:
+    """For each image and video of the chat, the share of KV heads keeping each visual token, per
+    layer (``keep``), drawn on what the model saw (``pictures``: the image, or the frames a video's
+    temporal tokens cover). ``highlight`` (per layer, token indices) replaces the kept tokens, e.g. MPIC's reused ones.
     """
     meaning = meaning or conv.backend.overlay_meaning
     held = np.zeros((len(conv.cache.layers), conv.seen), dtype=np.float32)
@@ -47,8 +51,7 @@ def kept_visuals(conv: Conversation, history: list[Prepared], highlight: list | 
             tokens = np.concatenate([held[:, a:b] for a, b in visual.token_spans], axis=1)  # frames without their timestamps
             keep = tokens.reshape(-1, t, h, w)
             label = f"{kind} {n}" + (f", turn {turn}" if len(history) > 1 else "")  # short: a one-line caption
-            out.append({"label": label, "kind": kind, "keep": keep, "meaning": meaning,
-                        "pictures": _pictures(source, t, conv.adapter.image_processor)})
+            out.append(KeptVisual(label, kind, meaning, _pictures(source, t, conv.adapter.image_processor), keep))
     return out
 
 
