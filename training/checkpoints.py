@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine.runtime.inputs import QwenVLAdapter  # noqa: E402
+from engine.runtime.vision_attention import VISION_ATTENTION_NAME  # noqa: E402
 from engine.tiny.arena_model import WEIGHTS, arena_image_processor, build_arena_model, tokenizer  # noqa: E402
 
 
@@ -36,7 +37,7 @@ def setup(args, version: int = 2, vision_parts: tuple[str, ...] = ("merger",), v
     if args.threads:
         torch.set_num_threads(args.threads)
     model = build_arena_model(args.seed, version)
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation({"text_config": "sdpa", "vision_config": VISION_ATTENTION_NAME})
     adapter = QwenVLAdapter(model, tokenizer(version), arena_image_processor(version))
     visual = model.model.visual
     for param in visual.parameters():

@@ -17,6 +17,7 @@ from ..errors import UserError
 from ..tiny.builtin import byte_tokenizer, tiny_config, tiny_image_processor
 from .attention import ATTENTION_NAME  # importing it registers the attention function
 from .inputs import ADAPTERS, ChatAdapter
+from .vision_attention import vision_attention
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 ARENA = "tiny-arena-vl"  # trained by training/train_arena.py, weights in assets/tiny-arena-vl
@@ -253,7 +254,7 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
                 processor = _generic_processor(spec.family, image_processor, tokenizer, config)
         model = random_model(cls, config, dev, torch_dtype, seed)
     model.eval()
-    model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
+    model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": vision_attention(spec.family)})
     say(0.9, "Model ready.")
     adapter = ADAPTERS[spec.family](model, tokenizer, image_processor, processor)
     return LoadedModel(spec, model, adapter, torch_dtype, dev)
