@@ -107,3 +107,13 @@ def test_the_memory_figure_draws_chunks_before_the_answer_and_the_cap():
     chunks, cap = figure.data[1], figure.data[2]
     assert list(chunks.x) == [-3, -2, -1] and list(cap.x) == [-3, 1] and list(cap.y) == [2, 2]
     assert chat.stream_line(run["stream"] | {"peak_kv_bytes": [2, 3, 3]}).startswith("streamed 6 frames in 3 chunks")
+
+
+def test_a_video_over_one_prompts_frames_is_decoded_as_it_streams(tmp_path):
+    from engine.media import FramesOnDisk
+
+    path = tmp_path / "forty.avi"
+    write_avi(path, make_video(4, frames=40, size=56).frames, fps=4)
+    assert not isinstance(service.prepare("What happens?", [str(path)], 8).message.videos[0].frames, FramesOnDisk)
+    frames = service.prepare("What happens?", [str(path)], 40).message.videos[0].frames
+    assert isinstance(frames, FramesOnDisk) and frames.shape == (40, 56, 56, 3)

@@ -48,7 +48,10 @@ def stream_media(conv: Conversation, message: Message, settings: Settings) -> It
             "cap_bytes": settings.cap_bytes, "capped": cap is not None, "tokens": 0, "seconds": 0.0,
             "overhead_s": 0.0, "parts": []}
     done = 0
-    for progress in feed_streaming(conv, replace(message, text=""), FRAMES_PER_CHUNK, cap):
+    # each frame sized as in a one-prompt video of one chunk's frames, whatever the video's length (the
+    # one-prompt rule, a video sharing one image's pixels, would shrink a 600-frame video's frames to a token)
+    frame_pixels = conv.adapter.video_frame_pixels(FRAMES_PER_CHUNK)
+    for progress in feed_streaming(conv, replace(message, text=""), FRAMES_PER_CHUNK, cap, frame_pixels):
         view["tokens"] += progress.tokens
         view["seconds"] += progress.chunk_s
         view["overhead_s"] += progress.overhead_s
