@@ -109,11 +109,19 @@ def test_the_memory_figure_draws_chunks_before_the_answer_and_the_cap():
     assert chat.stream_line(run["stream"] | {"peak_kv_bytes": [2, 3, 3]}).startswith("streamed 6 frames in 3 chunks")
 
 
-def test_a_video_over_one_prompts_frames_is_decoded_as_it_streams(tmp_path):
+def test_a_video_over_one_prompts_frames_is_decoded_as_it_streams_and_drawn_in_part(tmp_path, monkeypatch):
     from engine.media import FramesOnDisk
 
+    monkeypatch.setattr(streamed, "FRAMES_PER_CHUNK", 8)
     path = tmp_path / "forty.avi"
     write_avi(path, make_video(4, frames=40, size=56).frames, fps=4)
     assert not isinstance(service.prepare("What happens?", [str(path)], 8).message.videos[0].frames, FramesOnDisk)
     frames = service.prepare("What happens?", [str(path)], 40).message.videos[0].frames
     assert isinstance(frames, FramesOnDisk) and frames.shape == (40, 56, 56, 3)
+    session = service.Session()
+    outputs, error = turn(session, ask("What happens?", str(path)), method="infinipot_v", num_frames=40,
+                          stream_cap_mb=CAP_BYTES / 2**20, max_new_tokens=3)
+    assert error is None and "streamed 40 frames in 5 chunks" in outputs[-1][2]
+    (visual,) = session.visuals  # 20 temporal groups: the overlay draws 16 of them, evenly spaced
+    assert visual["label"] == "video 1, 16 of 20 frames drawn"
+    assert visual["keep"].shape[1] == len(visual["pictures"]) == 16
