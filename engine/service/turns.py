@@ -139,7 +139,10 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared, session_id: 
     media = next((p.media for p in reversed(history) if p.media), "")  # the scene the chat is about
     message, stream, first_part = prepared.message, None, len(conv.layouts)
     if settings.streamed and (message.images or message.videos):
-        stream = yield from stream_media(conv, message, settings)
+        try:
+            stream = yield from stream_media(conv, message, settings)
+        except UserError as exc:  # refused mid-stream (a cap too small, past the context): the cache holds a part
+            raise CacheLost(f"{exc} This chat's cache was freed; your next message starts a new conversation.") from None
         message = Message(message.text, media_first=message.media_first)  # the question, on the capped cache
     for update in conv.stream(message, max_new_tokens=settings.max_new_tokens,
                               temperature=settings.temperature, question_after=settings.question_after,
