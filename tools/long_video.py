@@ -54,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", default="full,infinipot_v", help="comma-separated; full streams without a cap")
     p.add_argument("--model", default="tiny-arena-vl")
     p.add_argument("--seed", type=int, default=0, help="which held-out moving scene")
-    p.add_argument("--out", default=None, help="folder for the video (default: a temporary one)")
+    p.add_argument("--out", default=None, help="folder to keep the video and the app's logs in (default: a "
+                   "temporary one, removed at the end)")
     return p.parse_args(argv)
 
 
@@ -147,10 +148,16 @@ def main(argv=None) -> int:
     if args.minutes <= 0 or args.fps < 1 or args.cap_mb <= 0 or not methods:
         print("error: --minutes and --cap-mb must be positive, --fps at least 1, --methods not empty", file=sys.stderr)
         return 2
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        return measure(args, methods, Path(args.out))
+    with tempfile.TemporaryDirectory(prefix="kv-arena-long-video-") as folder:  # the video is large: gone after
+        return measure(args, methods, Path(folder))
+
+
+def measure(args, methods: list[str], folder: Path) -> int:
     from engine.bench.accuracy import is_right
 
-    folder = Path(args.out or tempfile.mkdtemp(prefix="kv-arena-long-video-"))
-    folder.mkdir(parents=True, exist_ok=True)
     video = folder / "long_video.avi"
     question, truth, frames = draw_video(video, args.minutes, args.fps, args.seed)
     size, grown = decoded_whole(video, frames)
@@ -164,7 +171,9 @@ def main(argv=None) -> int:
         try:
             rows.append(ask(url, server.pid, video, question, frames, args.model, method, args.cap_mb))
         except Exception as exc:  # noqa: BLE001 - the app's own failure: its log says why
-            print(f"error: {method}: {exc.__class__.__name__}: {str(exc)[:200]}; the app's log: {log}", file=sys.stderr)
+            tail = "".join(log.read_text().splitlines(keepends=True)[-8:])
+            print(f"error: {method}: {exc.__class__.__name__}: {str(exc)[:200]}; the app's log ends:\n{tail}",
+                  file=sys.stderr)
             return 1
         finally:
             server.terminate()

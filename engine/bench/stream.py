@@ -61,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--decode-steps", type=int, default=8)
     p.add_argument("--accuracy", action="store_true", help="answers right under --caps against the full cache")
     p.add_argument("--caps", default="0.1,0.25,0.5", help="with --accuracy: caps, fractions of the full cache's bytes")
-    p.add_argument("--items", type=int, default=100, help="with --accuracy: held-out videos")
+    p.add_argument("--items", type=int, default=200, help="with --accuracy: held-out videos")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # METHOD:FRAMES, run in this process
     add_run_args(p)
     return p.parse_args(argv)

@@ -3,7 +3,7 @@ held-out video questions streamed into the cache a few frames at a time, each ca
 caps that are fractions of the full cache's bytes for the same video, against the full cache
 streamed without a cap (which equals the one-prompt prefill).
 
-    python -m engine.bench --mode stream --accuracy --items 100 --caps 0.1,0.25,0.5 \\
+    python -m engine.bench --mode stream --accuracy --items 200 --caps 0.1,0.25,0.5 \\
         --methods full,infinipot_v,streamingllm,snapkv
 
 The items are the "moving" video questions of the generation ``engine.tiny.arena_model`` bundles
