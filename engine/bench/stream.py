@@ -98,8 +98,8 @@ def run_one(args, method: str, frames: int) -> dict:
     reset_peak_rss()
     base_rss = peak_rss_bytes()
     start = time.perf_counter()
-    progress = list(feed_streaming(conv, message, frames_per_chunk=args.frames_per_chunk or FRAMES_PER_CHUNK, cap_bytes=cap,
-                                   frame_max_pixels=args.frame_size**2))
+    chunk = args.frames_per_chunk or FRAMES_PER_CHUNK
+    progress = list(feed_streaming(conv, message, frames_per_chunk=chunk, cap_bytes=cap, frame_max_pixels=args.frame_size**2))
     done = [0] + [p.frames_done for p in progress]
     video_s = sum(p.chunk_s for p, before in zip(progress, done) if p.frames_done > before)  # chunks with frames
     prefill_s = time.perf_counter() - start
