@@ -29,7 +29,8 @@ A method that reuses media KV stored beforehand (MPIC) also implements the secon
 A long video may stream in: the runtime prefills it a few frames at a time and, for a method
 with ``streams_under_cap``, sets ``call.cap_bytes`` on each chunk; the method then evicts through
 the same seams until the whole cache holds at most that many bytes (``call.cap_entries(layer)``:
-a layer's equal share, in entries).
+a layer's equal share, in entries). A cap below what a method never evicts is refused with
+:class:`CapTooSmall`, which names the smallest cap the method can hold.
 
 Keys arrive post-RoPE, shape ``(1, H_kv, S, D)``; queries ``(1, H, q, D)``. Batch is always 1.
 
@@ -53,6 +54,21 @@ from .params import BUDGET, Param
 # ---------------------------------------------------------------------------------------------
 # What a backend is told about the current forward pass
 # ---------------------------------------------------------------------------------------------
+
+
+class CapTooSmall(ValueError):
+    """A streamed prefill's memory cap below the bytes a method never evicts; its message, one
+    line for the user, names the smallest cap the method can hold (``smallest_bytes``)."""
+
+    def __init__(self, title: str, cap_bytes: int, smallest_bytes: int, kept: str, room_from: int | None = None):
+        self.smallest_bytes = smallest_bytes
+        room = f"; it keeps video tokens from {_kib(room_from)}" if room_from else ""
+        super().__init__(f"{title} cannot hold the cache under a cap of {_kib(cap_bytes)}: it never evicts {kept} "
+                         f"({_kib(smallest_bytes)} here), the smallest cap it can hold{room}.")
+
+
+def _kib(size: int) -> str:
+    return f"{size / 2**20:.2f} MB" if size >= 2**20 else f"{math.ceil(size / 2**10 * 10) / 10:.1f} KiB"
 
 
 @dataclass

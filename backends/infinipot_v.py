@@ -16,7 +16,8 @@ holding more than |M| keeps |C| = ``target_ratio`` x |M| entries, so the cache n
 than the cap plus one chunk. Without a cap (one prompt, ``budget`` < 1), the prompt's video tokens
 are compressed once after the prefill so the layer holds ``budget`` x tokens seen. Only video
 tokens compete: the system prompt, text, images and decoded tokens stay (the method scores
-frames); a cap too small for them alone holds just them. Decoded tokens are appended.
+frames); a cap too small for them alone is refused (``CapTooSmall``, naming the smallest cap it
+can hold: the paper compresses video tokens only). Decoded tokens are appended.
 
 Where the authors' code (aiha-lab/InfiniPot-V) and the paper differ, this follows the paper:
 
@@ -37,12 +38,13 @@ Report (the base :class:`~backends.base.Report`): ``kept`` (per layer, (H_kv, S)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from .base import AttentionCall, KVBackend, KVLayer
+from .base import AttentionCall, CapTooSmall, KVBackend, KVLayer
 from .layout import Span
 from .params import param
 
@@ -107,6 +109,7 @@ class InfiniPotV(KVBackend):
             self.frames += [f for v in call.layout.videos for f in v.frames]
         self.report.ensure_layers(call.num_layers, "kept", "layer_budgets")
         for i, layer in enumerate(cache.layers):
+            self.check_cap(call, layer)
             target = self.layer_target(call, layer)
             if target is not None and self.frames:
                 self.compress(layer, target)
@@ -123,12 +126,29 @@ class InfiniPotV(KVBackend):
         target = self.budget_tokens(call.seen)
         return target if target < held else None
 
-    def compress(self, layer: KVLayer, target: int) -> None:
-        positions = layer.positions
+    def check_cap(self, call: AttentionCall, layer: KVLayer) -> None:
+        """Refuse a cap below the entries the method never evicts (the system prompt, text, images
+        and decoded tokens: only video frames compete), which no compression could get under."""
+        threshold = call.cap_entries(layer)
+        if threshold is None:
+            return
+        kept = layer.get_seq_length() - (int(self.frame_of(layer.positions)[1][0].sum()) if self.frames else 0)
+        if kept > threshold:  # a compression brings a layer to target_ratio x the cap: video fits above kept / ratio
+            smallest = math.ceil(kept * layer.nbytes() / layer.get_seq_length()) * call.num_layers
+            raise CapTooSmall(self.title, call.cap_bytes, smallest, "the system prompt and the text",
+                              math.ceil(smallest / self.target_ratio))
+
+    def frame_of(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per entry (H, S): the index of the frame at or before it, whether it lies in that frame
+        (a video token); and the frames' start and end positions."""
         starts = torch.tensor([f[0] for f in self.frames], device=positions.device)
         ends = torch.tensor([f[1] for f in self.frames], device=positions.device)
         frame = (torch.searchsorted(starts, positions, right=True) - 1).clamp(min=0)
-        video = (positions >= starts[frame]) & (positions < ends[frame])
+        return frame, (positions >= starts[frame]) & (positions < ends[frame]), starts, ends
+
+    def compress(self, layer: KVLayer, target: int) -> None:
+        positions = layer.positions
+        frame, video, starts, ends = self.frame_of(positions)
         keep_video = target - int((~video[0]).sum())
         if keep_video >= int(video[0].sum()):
             return

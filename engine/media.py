@@ -27,11 +27,61 @@ MAX_IMAGE_PIXELS = int(float(os.environ.get("KV_ARENA_MAX_IMAGE_PIXELS", 25e6)))
 LOAD_PIXELS = int(float(os.environ.get("KV_ARENA_IMAGE_PIXELS", 3584 * 3584)))
 
 
+class FramesOnDisk:
+    """A video file's sampled frames, decoded when they are read: a long video streamed a few frames
+    at a time holds one chunk of decoded frames, never the whole clip. Reads as the (N, H, W, 3)
+    uint8 array it stands for: ``len``, ``shape``, an index or a slice (decoded then), iteration (a
+    batch at a time) and ``np.asarray`` (every frame). Pickles as the path and the frame indices."""
+
+    dtype = np.dtype(np.uint8)
+    ndim = 4
+    BATCH = 16  # frames decoded at once while iterating
+
+    def __init__(self, path: str, index: list[int], height: int, width: int):
+        self.path, self.index = path, [int(i) for i in index]
+        self.shape = (len(self.index), height, width, 3)
+        self._reader = None
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return self._decode(self.index[key])
+        if isinstance(key, (int, np.integer)):
+            return self._decode([self.index[key]])[0]
+        return np.asarray(self)[key]
+
+    def __iter__(self):
+        for first in range(0, len(self), self.BATCH):
+            yield from self[first:first + self.BATCH]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        frames = self._decode(self.index)
+        return frames if dtype is None else frames.astype(dtype)
+
+    def tobytes(self) -> bytes:
+        return np.asarray(self).tobytes()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_reader": None}  # a decoder does not cross processes; it opens again
+
+    def _decode(self, index: list[int]) -> np.ndarray:
+        if not index:
+            return np.empty((0,) + self.shape[1:], dtype=np.uint8)
+        if self._reader is None:
+            import decord
+
+            self._reader = decord.VideoReader(self.path, ctx=decord.cpu(0))
+        return self._reader.get_batch(index).asnumpy()
+
+
 @dataclass
 class Video:
-    """Uniformly sampled RGB frames (N, H, W, 3) uint8 with the times they were taken at."""
+    """Uniformly sampled RGB frames (N, H, W, 3) uint8 with the times they were taken at: an array,
+    or :class:`FramesOnDisk` for a video decoded as it is read."""
 
-    frames: np.ndarray
+    frames: np.ndarray | FramesOnDisk
     timestamps: list[float]
     fps: float
     source: str = ""
@@ -88,8 +138,9 @@ def bounded(image: Image.Image) -> Image.Image:
     return image if size == image.size else image.resize(size, Image.BICUBIC)
 
 
-def load_video(source, num_frames: int = 8) -> Video:
-    """Sample ``num_frames`` frames uniformly from a video file; UserError if it is not one."""
+def load_video(source, num_frames: int = 8, lazy: bool = False) -> Video:
+    """Sample ``num_frames`` frames uniformly from a video file; UserError if it is not one.
+    ``lazy``: the frames are checked now and decoded when read (:class:`FramesOnDisk`)."""
     if isinstance(source, Video):
         return source
     path = str(source)
@@ -113,7 +164,11 @@ def load_video(source, num_frames: int = 8) -> Video:
     if total / fps > MAX_VIDEO_SECONDS:
         raise UserError(f"'{name}' lasts {total / fps:.0f} s; the limit is {MAX_VIDEO_SECONDS:.0f} s.")
     index = np.linspace(0, total - 1, num=min(num_frames, total)).round().astype(int)
-    frames = reader.get_batch(list(index)).asnumpy()
+    if lazy:
+        height, width = reader[0].shape[:2]
+        frames = FramesOnDisk(path, list(index), height, width)
+    else:
+        frames = reader.get_batch(list(index)).asnumpy()
     return Video(frames=frames, timestamps=[float(i) / fps for i in index], fps=fps, source=path)
 
 

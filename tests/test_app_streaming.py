@@ -84,6 +84,15 @@ def test_a_method_that_cannot_hold_a_cap_is_refused_in_one_line(video):
     assert "\n" not in error and outputs[-1].chatbot == []  # the chat as it was
 
 
+def test_a_cap_below_what_infinipot_v_never_evicts_is_refused_in_one_line_and_the_cache_freed(video):
+    session = service.Session()
+    outputs, error = streamed_turn(session, video, "infinipot_v", 40 / 1024)
+    assert error is not None and "\n" not in error and outputs[-1].chatbot == []
+    assert re.search(r"InfiniPot-V cannot hold the cache under a cap of 40\.0 KiB: .* the smallest cap it can hold; "
+                     r"it keeps video tokens from [\d.]+ KiB\. This chat's cache was freed", error)
+    assert session.conv is None  # the half-streamed cache went: the next message starts a new conversation
+
+
 def test_the_frame_limit_rises_with_a_cap():
     with pytest.raises(UserError, match="Video frames must lie between 1 and 32"):
         settings.settings_from(settings.control_values(model=MODEL, num_frames=600))
@@ -108,3 +117,21 @@ def test_the_memory_figure_draws_chunks_before_the_answer_and_the_cap():
     chunks, cap = figure.data[1], figure.data[2]
     assert list(chunks.x) == [-3, -2, -1] and list(cap.x) == [-3, 1] and list(cap.y) == [2, 2]
     assert chat.stream_line(stream).startswith("streamed 6 frames in 3 chunks")
+
+
+def test_a_video_over_one_prompts_frames_is_decoded_as_it_streams_and_drawn_in_part(tmp_path, monkeypatch):
+    from engine.media import FramesOnDisk
+
+    monkeypatch.setattr(streamed, "FRAMES_PER_CHUNK", 8)
+    path = tmp_path / "forty.avi"
+    write_avi(path, make_video(4, frames=40, size=56).frames, fps=4)
+    assert not isinstance(service.prepare("What happens?", [str(path)], 8).message.videos[0].frames, FramesOnDisk)
+    frames = service.prepare("What happens?", [str(path)], 40).message.videos[0].frames
+    assert isinstance(frames, FramesOnDisk) and frames.shape == (40, 56, 56, 3)
+    session = service.Session()
+    outputs, error = turn(session, ask("What happens?", str(path)), method="infinipot_v", num_frames=40,
+                          stream_cap_mb=CAP_BYTES / 2**20, max_new_tokens=3)
+    assert error is None and "streamed 40 frames in 5 chunks" in outputs[-1].status
+    (visual,) = session.visuals  # 20 temporal groups: the overlay draws 16 of them, evenly spaced
+    assert visual.label == "video 1, 16 of 20 frames drawn"
+    assert visual.keep.shape[1] == len(visual.pictures) == 16

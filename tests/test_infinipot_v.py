@@ -13,6 +13,7 @@ import backends
 from backends.base import KVLayer
 from backends.infinipot_v import select_entries, tar_scores, van_scores
 from backends.layout import PromptLayout, VisualSpan
+from engine.errors import UserError
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
 from engine.runtime.streaming import bytes_per_token, feed_streaming, synthetic_video
@@ -98,6 +99,25 @@ def test_a_capped_stream_holds_the_cap_plus_one_chunk(models, method):
         assert p.peak_kv_bytes <= cap + p.tokens * per_token + per_token * loaded.num_layers
     assert max(p.peak_kv_bytes for p in progress) < full_held[-1]
     assert conv.ask(Message("What?"), max_new_tokens=3, ignore_eos=True).metrics.new_tokens == 3
+
+
+def test_a_cap_below_the_prompts_text_is_refused_naming_the_smallest_it_can_hold(models):
+    """InfiniPot-V compresses video tokens only: a cap the system prompt alone passes is refused in
+    one line that names the smallest cap and the one from which video is kept, and a cap of the
+    prompt's text holds."""
+    loaded = models("tiny-qwen2-vl")
+    message = Message("", videos=[synthetic_video(8, size=112)], num_frames=8)
+    full = Conversation(loaded, backends.make_backend("full"))
+    header = next(feed_streaming(full, message, frames_per_chunk=2)).kv_bytes  # the system prompt, before the video
+    room = math.ceil(header / 1024 / 0.75 * 10) / 10  # KiB, rounded up: compressions go down to 0.75 of the cap
+    with pytest.raises(UserError, match=r"^InfiniPot-V cannot hold the cache under a cap of 40\.0 KiB: it never "
+                                        rf"evicts the system prompt and the text \({header / 1024:.1f} KiB here\), the "
+                                        rf"smallest cap it can hold; it keeps video tokens from {room:.1f} KiB\.$") as refused:
+        list(feed_streaming(Conversation(loaded, backends.make_backend("infinipot_v")), message, 2, 40 * 1024))
+    assert "\n" not in str(refused.value)
+    text = header + 3 * bytes_per_token(full)  # and the video's start and end markers, and the line after it
+    progress = list(feed_streaming(Conversation(loaded, backends.make_backend("infinipot_v")), message, 2, text))
+    assert all(p.kv_bytes <= text for p in progress)
 
 
 def test_one_prompt_at_a_budget_compresses_only_the_video(models):

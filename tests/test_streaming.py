@@ -97,3 +97,29 @@ def test_a_video_that_cannot_stream_is_refused(models):
     conv = Conversation(models("tiny-qwen3-vl"), backends.make_backend("full"))
     with pytest.raises(UserError, match="cannot stream a video in parts"):
         list(feed_streaming(conv, Message("What happens?", videos=[make_video(3, frames=4, size=112)], num_frames=4)))
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-llava"])
+def test_a_video_decoded_as_it_streams_equals_the_decoded_video(models, name, tmp_path):
+    """A long video's frames are read from its file a chunk at a time (FramesOnDisk): the same
+    frames and the same cache as the video decoded whole, and the stand-in pickles as a path."""
+    import pickle
+
+    import numpy as np
+
+    from engine.media import FramesOnDisk, load_video, write_avi
+
+    path = tmp_path / "clip.avi"
+    write_avi(path, make_video(5, frames=10, size=56).frames, fps=2)
+    whole, lazy = load_video(str(path), 6), load_video(str(path), 6, lazy=True)
+    assert isinstance(lazy.frames, FramesOnDisk) and lazy.frames.shape == whole.frames.shape
+    assert np.array_equal(lazy.frames[1:4], whole.frames[1:4]) and np.array_equal(lazy.frames[-1], whole.frames[-1])
+    assert np.array_equal(np.asarray(lazy.frames), whole.frames)
+    assert np.array_equal(np.stack(list(pickle.loads(pickle.dumps(lazy.frames)))), whole.frames)
+    loaded = models(name)
+    caches = []
+    for video in (whole, lazy):
+        conv = Conversation(loaded, backends.make_backend("full"))
+        list(feed_streaming(conv, Message("What happens?", videos=[video], num_frames=6), frames_per_chunk=2))
+        caches.append(conv)
+    assert_same_cache(*caches)

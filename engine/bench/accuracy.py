@@ -102,7 +102,7 @@ def wilson(hits: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _budget(expected: str) -> int:
+def answer_budget(expected: str) -> int:
     """New tokens for an answer: room to run on past its end, which counts wrong."""
     return 2 * len(answer_words(expected)) + 4
 
@@ -113,7 +113,7 @@ def chat(loaded, backend, it) -> tuple[list[Verdict], int]:
     conv = Conversation(loaded, backend)
     verdicts, first_bytes = [], 0
     for k, q in enumerate(it.turns):
-        update = conv.ask(Message(q.text, **(it.media() if k == 0 else {})), max_new_tokens=_budget(q.answer))
+        update = conv.ask(Message(q.text, **(it.media() if k == 0 else {})), max_new_tokens=answer_budget(q.answer))
         first_bytes = first_bytes or update.metrics.kv_bytes_prefill
         verdicts.append(judge(update.text, q.answer))
     return verdicts, first_bytes
@@ -124,7 +124,7 @@ def asked_before(loaded, backend, it) -> Verdict:
     conv = Conversation(loaded, backend)
     conv.feed(Message("", **it.media()))
     q = it.question
-    return judge(conv.ask(Message(q.text), max_new_tokens=_budget(q.answer)).text, q.answer)
+    return judge(conv.ask(Message(q.text), max_new_tokens=answer_budget(q.answer)).text, q.answer)
 
 
 def visual_positions(layout) -> list[int]:
@@ -146,7 +146,7 @@ def probed(loaded, it, dropped: list[int]) -> bool:
     conv.feed(Message("", **it.media()))
     drop_visual(conv, dropped)
     q = it.question
-    return is_right(conv.ask(Message(q.text), max_new_tokens=_budget(q.answer)).text, q.answer)
+    return is_right(conv.ask(Message(q.text), max_new_tokens=answer_budget(q.answer)).text, q.answer)
 
 
 def probe(loaded, items: list, rng: np.random.Generator) -> dict[str, float]:

@@ -16,6 +16,9 @@ Per row: the KV bytes held at the end of the video and at most while any chunk w
 the process's peak resident memory over the stream and the answer (model, frames and Python
 included), the streamed prefill's time per frame, and the median decode step after the video.
 Small frames and a shallow model keep a 1,024-frame run to minutes on a CPU.
+
+With ``--accuracy``: the offline model's held-out video questions answered under ``--caps``
+(fractions of the full cache), per capped method, against the full cache (:mod:`.stream_accuracy`).
 """
 
 from __future__ import annotations
@@ -36,22 +39,29 @@ from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import load_model
 from ..runtime.streaming import feed_streaming, synthetic_video
+from . import stream_accuracy
 from .common import add_run_args, aligned, run_main
 
 MB = 2**20
+SCALING_MODEL = "random:Qwen/Qwen2-VL-2B-Instruct"
+FRAMES_PER_CHUNK = 16
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m engine.bench --mode stream", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="random:Qwen/Qwen2-VL-2B-Instruct", help="a random:<repo> or tiny model")
+    p.add_argument("--model", default=None, help="a random:<repo> or tiny model (default: "
+                   "random:Qwen/Qwen2-VL-2B-Instruct; with --accuracy, the offline tiny-arena-vl)")
     p.add_argument("--num-layers", type=int, default=2, help="decoder depth")
     p.add_argument("--vision-layers", type=int, default=1, help="vision tower depth")
     p.add_argument("--frames", default="16,64,256,1024", help="comma-separated frame counts")
     p.add_argument("--frame-size", type=int, default=112, help="square frames of this many pixels")
-    p.add_argument("--frames-per-chunk", type=int, default=16)
+    p.add_argument("--frames-per-chunk", type=int, default=None, help="default 16 (with --accuracy: 2)")
     p.add_argument("--cap-mb", type=float, default=2.0, help="the KV cap of every method but the full cache")
     p.add_argument("--methods", default="full,infinipot_v,streamingllm,snapkv")
     p.add_argument("--decode-steps", type=int, default=8)
+    p.add_argument("--accuracy", action="store_true", help="answers right under --caps against the full cache")
+    p.add_argument("--caps", default="0.1,0.25,0.5", help="with --accuracy: caps, fractions of the full cache's bytes")
+    p.add_argument("--items", type=int, default=200, help="with --accuracy: held-out videos")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # METHOD:FRAMES, run in this process
     add_run_args(p)
     return p.parse_args(argv)
@@ -79,7 +89,7 @@ def reset_peak_rss() -> bool:
 
 
 def run_one(args, method: str, frames: int) -> dict:
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype, num_layers=args.num_layers,
+    loaded = load_model(args.model or SCALING_MODEL, device=args.device, dtype=args.dtype, num_layers=args.num_layers,
                         vision_layers=args.vision_layers, seed=args.seed)
     cap = None if method == "full" else int(args.cap_mb * MB)
     video = synthetic_video(frames, size=args.frame_size, seed=args.seed)
@@ -88,13 +98,13 @@ def run_one(args, method: str, frames: int) -> dict:
     reset_peak_rss()
     base_rss = peak_rss_bytes()
     start = time.perf_counter()
-    progress = list(feed_streaming(conv, message, frames_per_chunk=args.frames_per_chunk, cap_bytes=cap,
-                                   frame_max_pixels=args.frame_size**2))
+    chunk = args.frames_per_chunk or FRAMES_PER_CHUNK
+    progress = list(feed_streaming(conv, message, frames_per_chunk=chunk, cap_bytes=cap, frame_max_pixels=args.frame_size**2))
     done = [0] + [p.frames_done for p in progress]
     video_s = sum(p.chunk_s for p, before in zip(progress, done) if p.frames_done > before)  # chunks with frames
     prefill_s = time.perf_counter() - start
     update = conv.ask(Message("What happens in the video?"), max_new_tokens=args.decode_steps + 1, ignore_eos=True)
-    return {"model": args.model, "method": method, "frames": frames, "cap_bytes": cap,
+    return {"model": args.model or SCALING_MODEL, "method": method, "frames": frames, "cap_bytes": cap,
             "video_tokens": sum(v.length for layout in conv.layouts for v in layout.videos),
             "chunks": len(progress), "kv_bytes_end_of_video": progress[-1].kv_bytes,
             "peak_kv_bytes": max(p.peak_kv_bytes for p in progress),
@@ -111,6 +121,8 @@ def run(args) -> list[dict]:
         if m != "full" and not backends.backend_class(m).streams_under_cap:
             raise UserError(f"{m} does not stream under a cap; choose from: "
                             + ", ".join(n for n in backends.available() if backends.backend_class(n).streams_under_cap))
+    if args.accuracy:
+        return stream_accuracy.run(args, methods)
     if args.one:
         method, count = args.one.split(":")
         return [run_one(args, method, int(count))]
@@ -129,6 +141,8 @@ def run(args) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
+    if rows and "right" in rows[0]:
+        return stream_accuracy.table(rows)
     cells = [["frames", "method", "video tokens", "cap MB", "peak KV MB", "KV MB at end", "peak RSS MB",
               "prefill ms/frame", "decode ms/step"]]
     for r in rows:

@@ -170,6 +170,11 @@ class ChatAdapter:
         b.visuals.append(VisualSpan("video", (frames[0].span[0], frames[-1].span[1]), [f.span for f in frames],
                                     (len(frames),) + tuple(frames[0].grid[1:]) if frames[0].grid else None))
 
+    def video_frame_pixels(self, num_frames: int) -> int | None:
+        """The pixel budget of each frame of a ``num_frames`` video in one prompt; None: each frame
+        is an image, sized as one."""
+        return None
+
     def pack_pixels(self, pixels: dict) -> dict:
         return {k: torch.cat(v) if isinstance(v[0], torch.Tensor) else v for k, v in pixels.items()}
 
@@ -222,6 +227,13 @@ class QwenVLAdapter(ChatAdapter):
             inputs["second_per_grid_ts"] = torch.tensor([tp / video.sample_fps])
         return inputs
 
+    def video_frame_pixels(self, num_frames: int) -> int:
+        """The pixel budget of each frame of a ``num_frames`` video in one prompt: the video shares
+        one image's budget among its temporal groups."""
+        ip = self.image_processor
+        groups = -(-num_frames // ip.temporal_patch_size)
+        return max(56 * 56, ip.size["longest_edge"] // max(1, groups))
+
     def video_frame_size(self, num_frames: int, height: int, width: int, max_pixels: int | None = None) -> tuple[int, int]:
         """(h, w) in pixels each frame of a video is resized to. By default a video shares one
         image's pixel budget among its temporal groups; ``max_pixels`` fixes it per frame instead
@@ -229,9 +241,7 @@ class QwenVLAdapter(ChatAdapter):
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
         ip = self.image_processor
-        groups = -(-num_frames // ip.temporal_patch_size)
-        if max_pixels is None:
-            max_pixels = max(56 * 56, ip.size["longest_edge"] // max(1, groups))  # a video shares the image budget
+        max_pixels = max_pixels or self.video_frame_pixels(num_frames)
         return smart_resize(height, width, factor=ip.patch_size * ip.merge_size, min_pixels=ip.size["shortest_edge"],
                             max_pixels=max_pixels)
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from backends.base import CapTooSmall
 from backends.layout import PromptLayout, VisualSpan
 
 from ..errors import UserError
@@ -146,7 +147,10 @@ def feed_streaming(conv: Conversation, message: Message, frames_per_chunk: int =
                             f"{conv.loaded.max_context}. Use fewer frames.")
         t0 = time.perf_counter()
         conv.cache.peak_bytes = conv.cache.nbytes()
-        overhead = conv.prefill_chunk(chunk, cap_bytes)
+        try:
+            overhead = conv.prefill_chunk(chunk, cap_bytes)
+        except CapTooSmall as exc:
+            raise UserError(str(exc)) from None
         done += frames
         conv.turn_open = True
         highest = max(highest, int(chunk.rope_ids.max()))

@@ -98,7 +98,8 @@ def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = si
     for i, path in enumerate(files):
         progress(0.05 + 0.2 * i / len(files), f"Reading {Path(path).name}...")
         if Path(path).suffix.lower() in VIDEO_SUFFIXES:
-            videos.append(load_video(path, num_frames))
+            # more frames than one prompt takes only ever stream: decoded a chunk at a time as they go in
+            videos.append(load_video(path, num_frames, lazy=num_frames > MAX_FRAMES))
         else:  # anything else must be an image; load_image says so readably when it is not
             images.append(load_image(path))
         content = file_hash(path).encode()

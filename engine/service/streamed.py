@@ -45,7 +45,10 @@ def stream_media(conv: Conversation, message: Message,
     bounds = _media_bounds(message)
     frames, kv_bytes, peak_kv_bytes, parts = [], [], [], []
     tokens, seconds, overhead_s, done = 0, 0.0, 0.0, 0
-    for progress in feed_streaming(conv, replace(message, text=""), FRAMES_PER_CHUNK, cap):
+    # each frame sized as in a one-prompt video of one chunk's frames, whatever the video's length (the
+    # one-prompt rule, a video sharing one image's pixels, would shrink a 600-frame video's frames to a token)
+    frame_pixels = conv.adapter.video_frame_pixels(FRAMES_PER_CHUNK)
+    for progress in feed_streaming(conv, replace(message, text=""), FRAMES_PER_CHUNK, cap, frame_pixels):
         tokens += progress.tokens
         seconds += progress.chunk_s
         overhead_s += progress.overhead_s

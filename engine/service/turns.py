@@ -30,6 +30,7 @@ from .zerogpu import gpu_function
 
 log = logging.getLogger(__name__)
 MAX_COMPARE = 4
+CACHE_FREED = "This chat's cache was freed; your next message starts a new conversation."
 
 
 def _reference_view(reference: Reference | None, cached: bool) -> ReferenceView | None:
@@ -54,7 +55,7 @@ def _guarded(run: Iterator, chat: bool) -> Iterator:
     """Out-of-memory and unexpected failures become a UserError (inside the GPU function, so what
     crosses back from a ZeroGPU worker is a plain message). A failure mid-forward leaves a cache
     half-written, so a chat's cache is dropped (:class:`CacheLost`; the history on screen stays)."""
-    after = " This chat's cache was freed; your next message starts a new conversation." if chat else ""
+    after = f" {CACHE_FREED}" if chat else ""
     lost = CacheLost if chat else UserError
     try:
         yield from run
@@ -154,7 +155,10 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared,
     media = next((p.media for p in reversed(history) if p.media), "")  # the scene the chat is about
     message, stream, parts, first_part = prepared.message, None, [], len(conv.layouts)
     if settings.streamed and (message.images or message.videos):
-        stream, parts = yield from stream_media(conv, message, settings)
+        try:
+            stream, parts = yield from stream_media(conv, message, settings)
+        except UserError as exc:  # refused mid-stream (a cap too small, past the context): the cache holds a part
+            raise CacheLost(f"{exc} {CACHE_FREED}") from None
         message = Message(message.text, media_first=message.media_first)  # the question, on the capped cache
     for update in conv.stream(message, max_new_tokens=settings.max_new_tokens,
                               temperature=settings.temperature, question_after=settings.question_after,

@@ -18,6 +18,9 @@ def meters(metrics: Metrics) -> Meters:
     return Meters(**metrics.to_dict())
 
 
+MAX_DRAWN_FRAMES = 16  # a longer video's overlay draws this many of its temporal tokens, evenly spaced
+
+
 def layer_figures(conv: Conversation) -> LayerFigures:
     """Per layer: tokens held, bytes held, and the method's planned budgets if it reports them."""
     report = conv.backend.report
@@ -50,15 +53,19 @@ def kept_visuals(conv: Conversation, history: list[Prepared], highlight: list | 
             t, h, w = visual.grid
             tokens = np.concatenate([held[:, a:b] for a, b in visual.token_spans], axis=1)  # frames without their timestamps
             keep = tokens.reshape(-1, t, h, w)
+            drawn = np.arange(t) if t <= MAX_DRAWN_FRAMES else np.arange(MAX_DRAWN_FRAMES) * t // MAX_DRAWN_FRAMES
             label = f"{kind} {n}" + (f", turn {turn}" if len(history) > 1 else "")  # short: a one-line caption
-            out.append(KeptVisual(label, kind, meaning, _pictures(source, t, conv.adapter.image_processor), keep))
+            label += f", {len(drawn)} of {t} frames drawn" if len(drawn) < t else ""
+            out.append(KeptVisual(label, kind, meaning, _pictures(source, drawn, t, conv.adapter.image_processor),
+                                  keep[:, drawn]))
     return out
 
 
-def _pictures(source: Image.Image | Video, t: int, image_processor) -> list[np.ndarray]:
-    """What the model saw: center-cropped for CLIP-style processors; one frame per temporal token."""
+def _pictures(source: Image.Image | Video, drawn: np.ndarray, t: int, image_processor) -> list[np.ndarray]:
+    """What the model saw: center-cropped for CLIP-style processors; a frame per temporal token
+    ``drawn`` of the ``t``."""
     frames = [np.asarray(source)] if isinstance(source, Image.Image) else \
-        [source.frames[i] for i in (np.arange(t) * len(source.frames)) // t]
+        [source.frames[i] for i in (drawn * len(source.frames)) // t]
     if getattr(image_processor, "do_center_crop", False):
         frames = [_center_square(f) for f in frames]
     return frames
