@@ -25,10 +25,11 @@ def v3():
     from engine.runtime.attention import ATTENTION_NAME  # importing it registers the runtime's attention function
     from engine.runtime.inputs import QwenVLAdapter
     from engine.runtime.models import LoadedModel
+    from engine.runtime.vision_attention import VISION_ATTENTION_NAME
     from engine.tiny.arena_model import arena_image_processor, build_arena_model, tokenizer
 
     model = build_arena_model(3, version=3).eval()
-    model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
+    model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": VISION_ATTENTION_NAME})
     adapter = QwenVLAdapter(model, tokenizer(3), arena_image_processor(3))
     return LoadedModel(MODELS["tiny-arena-vl"], model, adapter, torch.float32, torch.device("cpu"))
 
@@ -88,8 +89,8 @@ def test_every_drawn_pixel_lies_in_its_objects_tokens(seed):
     one the item names as an object's, and objects sit off the token grid."""
     rng = np.random.default_rng(seed)
     picture = scenes.Picture(24, 20, {"base": (30, 30, 30), "texture": "plain", "seed": 1, "strength": 10})
-    for shape, colour in scenes._kinds(rng, 5):
-        thing = scenes._place(rng, picture, shape, colour)
+    for shape, colour in scenes.kinds(rng, 5):
+        thing = scenes.place(rng, picture, shape, colour)
         picture.things.append(thing)
     pixels = np.asarray(scenes.draw(picture)).astype(int)
     named = {k for t in picture.things for k in picture.cells_of(t)}

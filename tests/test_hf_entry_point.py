@@ -13,6 +13,7 @@ from engine.hf import Chat, compress, save_offline
 from engine.runtime.attention import ATTENTION_NAME
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
+from engine.runtime.vision_attention import vision_attention
 
 PLAIN = [name for name in backends.available() if not issubclass(backends.backend_class(name), ReusesMedia)]
 FIRST, SECOND = "What is shown?", "And the colours?"
@@ -28,7 +29,9 @@ def stock(loaded):
 def restore(models):
     yield
     for name in ("tiny-qwen2-vl", "tiny-qwen3-vl", "tiny-llava"):
-        models(name).model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
+        loaded = models(name)
+        loaded.model.set_attn_implementation({"text_config": ATTENTION_NAME,
+                                              "vision_config": vision_attention(loaded.spec.family)})
 
 
 def budget_of(method: str) -> float:

@@ -239,13 +239,14 @@ def _render(rng, cols: int, rows: int, still: bool = True) -> dict:
 
 
 # --- scenes --------------------------------------------------------------------------------------
-def _kinds(rng, count: int) -> list[tuple[str, str]]:
+def kinds(rng, count: int) -> list[tuple[str, str]]:
+    """``count`` objects of different shapes and different colours: (shape, colour) pairs."""
     shapes = rng.choice(len(SHAPES), size=count, replace=False)
     colours = rng.choice(len(COLOURS), size=count, replace=False)
     return [(SHAPES[s], list(COLOURS)[c]) for s, c in zip(shapes, colours)]
 
 
-def _place(rng, p: Picture, shape: str, colour: str, tries: int = 200, size=None, avoid=()) -> Thing | None:
+def place(rng, p: Picture, shape: str, colour: str, tries: int = 200, size=None, avoid=()) -> Thing | None:
     """An object somewhere in ``p`` not touching the others (nor the boxes in ``avoid``)."""
     for _ in range(tries):
         side = size if size is not None else float(rng.uniform(*OBJECT_CELLS)) / p.rows
@@ -295,10 +296,10 @@ def _pictures_item(rng, kind: str, turns: int, scale: float) -> Item:
     low = max(need, min(turns + (1 if kind == "pair" else 0), 5))
     count = int(rng.integers(low, 6))
     objects, offset = [], np.cumsum([0] + [p.rows * p.cols for p in pictures])
-    for shape, colour in _kinds(rng, count):
+    for shape, colour in kinds(rng, count):
         for _ in range(10):
             i = int(rng.integers(n))
-            thing = _place(rng, pictures[i], shape, colour)
+            thing = place(rng, pictures[i], shape, colour)
             if thing is not None:
                 pictures[i].things.append(thing)
                 objects.append((shape, colour, tuple(int(offset[i] + k) for k in pictures[i].cells_of(thing))))
@@ -327,7 +328,7 @@ def _moving_item(rng, turns: int, scale: float) -> Item:
     frames = 2 * int(rng.integers(max(2, round(lo * scale) // 2), max(3, round(hi * scale) // 2) + 1))
     cols, rows = _sides(rng, "moving", min(1.0, scale + 0.3))
     bg = background(rng)
-    kinds = _kinds(rng, int(rng.integers(max(2, turns), 6)))
+    kinds = kinds(rng, int(rng.integers(max(2, turns), 6)))
     (mshape, mcolour), rest = kinds[0], kinds[1:]
     size = float(rng.uniform(*OBJECT_CELLS)) / rows
     speed = float(rng.uniform(0.8, 1.3)) / rows  # cells per frame, as a fraction of the height
@@ -346,7 +347,7 @@ def _moving_item(rng, turns: int, scale: float) -> Item:
     canvas = Picture(cols, rows, bg)
     statics = []
     for shape, colour in rest:
-        t = _place(rng, canvas, shape, colour, avoid=path)
+        t = place(rng, canvas, shape, colour, avoid=path)
         if t is not None:
             canvas.things.append(t)
             statics.append(t)
