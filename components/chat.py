@@ -340,13 +340,14 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
     gallery = gr.Gallery(label="Which visual tokens were kept (mean over layers unless a layer is picked)", columns=3,
                          height=320, object_fit="contain",
                          preview=False, fit_columns=False, elem_id="overlay")
-    library, ttft = media_library.build_media_panels()
+    panels = media_library.build_media_panels()
     tab = ChatTab(chatbot, textbox, status, memory, speed, layers, picker, gallery, scale, settings.realised)
     settings.model.change(show_examples, settings.model, example_sets, queue=False, api_visibility="private")
 
     textbox.submit(by_component(tab, submit), [textbox, chatbot, session], tab.outputs, inputs_kwargs=settings.named,
                    api_name="chat", concurrency_id="gpu", concurrency_limit=1).success(
-        media_library.after_turn, [session, settings.method], [library, ttft], concurrency_id="gpu",
+        by_component(panels, media_library.after_turn), [session, settings.method],
+        components_of(panels, media_library.PanelOutputs), concurrency_id="gpu",
         api_visibility="private")
     stop_button.click(stop, session, None, queue=False, api_visibility="private")
     clear_button.click(by_component(tab, clear), session, tab.outputs, queue=False, api_visibility="private")

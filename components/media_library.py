@@ -8,6 +8,8 @@ so other methods pay nothing for it.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import gradio as gr
 
@@ -15,6 +17,7 @@ from engine import service
 from engine.errors import UserError
 
 from . import plots
+from .outputs import KEEP, Outputs
 
 log = logging.getLogger(__name__)
 COLUMNS = ["media", "kind", "tokens", "stored (MB)", "in memory", "on disk", "model"]
@@ -27,8 +30,22 @@ def library_rows(session: service.Session) -> list[list]:
             for row in service.media_library(session)]
 
 
-def refresh(session: service.Session, measure: bool = True) -> tuple:
-    """(library rows, TTFT figure); ``measure``: time the last MPIC message again (after its turn)."""
+@dataclass(frozen=True)
+class MediaPanels:
+    """The two panels, named as :class:`PanelOutputs` names their values."""
+
+    library: gr.Dataframe
+    ttft: gr.Plot
+
+
+@dataclass(frozen=True)
+class PanelOutputs(Outputs):
+    library: Any = KEEP  # table rows
+    ttft: Any = KEEP  # the TTFT figure
+
+
+def refresh(session: service.Session, measure: bool = True) -> PanelOutputs:
+    """The library's rows and the TTFT figure; ``measure``: time the last MPIC message again (after its turn)."""
     ttft = None
     if measure:
         try:
@@ -37,17 +54,18 @@ def refresh(session: service.Session, measure: bool = True) -> tuple:
             gr.Warning(str(exc))
         except Exception:  # a side panel must never break the chat
             log.exception("TTFT panel failed")
-    return library_rows(session), plots.ttft_figure(ttft)
+    return PanelOutputs(library_rows(session), plots.ttft_figure(ttft))
 
 
-def after_turn(session: service.Session, method: str) -> tuple:
-    """The chat event's follow-up: the library always, the TTFT panel only after an MPIC turn."""
+def after_turn(session: service.Session, method: str) -> PanelOutputs:
+    """The chat event's follow-up: the library always, the TTFT panel only after a turn of a
+    method that reuses stored media (MPIC)."""
     if not service.reuses_media(method):
-        return library_rows(session), gr.skip()
+        return PanelOutputs(library=library_rows(session))
     return refresh(session)
 
 
-def build_media_panels() -> tuple[gr.Dataframe, gr.Plot]:
+def build_media_panels() -> MediaPanels:
     with gr.Accordion("MPIC: media library and time to first token", open=False):
         gr.Markdown("With **MPIC**, every image or video you send is stored once (its KV cache, in memory and "
                     "on disk, for this tab only) and linked into later prompts at any position. The TTFT panel "
@@ -55,4 +73,4 @@ def build_media_panels() -> tuple[gr.Dataframe, gr.Plot]:
         table = gr.Dataframe(headers=COLUMNS, value=[], label="Media library (this session)", interactive=False,
                              elem_id="media-library")
         plot = gr.Plot(label="TTFT: prefix caching vs MPIC", elem_id="mpic-ttft")
-    return table, plot
+    return MediaPanels(table, plot)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import gradio as gr
 
@@ -19,6 +20,7 @@ from engine import service
 from engine.errors import UserError
 
 from . import checked_controls
+from .outputs import KEEP, Outputs, by_component, components_of
 
 log = logging.getLogger(__name__)
 BASE_CONTROLS = ("model", "method", "budget", "max_new_tokens", "num_frames", "compress", "stream_cap_mb")
@@ -227,7 +229,25 @@ def mpic_k(name: str) -> int:
         return 32  # the paper's; the model cannot load now, and says so when it is used
 
 
-def on_model(name: str, previous: str, progress=gr.Progress()):
+@dataclass(frozen=True)
+class ModelSwitch:
+    """What picking a model changes, named as :class:`ModelOutputs` names its values."""
+
+    model: gr.Dropdown
+    loaded: gr.State  # the last model that loaded, to fall back to
+    model_card: gr.Markdown
+    mpic_k: gr.components.Component  # MPIC's k control (a State where no method has one)
+
+
+@dataclass(frozen=True)
+class ModelOutputs(Outputs):
+    model: Any = KEEP
+    loaded: Any = KEEP
+    model_card: Any = KEEP
+    mpic_k: Any = KEEP
+
+
+def on_model(name: str, previous: str, progress=gr.Progress()) -> ModelOutputs:
     """Model picked: load it now (with progress), and set MPIC's k for its image size. On failure
     keep the previous one and say why."""
     try:
@@ -235,8 +255,8 @@ def on_model(name: str, previous: str, progress=gr.Progress()):
     except UserError as exc:
         log.info("user error: %s", exc)
         gr.Warning(str(exc))
-        return previous, previous, model_card(previous) + f"\n\n*Could not switch to {name}: {exc}*", gr.skip()
-    return name, name, model_card(name), mpic_k(name)
+        return ModelOutputs(previous, previous, model_card(previous) + f"\n\n*Could not switch to {name}: {exc}*")
+    return ModelOutputs(name, name, model_card(name), mpic_k(name))
 
 
 def build_settings() -> SettingsPanel:
@@ -293,6 +313,7 @@ def build_settings() -> SettingsPanel:
     method.change(on_method, method, [info, budget, realised, *groups.values()], queue=False, api_visibility="private")
     # .input, not .change: falling back to the previous model must not trigger another load
     k_control = params[k] if k is not None else gr.State()  # without MPIC its value goes nowhere
-    model.input(on_model, [model, loaded], [model, loaded, card, k_control], concurrency_id="gpu",
+    switch = ModelSwitch(model, loaded, card, k_control)
+    model.input(by_component(switch, on_model), [model, loaded], components_of(switch, ModelOutputs), concurrency_id="gpu",
                 concurrency_limit=1, api_visibility="private")
     return panel

@@ -173,7 +173,8 @@ def test_model_that_fails_to_load(media, monkeypatch):
 
     monkeypatch.setattr(model_pool, "load_model", broken)
     name = "random:Qwen/Qwen2-VL-2B-Instruct"
-    chosen, kept, card, _ = settings.on_model(name, MODEL)
+    switched = settings.on_model(name, MODEL)
+    chosen, kept, card = switched.model, switched.loaded, switched.model_card
     assert (chosen, kept) == (MODEL, MODEL) and "weights file truncated" in card
     session = service.Session()
     values = settings.control_values(model=name, method="streamingllm", max_new_tokens=4)

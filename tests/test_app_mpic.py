@@ -42,11 +42,13 @@ def test_mpic_stores_uploads_and_reuses_them_in_the_next_turn(media, media_store
     assert len(media_library.library_rows(session)) == 2  # stored once, found again
     gallery = second[-1].gallery
     assert len(gallery) == 4 and all("reused" in caption for caption in overlay.captions(session.visuals))
-    table, figure = media_library.refresh(session)
+    panels = media_library.refresh(session)
+    table, figure = panels.library, panels.ttft
     assert len(table) == 2 and list(figure.data[0].x) == ["Full recompute", "Prefix caching", "MPIC-4"]
     assert all(t > 0 for t in figure.data[0].y)
     # the follow-up of a turn with another method lists the library and leaves the TTFT panel alone
-    assert media_library.after_turn(session, "streamingllm")[0] == table
+    after = media_library.after_turn(session, "streamingllm")
+    assert after.library == table and set(after.changed()) == {"library"}
 
 
 def test_a_second_session_cannot_see_or_link_the_first_sessions_media(media, media_store):
