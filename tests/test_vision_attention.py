@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from tests.support import TINY_MODELS, make_image, make_video
 
 from engine.runtime.inputs import Message
+from engine.runtime.models import load_model
 from engine.runtime.vision_attention import VISION_ATTENTION_NAME, windowed_sdpa
 
 
@@ -32,8 +33,8 @@ def test_windows_of_several_lengths_attend_only_within_themselves():
 
 
 @pytest.mark.parametrize("name", [n for n in TINY_MODELS if "qwen" in n])
-def test_the_vision_tower_sees_the_same_pictures_through_either_attention(models, name):
-    loaded = models(name)
+def test_the_vision_tower_sees_the_same_pictures_through_either_attention(name):
+    loaded = load_model(name)  # its own: other tests switch the shared models' attention
     assert loaded.model.config.vision_config._attn_implementation == VISION_ATTENTION_NAME  # what load_model sets
     message = Message("Look.", images=[make_image(1, (140, 112))], videos=[make_video(2, frames=4, size=112)], num_frames=4)
     kw = loaded.adapter.encode_turn(message, 0, 0, None).model_kwargs
@@ -46,10 +47,7 @@ def test_the_vision_tower_sees_the_same_pictures_through_either_attention(models
         return [torch.cat(list(f)) if isinstance(f, (list, tuple)) else f for f in (images, videos)]
 
     ours = features()
-    try:
-        loaded.model.set_attn_implementation({"vision_config": "sdpa"})
-        theirs = features()
-    finally:
-        loaded.model.set_attn_implementation({"vision_config": VISION_ATTENTION_NAME})
+    loaded.model.set_attn_implementation({"vision_config": "sdpa"})
+    theirs = features()
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -328,8 +328,8 @@ def _moving_item(rng, turns: int, scale: float) -> Item:
     frames = 2 * int(rng.integers(max(2, round(lo * scale) // 2), max(3, round(hi * scale) // 2) + 1))
     cols, rows = _sides(rng, "moving", min(1.0, scale + 0.3))
     bg = background(rng)
-    kinds = kinds(rng, int(rng.integers(max(2, turns), 6)))
-    (mshape, mcolour), rest = kinds[0], kinds[1:]
+    objects = kinds(rng, int(rng.integers(max(2, turns), 6)))
+    (mshape, mcolour), rest = objects[0], objects[1:]
     size = float(rng.uniform(*OBJECT_CELLS)) / rows
     speed = float(rng.uniform(0.8, 1.3)) / rows  # cells per frame, as a fraction of the height
     for _ in range(100):  # a straight path that stays inside the frame
