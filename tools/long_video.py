@@ -5,7 +5,7 @@ chunks, the cap, the most KV held while a chunk went in, the KV held after the a
 token's time), the server's resident memory before the call and at most during it, the call's wall time,
 and the answer against the true one. Each method runs in an app of its own, started for it.
 
-    python tools/long_video.py                                  # 10 min at 1 fps, InfiniPot-V and
+    python tools/long_video.py                                  # 10 min at 1 fps, full and InfiniPot-V, 1 MB
     python tools/long_video.py --methods full,infinipot_v,streamingllm,snapkv --cap-mb 1
 
 The video is the bundled model's own held-out "moving" scene (its generation's scenes module: one
