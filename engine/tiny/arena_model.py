@@ -49,18 +49,20 @@ def tokenizer(version: int = 2):
 
 
 def arena_config(version: int = 2):
-    """The tiny Qwen2.5-VL config with a vision tower that sees one grid cell at a time: its window is
-    one cell (28 px = 2x2 patches = one merged token) and no block attends across windows; the
-    word-level vocabulary, special tokens first. v3's tower has two blocks (it learns to read
-    drawings, where v2 looked cells up); an object spread over several tokens is put together by
-    the decoder (every object of an item has its own colour)."""
+    """The tiny Qwen2.5-VL config and the word-level vocabulary, special tokens first.
+    v2's vision tower sees one grid cell at a time: its window is one cell (28 px = 2x2 patches =
+    one merged token) and no block attends across windows. v3's reads drawings: four blocks of
+    width 128 (1.1 M parameters), windows of 112 px (4x4 tokens, wider than any object) and a last
+    block of full attention, so an object cut by the token grid is seen whole (training stage 1,
+    training/train_arena_v3_eyes.py, teaches it shapes from per-token targets)."""
     config = tiny_config("qwen2_5_vl")
     vision = config.vision_config
-    vision.hidden_size, vision.intermediate_size = 64, 128
-    vision.window_size = 28
-    vision.fullatt_block_indexes = []
     if version == 3:
-        vision.depth = 2
+        vision.depth, vision.hidden_size, vision.intermediate_size, vision.num_heads = 4, 128, 256, 2
+        vision.window_size, vision.fullatt_block_indexes = 112, [3]
+    else:
+        vision.hidden_size, vision.intermediate_size = 64, 128
+        vision.window_size, vision.fullatt_block_indexes = 28, []
     tok = tokenizer(version)
     text = config.text_config
     text.vocab_size = len(tok)
