@@ -12,8 +12,8 @@ ENV PYTHONUNBUFFERED=1 \
 RUN useradd --create-home --uid 1000 user
 WORKDIR /home/user/app
 
-COPY --chown=user requirements.txt .
-RUN pip install -r requirements.txt
+COPY --chown=user requirements.txt requirements-lock.txt ./
+RUN pip install -r requirements.txt -c requirements-lock.txt
 
 COPY --chown=user . .
 USER user

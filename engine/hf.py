@@ -3,8 +3,11 @@
     from engine.hf import compress
 
     with compress(model, "snapkv", budget=0.2, window_size=16) as press:
-        out = model.generate(**inputs, past_key_values=press.cache, max_new_tokens=64)
+        out = model.generate(**inputs, cache=press.cache, max_new_tokens=64)
     press.nbytes(), press.full_nbytes(), press.kept_positions(), press.report
+
+(transformers before 5.24 names the cache ``past_key_values``: ``generate(**inputs,
+past_key_values=press.cache)``; ``press.keyword`` is the name the installed release takes.)
 
 What it uses of transformers, nothing patched:
 
@@ -36,7 +39,7 @@ from backends.media_reuse import ReusesMedia
 
 from .runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
 from .runtime.cache import KVCache
-from .runtime.forward import position_ids
+from .runtime.forward import cache_keyword, position_ids
 from .runtime.inputs import ADAPTERS, DEFAULT_SYSTEM, Message
 from .runtime.models import load_model
 
@@ -61,6 +64,7 @@ class Press:
         self.text_config = model.config.get_text_config()
         self.decoder = model.get_decoder()
         self.cache = GenerateCache(backend, self.text_config.num_hidden_layers)
+        self.keyword = cache_keyword(model)  # "cache" (transformers >= 5.24) or "past_key_values"
         self.steps = 0  # decode forwards so far (AttentionCall.step)
         self._ids: torch.Tensor | None = None  # token ids of the forward pass about to run
         self._run = None  # (ForwardRun, context) of the forward pass running now
@@ -99,9 +103,10 @@ class Press:
         self._ids = ids if isinstance(ids, torch.Tensor) else None
 
     def before_decoder(self, module, args, kwargs):
-        cache = kwargs.get("past_key_values")
+        # either name: generate renames the old one on the way in on releases that have the new one
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if cache is not self.cache:
-            raise ValueError("compress(...): pass past_key_values=press.cache to generate (or to the model call)")
+            raise ValueError(f"compress(...): pass {self.keyword}=press.cache to generate (or to the model call)")
         embeds = kwargs.get("inputs_embeds")
         batch, q = embeds.shape[:2]
         if batch != 1:
@@ -167,7 +172,8 @@ class Press:
 @contextmanager
 def compress(model, method: str, budget: float = 1.0, **params):
     """Apply ``method`` (any registered name; its parameters as keywords) to ``model`` while the
-    block runs; pass ``past_key_values=press.cache`` to ``generate``. The press stays readable
+    block runs; pass ``cache=press.cache`` to ``generate`` (``past_key_values=`` before transformers
+    5.24; both are taken where the release takes both). The press stays readable
     (and its cache usable by another ``compress`` block) after the block."""
     cls = backends.backend_class(method)
     if issubclass(cls, ReusesMedia):
@@ -208,7 +214,7 @@ class Chat:
 
         chat = Chat(model, tokenizer, image_processor)  # LLaVA also takes its processor
         inputs = chat.turn("What is shown?", images=["a.png"])
-        out = model.generate(**inputs, past_key_values=press.cache, max_new_tokens=32)
+        out = model.generate(**inputs, cache=press.cache, max_new_tokens=32)
         inputs = chat.turn("And on the left?", after=out)  # the whole conversation: generate feeds the new part
 
     A follow-up carries text (transformers' Qwen-VL recomputes positions over the whole conversation

@@ -190,22 +190,27 @@ def test_compare_with_a_follow_up_and_its_own_budget_through_the_api(url, image)
     assert status.startswith(NOT_ANSWERED) and "The message is empty" in status and "\n" not in status
 
 
-def test_python_app_py_honours_server_name_and_port():
+def test_python_app_py_honours_server_name_and_port_and_starts_without_a_deprecation(tmp_path):
     port = free_port()
     env = os.environ | {"GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port), "KV_ARENA_PRELOAD": "0",
-                        "KV_ARENA_MODEL": MODEL, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as page:
-                    assert page.status == 200 and b"KV-cache arena" in page.read()
-                    return
-            except OSError:
-                time.sleep(1)
-        pytest.fail(f"app.py did not answer on port {port}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+                        "KV_ARENA_MODEL": MODEL, "OMP_NUM_THREADS": "1",
+                        "PYTHONWARNINGS": "default::DeprecationWarning,default::FutureWarning"}
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            deadline = time.time() + 90
+            while time.time() < deadline:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as page:
+                        assert page.status == 200 and b"KV-cache arena" in page.read()
+                        break
+                except OSError:
+                    time.sleep(1)
+            else:
+                pytest.fail(f"app.py did not answer on port {port}")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    said = log.read_text()
+    assert "FutureWarning" not in said and "DeprecationWarning" not in said, said

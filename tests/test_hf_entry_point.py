@@ -52,10 +52,10 @@ def test_generate_gives_the_runtimes_tokens_and_bytes_over_two_turns(models, res
     settings = dict(max_new_tokens=8, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
     with compress(model, method, budget=budget_of(method)) as press:
         inputs = chat.turn(FIRST, images=[image])
-        out = model.generate(**inputs, past_key_values=press.cache, **settings)
+        out = model.generate(**inputs, **{press.keyword: press.cache}, **settings)
         first = out[0, inputs["input_ids"].shape[1]:].tolist()
         inputs = chat.turn(SECOND, after=out)
-        out = model.generate(**inputs, past_key_values=press.cache, **settings)
+        out = model.generate(**inputs, **{press.keyword: press.cache}, **settings)
         second = out[0, inputs["input_ids"].shape[1]:].tolist()
     assert [first, second] == [r.token_ids for r in ref], method
     assert press.nbytes() == conv.cache.nbytes() and press.cache.seen == conv.seen, method
@@ -64,6 +64,44 @@ def test_generate_gives_the_runtimes_tokens_and_bytes_over_two_turns(models, res
     if backends.backend_class(method).uses_budget and method not in ("full", "infinipot_v"):
         assert press.nbytes() < press.full_nbytes()  # it compressed something (InfiniPot-V: video tokens only)
     assert model.config.get_text_config()._attn_implementation == "sdpa"  # restored after the block
+
+
+@pytest.mark.parametrize("keyword", ["cache", "past_key_values"])
+def test_the_cache_is_taken_under_either_name(models, restore, keyword):
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name renamed on the way in,
+    with a FutureWarning, until 5.40 / 6.0). ``compress`` finds the cache under either name; the
+    old name warns where the new one exists (the suite fails on a deprecation of our own making, so
+    the warning is expected here by name); before 5.24 only the old name exists."""
+    loaded = models("tiny-qwen2-vl")
+    model, adapter = stock(loaded), loaded.adapter
+    inputs = Chat(model, adapter.tokenizer, adapter.image_processor).turn("Hi", images=[make_image(0, (224, 224))])
+    with compress(model, "snapkv", budget=0.5) as press:
+        if press.keyword == "past_key_values" and keyword == "cache":
+            pytest.skip("this transformers release has no `cache` keyword yet")
+        if keyword != press.keyword:
+            with pytest.warns(FutureWarning, match="past_key_values"):
+                out = model.generate(**inputs, **{keyword: press.cache}, max_new_tokens=3, do_sample=False)
+        else:
+            out = model.generate(**inputs, **{keyword: press.cache}, max_new_tokens=3, do_sample=False)
+    assert press.cache.seen == out.shape[1] - 1 and press.nbytes() < press.full_nbytes()
+
+
+def test_a_deprecated_keyword_in_our_call_fails_the_suite(models, restore):
+    """pytest.ini turns FutureWarning and DeprecationWarning into errors: a deprecated name in our
+    own call fails a test the day it is announced, not the day it is removed."""
+    from transformers import DynamicCache
+
+    from engine.runtime.forward import cache_keyword
+
+    loaded = models("tiny-qwen2-vl")
+    model, adapter = stock(loaded), loaded.adapter
+    if cache_keyword(model) != "cache":
+        pytest.skip("this transformers release has not renamed past_key_values")
+    inputs = Chat(model, adapter.tokenizer, adapter.image_processor).turn("Hi")
+    with pytest.raises(FutureWarning, match="past_key_values"):
+        model.generate(**inputs, past_key_values=DynamicCache(), max_new_tokens=1)
+    with pytest.raises(FutureWarning, match="past_key_values"):
+        model(**inputs, past_key_values=DynamicCache())
 
 
 def test_qwen3_vl_video_and_sampling_from_a_saved_checkpoint(tmp_path):
@@ -78,9 +116,9 @@ def test_qwen3_vl_video_and_sampling_from_a_saved_checkpoint(tmp_path):
     answers = []
     for _ in range(2):
         with compress(model, "h2o", budget=0.25) as press:
-            out = model.generate(**inputs, past_key_values=press.cache, max_new_tokens=6, do_sample=False)
+            out = model.generate(**inputs, **{press.keyword: press.cache}, max_new_tokens=6, do_sample=False)
             torch.manual_seed(0)
-            more = model.generate(**chat.turn("Why?", after=out), past_key_values=press.cache, max_new_tokens=6,
+            more = model.generate(**chat.turn("Why?", after=out), **{press.keyword: press.cache}, max_new_tokens=6,
                                   do_sample=True, temperature=0.9, top_p=0.9)
         answers.append(more[0, out.shape[1]:].tolist())
         assert press.report.kept is not None and len(press.kept_positions()) == 4
@@ -101,11 +139,11 @@ def test_what_cannot_run_is_refused_clearly(models, restore):
         with compress(model, "snapkv", budget=0.2, window_size=0):
             pass
     inputs = Chat(model, adapter.tokenizer, adapter.image_processor).turn("Hi")
-    with compress(model, "snapkv", budget=0.5), pytest.raises(ValueError, match="past_key_values=press.cache"):
+    with compress(model, "snapkv", budget=0.5), pytest.raises(ValueError, match=r"(cache|past_key_values)=press.cache"):
         model.generate(**inputs, max_new_tokens=2)
     batch = {"input_ids": inputs["input_ids"].repeat(2, 1), "attention_mask": inputs["attention_mask"].repeat(2, 1)}
     with compress(model, "snapkv", budget=0.5) as press, pytest.raises(ValueError, match="batch 1"):
-        model.generate(**batch, past_key_values=press.cache, max_new_tokens=2)
+        model.generate(**batch, **{press.keyword: press.cache}, max_new_tokens=2)
     with pytest.raises(ValueError, match="follow-up carries text"):
         Chat(model, adapter.tokenizer, adapter.image_processor).turn("and?", images=[make_image(0)],
                                                                       after=inputs["input_ids"])

@@ -38,7 +38,7 @@ from backends.base import AttentionCall
 from ..errors import UserError
 from ..runtime.attention import ATTENTION_NAME
 from ..runtime.cache import KVCache
-from ..runtime.forward import position_ids, run_forward
+from ..runtime.forward import cache_keyword, position_ids, run_forward
 from ..runtime.models import pick_device, pick_dtype
 from .common import (
     SPREAD_NOTE,
@@ -117,7 +117,8 @@ class Session:
         if backend is None:
             start = self.clock()
             with torch.inference_mode():
-                self.model(inputs_embeds=embeds, position_ids=position_ids(rope), past_key_values=cache, use_cache=True)
+                self.model(inputs_embeds=embeds, position_ids=position_ids(rope), use_cache=True,
+                           **{cache_keyword(self.model): cache})
             return self.clock() - start, 0.0
         call = AttentionCall(layer_idx=0, num_layers=self.text.num_hidden_layers,
                              phase="prefill" if embeds.shape[1] > 1 else "decode", positions=positions.to(embeds.device),

@@ -4,6 +4,9 @@ told which tokens arrive, the backend's ``before_forward`` / ``after_forward`` a
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 from backends.base import AttentionCall
@@ -18,6 +21,18 @@ def position_ids(rope_ids: torch.Tensor) -> torch.Tensor:
     return rope_ids[:, None, :] if rope_ids.shape[0] == 3 else rope_ids
 
 
+@functools.cache
+def _keyword_of(forward) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def cache_keyword(model) -> str:
+    """The keyword ``model``'s forward (and so ``generate``) takes its KV cache by: ``cache`` from
+    transformers 5.24 on, where ``past_key_values`` is renamed on the way in with a FutureWarning
+    (removal announced for 5.40 on the forward, 6.0 on ``generate``), ``past_key_values`` before."""
+    return _keyword_of(type(model).forward)
+
+
 def run_forward(model, cache: KVCache, call: AttentionCall, sync: bool = False, **inputs):
     """``model(**inputs)`` on ``cache`` for the new tokens ``call`` describes (their token indices,
     rotary ids, layout): the cache learns which tokens the new keys belong to, the backend opens
@@ -29,7 +44,7 @@ def run_forward(model, cache: KVCache, call: AttentionCall, sync: bool = False, 
     cache.pending_positions = call.positions
     run = ForwardRun(cache, call, sync=sync)
     with forward_run(run):
-        out = model(position_ids=position_ids(call.rope_ids.to(call.positions.device)), past_key_values=cache,
-                    use_cache=True, **inputs)
+        out = model(position_ids=position_ids(call.rope_ids.to(call.positions.device)), use_cache=True,
+                    **{cache_keyword(model): cache}, **inputs)
         run.timed(cache.backend.after_forward, cache, call)
     return out, run
