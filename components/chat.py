@@ -50,7 +50,8 @@ def parse_message(message: dict | str | None) -> tuple[str, list[str]]:
 
 
 NEW_CONVERSATION = "New conversation"  # the title of the marker a new conversation gets in the chat
-WHY_NEW = {"settings": "The settings changed, so this is a new conversation: the messages above are not in its memory.",
+SWITCHED = "Method switched"  # the title of the line a conversation re-read by another method gets
+WHY_NEW = {"model": "The model changed, so this is a new conversation: the messages above are not in its memory.",
            "history": "The history sent is not the conversation this session's model holds (it was edited, or "
                       "the cache was freed), so this is a new conversation: the messages above are not in its memory."}
 
@@ -74,8 +75,11 @@ def transcript(history: list) -> list[tuple[str, int, str]]:
     marker: what the model must remember for a message sent after it to continue its conversation."""
     turns, question, files = [], [], 0
     for message in history or []:
-        if (message.get("metadata") or {}).get("title") == NEW_CONVERSATION:
+        title = (message.get("metadata") or {}).get("title")
+        if title == NEW_CONVERSATION:
             turns, question, files = [], [], 0
+            continue
+        if title == SWITCHED:  # the same conversation, held by another method from here on
             continue
         text, attached = _said(message.get("content"))
         if message.get("role") == "user":
@@ -85,6 +89,37 @@ def transcript(history: list) -> list[tuple[str, int, str]]:
             turns.append((" ".join(t for t in question if t), files, "" if text == "…" else text))
             question, files = [], 0
     return turns
+
+
+def with_own_files(history: list, session: service.Session) -> list:
+    """A history sent back as ``/chat`` returned it: each file block gradio_client downloaded
+    (``checked_controls.RETURNED``, a path of the client's) becomes this server's copy, matched from
+    the newest file of the session's conversation backwards; one the conversation no longer holds
+    becomes a line saying so (it is before the conversation's start, so the transcript is unchanged)."""
+    own = [f for p in session.history for f in p.files]
+    out = []
+    for message in reversed(history):
+        content = message.get("content")
+        if isinstance(content, list) and any(isinstance(b, dict) and b.get(checked_controls.RETURNED) for b in content):
+            blocks = []
+            for block in reversed(content):
+                if isinstance(block, dict) and block.get(checked_controls.RETURNED):
+                    block = {"type": "file", "file": {"path": own.pop()}} if own else {"type": "text", "text": "(a file)"}
+                blocks.append(block)
+            message = message | {"content": blocks[::-1]}
+        out.append(message)
+    return out[::-1]
+
+
+def switch_line(text: str) -> dict:
+    return {"role": "assistant", "content": text, "metadata": {"title": SWITCHED}}
+
+
+def switched(note: service.SwitchNote) -> str:
+    """The chat's line for a conversation another method took over, with what the re-read cost."""
+    turns = f"{note.turns} turn{'s' if note.turns != 1 else ''}"
+    return (f"Now held by {note.method}: it re-read the {turns} above ({note.tokens} tokens, {note.seconds:.2f} s), "
+            "so the next answers come from its cache.")
 
 
 def user_messages(text: str, files: list[str]) -> list[dict]:
@@ -196,7 +231,7 @@ def respond(message, history: list, session: service.Session, settings: service.
     Bad input is said once, in the status line under the input: the chat and the panels keep what
     they showed, the rejected files leave the input box (the text stays)."""
     text, files = parse_message(message)
-    history = list(history or [])
+    history = with_own_files(list(history or []), session)
     try:
         service.check_uploads(session, files)
         prepared = service.prepare(text, files, settings.num_frames, progress_reporter(progress))
@@ -204,22 +239,28 @@ def respond(message, history: list, session: service.Session, settings: service.
         yield ChatOutputs(chatbot=history, textbox={"text": text, "files": []}, status=refusal(exc))
         return
     shown, turns = history, transcript(history)
-    remembered = session.remembers(settings, turns)  # the history sent is the conversation, or a new one starts
-    if history and not remembered:
-        why = "settings" if session.conv is not None and not session.continues(settings) else "history"
-        shown = shown + [{"role": "assistant", "content": WHY_NEW[why], "metadata": {"title": NEW_CONVERSATION}}]
+    fate = session.fate(settings, turns)  # the history sent is the conversation, or a new one starts
+    if history and fate in WHY_NEW:
+        shown = shown + [{"role": "assistant", "content": WHY_NEW[fate], "metadata": {"title": NEW_CONVERSATION}}]
+    switch_at = None
+    if fate == "switches":  # said where it happens; its cost filled in once the re-read is done
+        switch_at, shown = len(shown), shown + [switch_line(f"{service.method_spec(settings.method)['title']} "
+                                                            "re-reads the conversation…")]
     shown = shown + user_messages(text, files)
     answer = {"role": "assistant", "content": "…"}
     # the panels empty while it works (plain values: cheaper for Gradio than leaving them as they are)
     yield ChatOutputs(shown + [answer], EMPTY_INPUT, "Working…", memory=None, speed=None, layers=None,
                       layer_picker=overlay.MEAN, gallery=None, scale_line="")
-    hint = service.media_hint(settings.model, (session.history if remembered else []) + [prepared])
+    hint = service.media_hint(settings.model, (session.history if fate in ("continues", "switches") else []) + [prepared])
     drawn = sent = time.monotonic()  # the first figures when done, or after PLOT_EVERY_S of streaming
     try:
         for view in service.chat_turn(session, settings, prepared, progress_reporter(progress), shown=turns):
             if not view.done and time.monotonic() - sent < TEXT_EVERY_S:
                 continue
             sent = time.monotonic()
+            if view.switch is not None and switch_at is not None:
+                shown = shown[:switch_at] + [switch_line(switched(view.switch))] + shown[switch_at + 1:]
+                switch_at = None
             status = status_line(view, settings) + (f"\n\n{hint}" if hint else "")
             outputs = ChatOutputs(shown + [{"role": "assistant", "content": view.text or "…"}], status=status)
             if view.done or time.monotonic() - drawn > PLOT_EVERY_S:
@@ -305,7 +346,7 @@ class ChatTab:
 
 
 def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
-    chatbot = gr.Chatbot(label="Chat", height=420, elem_id="chatbot", buttons=["copy"],
+    chatbot = checked_controls.Chatbot(label="Chat", height=420, elem_id="chatbot", buttons=["copy"],
                          group_consecutive_messages=False,  # the new-conversation marker gets its own line
                          placeholder="Attach images or a video, ask a question, and watch the panels below.")
     textbox = checked_controls.MultimodalTextbox(file_types=["image", "video"], file_count="multiple",

@@ -55,16 +55,11 @@ def controls(**kw):
     return control_kwargs(model=MODEL, method="streamingllm", max_new_tokens=kw.pop("max_new_tokens", 5), **kw)
 
 
-def resend(history: list) -> list:
-    """A chat history as the client returned it (files downloaded) -> as the server takes it."""
-    def block(b):
-        return {"type": "file", "file": handle_file(b["file"])} if b.get("type") == "file" else b
-    return [m | {"content": [block(b) for b in m["content"]]} for m in history]
-
-
-def send(client: Client, text: str, files=(), history=()):
-    job = client.submit(message={"text": text, "files": [handle_file(f) for f in files]}, history=resend(list(history)),
-                        **controls(), api_name="/chat")
+def send(client: Client, text: str, files=(), history=(), **settings):
+    """One /chat call; ``history`` exactly as the previous call returned it (its files are the
+    client's downloads: the server puts its own copies in their place)."""
+    job = client.submit(message={"text": text, "files": [handle_file(f) for f in files]}, history=list(history),
+                        **(controls() | settings), api_name="/chat")
     final = job.result(timeout=120)
     return final, job.outputs()
 
@@ -114,7 +109,8 @@ def test_a_session_can_use_and_read_only_its_own_uploads(url, tmp_path, monkeypa
     file_url = f"{url}gradio_api/file={path}"
     assert fetch(file_url, a) == 200
     assert fetch(file_url, b) == 404 and fetch(file_url) == 404  # another client, or none, holding the URL
-    send(a, "Still mine.", history=first[0])  # the history's picture is uploaded again, by a
+    again, _ = send(a, "Still mine.", history=first[0])  # the history as returned, its picture a download
+    assert not again[2].startswith(NOT_ANSWERED) and len(sessions._OPEN[a.session_hash].history) == 2
     # a client that skips the upload and names the server path directly
     monkeypatch.setattr(gradio_client.client.Endpoint, "_upload_file",
                         lambda self, f, data_index: {"path": f["path"], "meta": {"_type": "gradio.FileData"}})
@@ -162,6 +158,21 @@ def test_history_is_the_conversation(url, image):
     final, _ = send(client, "And the shapes?", history=final[0])  # the history as returned: continued
     assert len(sessions._OPEN[client.session_hash].history) == 2
     assert sum((m.get("metadata") or {}).get("title") == NEW_CONVERSATION for m in final[0]) == 1
+
+
+def test_a_method_switched_through_the_api_keeps_the_conversation(url):
+    """The history sent back exactly as /chat returned it (a picture in it), with another method:
+    the new method re-reads the conversation and answers about the same picture."""
+    client = Client(url, verbose=False)
+    scene = str(ROOT / "assets" / "arena_colour.png")
+    first, _ = send(client, "What colour is the circle?", [scene], model="tiny-arena-vl", method="full")
+    assert first[0][-1]["content"][-1]["text"] == "blue"
+    final, _ = send(client, "What colour is the cross?", history=first[0], model="tiny-arena-vl", method="snapkv",
+                    budget=0.5)
+    titles = [(m.get("metadata") or {}).get("title") for m in final[0]]
+    assert titles.count("Method switched") == 1 and "New conversation" not in titles
+    assert final[0][-1]["content"][-1]["text"] == "red" and "**right**" in final[2]
+    assert len(sessions._OPEN[client.session_hash].history) == 2
 
 
 def test_the_api_has_two_endpoints_and_every_other_event_is_private(url):

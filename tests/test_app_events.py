@@ -77,7 +77,7 @@ def test_chat_turn_streams_text_panels_and_overlay(media, monkeypatch):
     assert "layer 2" in overlay.captions(session.visuals, "layer 2")[0] and chat.show_layer(session, "layer 2")
 
 
-def test_multi_turn_continues_and_settings_change_starts_new_conversation(media):
+def test_multi_turn_continues_and_a_model_change_starts_a_new_conversation(media):
     session = service.Session()
     first, _ = turn(session, ask("Describe.", media["image"]))
     history = first[-1].chatbot
@@ -85,9 +85,35 @@ def test_multi_turn_continues_and_settings_change_starts_new_conversation(media)
     assert error is None and second[-1].chatbot[: len(history)] == history
     assert not any(m.get("metadata") for m in second[-1].chatbot)  # same cache, no divider
     assert len(session.history) == 2
-    third, _ = turn(session, ask("Again?"), second[-1].chatbot, budget=0.2)
+    third, _ = turn(session, ask("Again?"), second[-1].chatbot, model="tiny-qwen3-vl")
     assert third[-1].chatbot[len(second[-1].chatbot)]["metadata"]["title"] == "New conversation"
     assert len(session.history) == 1
+
+
+@pytest.mark.parametrize("change", [dict(method="snapkv", budget=0.5), dict(method="full", budget=0.3),
+                                    dict(method="h2o", budget=0.5, params={"h2o": {"recent_share": 0.25}})])
+def test_switching_the_method_keeps_the_conversation(change):
+    """The method, its budget or a knob changed mid-conversation: the new method re-reads the turns
+    so far (the picture, the questions, the answers as given) and answers the next question about
+    the same picture from its own cache; the chat says so in one line, with the re-read's cost."""
+    session = service.Session()
+    scene = str(chat.ASSETS / "arena_colour.png")
+    first, error = turn(session, ask("What colour is the circle?", scene), method="full", model="tiny-arena-vl")
+    assert error is None and "**right**" in first[-1].status
+    history = first[-1].chatbot
+    second, error = turn(session, ask("What colour is the cross?"), history, model="tiny-arena-vl", **change)
+    assert error is None
+    shown = second[-1].chatbot
+    assert shown[: len(history)] == history and not any(m.get("metadata", {}).get("title") == "New conversation"
+                                                         for m in shown)
+    line = shown[len(history)]
+    assert line["metadata"]["title"] == chat.SWITCHED and re.search(r"re-read the 1 turn above \(\d+ tokens", line["content"])
+    assert shown[-1]["content"] == "red" and "**right**" in second[-1].status
+    assert len(session.history) == 2 and len(session.chat.answers) == 2
+    assert session.transcript == chat.transcript(shown)  # the next message continues this conversation
+    third, error = turn(session, ask("What colour is the circle?"), shown, model="tiny-arena-vl", **change)
+    assert error is None and not any(m.get("metadata") for m in third[-1].chatbot[len(shown):])
+    assert len(session.history) == 3
 
 
 def test_full_cache_reference_is_cached_per_input(media):

@@ -48,3 +48,26 @@ def test_second_turn_equals_generate_on_the_whole_conversation(name):
     # first token (after its prefill on the carried cache) match too
     torch.testing.assert_close(conv.last_logits, out.logits[0][0].float(), rtol=1e-4, atol=1e-5)
     assert len(answer2.token_ids) == NEW_TOKENS or answer2.token_ids[-1] in adapter.eos_ids
+
+
+@pytest.mark.parametrize("method,budget", [("full", 1.0), ("snapkv", 0.3), ("h2o", 0.3), ("streamingllm", 0.3),
+                                           ("pyramidkv", 0.3)])
+def test_a_replayed_turn_leaves_the_cache_a_method_would_have_held_from_the_start(models, method, budget):
+    """Switching the method mid-conversation re-reads the turns so far (``Conversation.replay``: the
+    message prefilled, the answer given fed back token by token). Replaying the answers this method
+    gave itself must leave exactly its own cache: the next turn's tokens, bytes and kept positions agree."""
+    loaded = models("tiny-qwen2-vl")
+    first = Message("What is in the picture?", images=[make_image(5, (112, 112))])
+    second = Message("And which colour dominates?")
+    ran = Conversation(loaded, backends.make_backend(method, budget=budget))
+    answer1 = ran.ask(first, max_new_tokens=NEW_TOKENS)
+    answer2 = ran.ask(second, max_new_tokens=NEW_TOKENS)
+
+    switched = Conversation(loaded, backends.make_backend(method, budget=budget))
+    reread = switched.replay(first, answer1.token_ids)
+    assert reread.new_tokens == len(answer1.token_ids) and reread.prompt_tokens == answer1.metrics.prompt_tokens
+    again = switched.ask(second, max_new_tokens=NEW_TOKENS)
+    assert again.token_ids == answer2.token_ids
+    assert switched.cache.nbytes() == ran.cache.nbytes() and switched.seen == ran.seen
+    assert all(torch.equal(a, b) for a, b in zip(switched.cache.kept_positions(), ran.cache.kept_positions()))
+    torch.testing.assert_close(switched.last_logits, ran.last_logits)

@@ -241,21 +241,7 @@ class Conversation:
         start = time.perf_counter()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
-        if not message.text.strip() and not message.images and not message.videos:
-            raise UserError("The message is empty: type a question or attach an image or a video.")
-        setup = None
-        if question_after and message.text.strip() and (message.images or message.videos):
-            setup = self.feed(replace(message, text=""))
-            message = replace(message, images=[], videos=[])
-        chunk = self.encode(message, close_turn=True)
-        self._check_length(chunk, max_new_tokens)
-        m = self._prefill(chunk, start)
-        if setup is not None:
-            m.prompt_tokens += setup.prompt_tokens
-            m.visual_tokens += setup.visual_tokens
-            m.prefill_s += setup.prefill_s
-            m.overhead_s += setup.overhead_s
-        self.turn_open = False
+        m = self._open_turn(message, max_new_tokens, question_after, start)
         generator = torch.Generator().manual_seed(seed)
         ids: list[int] = []
         text = ""
@@ -273,24 +259,66 @@ class Conversation:
             if finished:
                 break
             yield Update(text, delta, list(ids), m)
-            t0 = self._clock()
-            self.steps += 1
-            logits, overhead = self.forward(torch.tensor([[token]]), torch.tensor([[self.next_position]] * self.adapter.rope_dims),
-                                            None, {})
-            m.step_s.append(self._clock() - t0)
-            m.decode_s += m.step_s[-1]
-            m.decode_overhead_s += overhead
-            self.next_position += 1
-            m.kv_bytes = self.cache.nbytes()
-            m.kv_trace.append(m.kv_bytes)
-        # the last token is not fed yet: it (and an end-of-turn if missing) opens the next turn
+            logits = self._feed_token(token, m)
+        self._close_turn(ids, m)
+        yield Update(text, delta, list(ids), m, done=True)
+
+    @torch.inference_mode()
+    def replay(self, message: Message, token_ids: list[int], question_after: bool = False) -> Metrics:
+        """An earlier turn read again: ``message`` prefilled as :meth:`stream` prefills it, then its
+        answer ``token_ids`` fed one by one as its decode steps fed them (teacher-forced, nothing
+        sampled). A conversation switched to another method re-reads the turns so far this way and
+        holds what that method would have held had it been used from the start with these answers."""
+        if not token_ids:
+            raise ValueError("replay needs the answer's token ids (at least one)")
+        m = self._open_turn(message, len(token_ids), question_after, time.perf_counter())
+        for token in token_ids[:-1]:
+            self._feed_token(token, m)
+        m.new_tokens = len(token_ids)
+        self._close_turn(list(token_ids), m)
+        return m
+
+    def _open_turn(self, message: Message, max_new_tokens: int, question_after: bool, start: float) -> Metrics:
+        """Prefill a user turn (in two parts with ``question_after``): the metrics of its prompt."""
+        if not message.text.strip() and not message.images and not message.videos:
+            raise UserError("The message is empty: type a question or attach an image or a video.")
+        setup = None
+        if question_after and message.text.strip() and (message.images or message.videos):
+            setup = self.feed(replace(message, text=""))
+            message = replace(message, images=[], videos=[])
+        chunk = self.encode(message, close_turn=True)
+        self._check_length(chunk, max_new_tokens)
+        m = self._prefill(chunk, start)
+        if setup is not None:
+            m.prompt_tokens += setup.prompt_tokens
+            m.visual_tokens += setup.visual_tokens
+            m.prefill_s += setup.prefill_s
+            m.overhead_s += setup.overhead_s
+        self.turn_open = False
+        return m
+
+    def _feed_token(self, token: int, m: Metrics) -> torch.Tensor:
+        """One decode step: ``token`` on the cache, timed into ``m``; the next token's logits."""
+        t0 = self._clock()
+        self.steps += 1
+        logits, overhead = self.forward(torch.tensor([[token]]), torch.tensor([[self.next_position]] * self.adapter.rope_dims),
+                                        None, {})
+        m.step_s.append(self._clock() - t0)
+        m.decode_s += m.step_s[-1]
+        m.decode_overhead_s += overhead
+        self.next_position += 1
+        m.kv_bytes = self.cache.nbytes()
+        m.kv_trace.append(m.kv_bytes)
+        return logits
+
+    def _close_turn(self, ids: list[int], m: Metrics) -> None:
+        """The answer's last token is not fed yet: it (and an end-of-turn if missing) opens the next turn."""
         last = ids[-1]
         self.pending = [last] + (self.adapter.tokens(self.adapter.assistant_close) if last in self.adapter.eos_ids
                                  else self.adapter.end_of_turn_ids())
         m.tokens_held = self.cache.tokens_per_layer()
         if self.cuda:
             m.peak_memory_bytes = torch.cuda.max_memory_allocated()
-        yield Update(text, delta, list(ids), m, done=True)
 
     def ask(self, message: Message, **kwargs) -> Update:
         """Run ``stream`` to the end and return its last update."""

@@ -58,13 +58,14 @@ from .view_types import (
     ReferenceView,
     ReuseSummary,
     StreamView,
+    SwitchNote,
     TtftView,
 )
 from .views import kept_visuals
 
 __all__ = [
     "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Prepared", "Scene", "Session", "Settings",
-    "ChatView", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters",
+    "ChatView", "SwitchNote", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters",
     "ReferenceView", "ReuseSummary", "StreamView", "TtftView",
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",
     "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",

@@ -62,10 +62,18 @@ class Session:
         """Whether a message with these settings continues this chat's cache."""
         return self.chat.continues(settings)
 
-    def remembers(self, settings: Settings, transcript: list[tuple[str, int, str]]) -> bool:
-        """Whether a message with these settings, sent after a chat showing ``transcript``,
-        continues this session's conversation (same settings, same turns)."""
-        return self.continues(settings) and transcript == self.transcript
+    def fate(self, settings: Settings, transcript: list[tuple[str, int, str]]) -> str:
+        """What a message with these settings, sent after a chat showing ``transcript``, does to this
+        session's conversation: "continues" it; "switches" it to other settings of the same model
+        (the new method re-reads it first); or starts a new one, because the "history" shown is not
+        this conversation or the "model" changed ("new": nothing was shown)."""
+        if not transcript:
+            return "new"
+        if transcript != self.transcript:
+            return "history"
+        if self.continues(settings):
+            return "continues"
+        return "switches" if self.chat.rereadable(settings) else "model"
 
     def new_chat(self) -> None:
         """The chat's cache and messages go; its full-cache references stay (they are per input)."""

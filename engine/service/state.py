@@ -101,6 +101,7 @@ class ChatState:
     conv: Conversation | ConversationState | None = None  # the state while it crosses processes
     cache_key: tuple | None = None  # Settings.cache_key of the method that built ``conv``
     history: list[Prepared] = field(default_factory=list)
+    answers: list[list[int]] = field(default_factory=list)  # the token ids of each answer, as given
     reused: list[set[int]] = field(default_factory=list)  # per layer: token indices whose KV came from the store
     references: ReferenceCache = field(default_factory=ReferenceCache)
 
@@ -110,6 +111,11 @@ class ChatState:
     def continues(self, settings: Settings) -> bool:
         """Whether a message with these settings continues this chat's cache."""
         return self.conv is not None and self.cache_key == settings.cache_key
+
+    def rereadable(self, settings: Settings) -> bool:
+        """Whether another method (budget, knobs, cap) can take this conversation over by re-reading
+        it: there is one, on the same model (the answers' token ids are that model's)."""
+        return bool(self.history) and self.cache_key is not None and self.cache_key[0] == settings.model
 
     def attach(self, loaded: LoadedModel, session_id: str) -> ChatState:
         self.conv = _attach(self.conv, loaded, session_id)

@@ -4,7 +4,8 @@ function (:mod:`.zerogpu`) that takes the session's state and hands the new one 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -24,7 +25,7 @@ from .state import ChatState, Reference, ReferenceCache, arrive, depart
 from .scenes import is_right, true_answer
 from .store import media_store
 from .streamed import check_streamable, joined_layout, stream_media, with_stream
-from .view_types import ChatView, CompareRun, CompareTurn, CompareView, ProgressNote, ReferenceView
+from .view_types import ChatView, CompareRun, CompareTurn, CompareView, ProgressNote, ReferenceView, SwitchNote
 from .views import kept_visuals, layer_figures, meters
 from .zerogpu import gpu_function
 
@@ -85,7 +86,8 @@ def _relay(session: Session, views: Iterator, progress: Progress) -> Iterator[Ch
 def _chat_seconds(state: ChatState, settings: Settings, prepared: Prepared, session_id: str) -> float:
     answers = 1 if settings.method == "full" else 2  # the method's and the full cache's reference
     replay = len(state.history) if not state.references.results else 0  # a reference may replay the chat
-    return request_seconds(settings, prepared, answers + reuses_media(settings.method)) + 5 * replay
+    reread = len(state.history) if not state.continues(settings) and state.rereadable(settings) else 0
+    return request_seconds(settings, prepared, answers + reuses_media(settings.method)) + 5 * (replay + reread)
 
 
 def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress = silent,
@@ -139,10 +141,14 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared,
     if reuses:
         yield ProgressNote(0.3, "Storing the KV of the media...")
         note = store_media(session_id, loaded, prepared)
-    new_chat = not state.continues(settings)
+    new_chat, switch = not state.continues(settings), None
     if new_chat:  # the cache was built by another method or model: it cannot be continued
         linker = Linker(media_store(), session_id) if reuses else None  # without it MPIC is the full cache
-        state = ChatState(Conversation(loaded, backend, linker=linker), settings.cache_key, references=state.references)
+        fresh = ChatState(Conversation(loaded, backend, linker=linker), settings.cache_key, references=state.references)
+        if state.rereadable(settings):  # the same conversation, now held by this method
+            switch = yield from _reread(state, fresh.conv, settings, session_id)
+            fresh.history, fresh.answers, new_chat = state.history, state.answers, False
+        state = fresh
     history = state.history + [prepared]
     reference, cached = None, False
     if settings.method != "full" and not _beyond_one_prompt(history):
@@ -166,13 +172,13 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared,
         metrics = meters(update.metrics)
         view = ChatView(update.text, update.done, new_chat, conv.backend.title,
                         with_stream(metrics, stream) if stream else metrics, layer_figures(conv),
-                        _reference_view(reference, cached), stream)
+                        _reference_view(reference, cached), stream, switch=switch)
         if not update.done:
             yield view
             continue
-        if stream:  # one layout per turn, as a one-shot prompt has (the overlay pairs them with messages)
-            conv.layouts[first_part:] = [joined_layout(conv.layouts[first_part:], parts)]
-        state.history = history
+        if stream:
+            _one_layout(conv, first_part, parts)
+        state.history, state.answers = history, state.answers + [update.token_ids]
         view = marked(view, media, prepared.message.text)
         if reference is not None:
             view = replace(view, agreement=agreement(update.token_ids, reference.token_ids, loaded.adapter.eos_ids))
@@ -187,6 +193,34 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared,
         else:
             view = replace(view, visuals=kept_visuals(conv, history))
         yield Handoff(view, depart(state))
+
+
+def _reread(state: ChatState, conv: Conversation, settings: Settings,
+            session_id: str) -> Generator[ProgressNote, None, SwitchNote]:
+    """The conversation so far fed to ``conv``, the new method's: each turn's media and text under
+    the new settings (streamed under the cap when there is one), then its answer as it was given
+    (``Conversation.replay``); returns what that cost."""
+    start, tokens, turns = time.perf_counter(), 0, len(state.history)
+    for i, (prepared, answer) in enumerate(zip(state.history, state.answers)):
+        yield ProgressNote(0.3 + 0.1 * i / turns, f"{conv.backend.title} re-reads turn {i + 1} of {turns}...")
+        if reuses_media(settings.method):
+            store_media(session_id, conv.loaded, prepared)
+        message, first_part, parts = prepared.message, len(conv.layouts), None
+        if settings.streamed and (message.images or message.videos):
+            stream, parts = yield from stream_media(conv, message, settings)
+            tokens += stream.tokens
+            message = Message(message.text, media_first=message.media_first)
+        metrics = conv.replay(message, answer, question_after=settings.question_after)
+        tokens += metrics.prompt_tokens + metrics.new_tokens
+        if parts is not None:
+            _one_layout(conv, first_part, parts)
+    return SwitchNote(conv.backend.title, turns, tokens, time.perf_counter() - start)
+
+
+def _one_layout(conv: Conversation, first_part: int, parts: list[int | None]) -> None:
+    """A streamed turn's parts as one layout, as a one-shot prompt has (the overlay pairs layouts
+    with messages)."""
+    conv.layouts[first_part:] = [joined_layout(conv.layouts[first_part:], parts)]
 
 
 def _beyond_one_prompt(history: list[Prepared]) -> bool:

@@ -88,6 +88,16 @@ class ReuseSummary:
 
 
 @dataclass(frozen=True)
+class SwitchNote:
+    """A conversation re-read by another method (its settings changed): what the re-read cost."""
+
+    method: str  # the new method's title
+    turns: int
+    tokens: int  # prompt and answer tokens fed again
+    seconds: float
+
+
+@dataclass(frozen=True)
 class ChatView:
     """A chat answer so far, after one token (``done``: the last one)."""
 
@@ -105,6 +115,7 @@ class ChatView:
     question: str = ""
     truth: str | None = None  # the scene's true answer, when the app drew the scene
     right: bool | None = None
+    switch: SwitchNote | None = None  # the conversation so far was re-read by this method first
 
 
 @dataclass(frozen=True)
