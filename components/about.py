@@ -34,8 +34,8 @@ PANELS = """
   (x = 0) and after each new token, for the method and the full cache (dashed); the legend says the saving.
 - **Speed**: time to first token (reading the media, the prompt pass and the method's own work) and
   decode speed in tokens per second, method next to the full cache, labelled with the ratio to it
-  (0.80x); **same within noise** when the difference is smaller than the spread of the decode steps'
-  times, **too few steps to tell** when the answer was too short to measure that spread. On the tiny
+  (0.80x), shown only where the spread of the decode steps' times tells it from 1 (the band ratio x
+  (1 ± spread) leaves out 1); elsewhere **≈**, measured but not told apart. On the tiny
   offline model a step is mostly Python overhead, which says nothing about a method's speed at scale.
 - Under the memory panel (and under Compare's panels), lines **computed, not measured**: the
   fraction of the full cache's KV measured here, projected onto real architectures (bytes per token

@@ -334,9 +334,8 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     with gr.Row(equal_height=True):
         answers = [gr.Textbox(visible=False, lines=6, max_lines=12, elem_classes=["answer"]) for _ in range(SLOTS)]
     grid = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="compare-table", wrap=True, column_widths=WIDTHS)
-    gr.Markdown("Every *vs full* column is a ratio to the full cache's same turn (0.50x = half). *same within noise*: "
-                "the difference is smaller than the spread of the decode steps' times on this machine; *too few steps "
-                "to tell*: the answer was too short to measure that spread. *Answer (s)*: the model's own time for "
+    gr.Markdown("Every *vs full* column is a ratio to the full cache's same turn (0.50x = half); the KV one is exact, "
+                f"the speed ones are measured. {plots.NOT_TOLD_NOTE}. *Answer (s)*: the model's own time for "
                 "the answer (first token and decode). *Right?*: against the scene's true answer (the offline "
                 "model's scenes only).")
     with gr.Row():

@@ -61,21 +61,26 @@ def step_spread(*runs) -> float | None:
     return max(spreads, default=None)
 
 
-SAME = "same within noise"
-FEW_STEPS = "too few steps to tell"
+NOT_TOLD = "≈"  # in place of a measured ratio its spread does not tell from 1
+NOT_TOLD_NOTE = ("≈: measured, but not told apart from the full cache: within the spread of this machine's decode "
+                 "steps, or too few steps to measure it")
+
+
+def separated(ratio: float, spread: float | None) -> bool:
+    """Whether a measured ratio is told apart from 1: its spread band, ratio x (1 +- spread), does
+    not hold 1. None: too few steps to measure a spread, so nothing is told apart."""
+    return spread is not None and (ratio * (1 - spread) > 1 or ratio * (1 + spread) < 1)
 
 
 def vs_full(value: float, reference: float, spread: float | None = 0.0) -> str:
-    """Every "vs full" figure in one unit, a ratio to the full cache ("0.50x"), said in words when it
-    means nothing: "same within noise" when the difference is smaller than ``spread`` (relative),
-    the spread of repeated decode steps; "too few steps to tell" when there were too few steps to
-    measure that spread."""
+    """Every "vs full" figure in one unit, a ratio to the full cache ("0.50x"). A measured one
+    (``spread``: the relative spread of the decode steps; 0 for bytes, which are exact) is shown
+    only where that spread tells it from 1; elsewhere the short mark :data:`NOT_TOLD`, explained
+    once by :data:`NOT_TOLD_NOTE` wherever it appears."""
     if not reference:
         return "n/a"
     ratio = value / reference
-    if spread is None:
-        return f"{ratio:.2f}x, {FEW_STEPS}"
-    return SAME if abs(ratio - 1) < spread else f"{ratio:.2f}x"
+    return f"{ratio:.2f}x" if spread == 0 or separated(ratio, spread) else NOT_TOLD
 
 
 def kept_fraction(run, reference) -> float | None:
@@ -182,7 +187,10 @@ def speed_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure
                                              anchor=f"x{suffix}")
         titles.append(dict(text=title, x=0.5, xref="paper", xanchor="center", y=domain[1], yref="paper",
                            yanchor="bottom", showarrow=False, font=dict(size=13)))
-    layout = LAYOUT | {"margin": dict(l=20, r=20, t=40, b=30), "uirevision": "speed", "showlegend": False,
+    if any(NOT_TOLD in label for trace in traces for label in trace["text"]):
+        titles.append(dict(text=NOT_TOLD_NOTE, x=0, xref="paper", xanchor="left", y=-0.02, yref="paper",
+                           yanchor="top", showarrow=False, font=dict(size=11, color="#555555")))
+    layout = LAYOUT | {"margin": dict(l=20, r=20, t=40, b=40), "uirevision": "speed", "showlegend": False,
                        "annotations": titles, "uniformtext": dict(minsize=12, mode="show")} | axes
     return go.Figure(data=traces, layout=layout)
 

@@ -329,12 +329,24 @@ def test_examples_are_those_of_the_selected_model():
     assert shown[0].visible is True and shown[1].visible is False
 
 
-def test_vs_full_is_one_unit_and_marks_noise():
+def test_vs_full_shows_a_measured_ratio_only_where_its_spread_tells_it_from_1():
     from components import plots
 
     steady = plots.Drawn("H2O", service.Meters(step_s=[0.010, 0.011, 0.009, 0.010]))  # about 8% spread
-    assert plots.vs_full(50, 100) == "0.50x"
-    assert plots.vs_full(0.0105, 0.0100, plots.step_spread(steady, steady)) == "same within noise"
-    assert plots.vs_full(0.0200, 0.0100, plots.step_spread(steady, steady)) == "2.00x"
+    spread = plots.step_spread(steady, steady)
+    assert plots.vs_full(50, 100) == "0.50x" and plots.vs_full(100, 100) == "1.00x"  # bytes: exact
+    assert plots.vs_full(0.0105, 0.0100, spread) == plots.NOT_TOLD
+    assert plots.vs_full(0.0200, 0.0100, spread) == "2.00x"
     one_step = plots.Drawn("H2O", service.Meters(step_s=[0.01]))
-    assert plots.vs_full(0.0200, 0.0100, plots.step_spread(one_step)) == "2.00x, too few steps to tell"
+    assert plots.vs_full(0.0200, 0.0100, plots.step_spread(one_step)) == plots.NOT_TOLD  # too few steps: no number
+    noisy = plots.Drawn("SnapKV", service.Meters(step_s=[0.001, 0.030, 0.002, 0.040]))  # a 20x "finding" in noise
+    assert plots.vs_full(20.6, 1.0, plots.step_spread(noisy)) == plots.NOT_TOLD
+    for ratio in (0.5, 0.9, 0.95, 1.05, 1.2, 3.0):
+        for s in (0.0001, 0.05, 0.1, 0.3, 1.5):
+            shown = plots.vs_full(ratio, 1.0, s)
+            band = (ratio * (1 - s), ratio * (1 + s))
+            assert (shown == plots.NOT_TOLD) == (band[0] <= 1 <= band[1]), (ratio, s, shown)
+    figure = plots.speed_figure([plots.Drawn("H2O", service.Meters(ttft_s=0.02, step_s=[0.01]))],
+                                plots.Drawn("Full cache", service.Meters(ttft_s=0.01, step_s=[0.01])))
+    assert plots.NOT_TOLD_NOTE in [a.text for a in figure.layout.annotations]
+    assert not any(re.search(r"\dx", label) for trace in figure.data for label in trace.text)
