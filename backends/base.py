@@ -249,6 +249,9 @@ class KVBackend:
     # True: the method can hold a streamed prefill under a byte cap (``AttentionCall.cap_bytes``),
     # evicting between chunks as the frames arrive; any method streams without a cap.
     streams_under_cap: ClassVar[bool] = False
+    # True for the one method every other is measured against (the full cache): its answers are
+    # the references, its own figures are 1.00x by definition
+    is_reference: ClassVar[bool] = False
     # what a token drawn clear in the overlay is (``report.overlay`` when set, else the kept tokens)
     overlay_meaning: ClassVar[str] = "kept"
     # Parameters that, with budget 1.0, make the method reproduce the full cache exactly (the

@@ -11,3 +11,4 @@ class FullCache(KVBackend):
     title = "Full cache"
     summary = "Keeps every key and value; the reference every other method is measured against."
     uses_budget = False
+    is_reference = True

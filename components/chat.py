@@ -143,7 +143,7 @@ def status_line(view: service.ChatView, settings: service.Settings) -> str:
         parts[-1] += f" vs {fmt_bytes(same_point)} full ({1 - m.kv_bytes / same_point:.0%} saved)"
         parts.append(f"after the prompt it held {plots.kept_fraction(view, ref):.2f}x of the full KV")
     if view.stream:
-        parts.append(stream_line(view.stream))
+        parts.append(stream_line(view.stream, settings.num_frames))
     parts += [f"first token after {m.ttft_s:.2f} s", f"{m.decode_tok_s:.1f} tokens/s"]
     if view.right is not None:
         parts.append("**right**" if view.right else f"**wrong** (the scene's answer: {view.truth})")
@@ -160,9 +160,12 @@ def status_line(view: service.ChatView, settings: service.Settings) -> str:
     return " · ".join(parts)
 
 
-def stream_line(stream: service.StreamView) -> str:
-    """How the media streamed in: frames, chunks, the cap and the most the cache held meanwhile."""
+def stream_line(stream: service.StreamView, asked: int | None = None) -> str:
+    """How the media streamed in: frames (and why fewer than the ``asked`` of the slider), chunks,
+    the cap and the most the cache held meanwhile."""
     line = f"streamed {stream.frames_total} frames in {len(stream.frames)} chunks"
+    if asked and stream.frames_total < asked:
+        line += f" (all the media have: the slider asked for {asked})"
     peak = fmt_bytes(max(stream.peak_kv_bytes, default=0))
     if stream.capped:
         return line + f" under a cap of {fmt_bytes(stream.cap_bytes)} (at most {peak} while a chunk went in)"
@@ -200,9 +203,24 @@ def measured(view: service.ChatView) -> tuple[str, str | None]:
     """The line under the memory panel (computed at real scale) and the settings column's note on
     what the method really held (both from the fraction measured after the prompt; None: nothing
     measured)."""
-    fraction = 1.0 if view.reference is None else plots.kept_fraction(view, view.reference)
+    if view.reference is None and not view.is_reference:
+        return "", no_reference_note(view)
+    fraction = 1.0 if view.is_reference else plots.kept_fraction(view, view.reference)
     return (at_scale.scale_line(view.method, fraction, view.metrics.prompt_tokens),
             realised_note(view.method, fraction))
+
+
+def no_reference_note(view: service.ChatView) -> str:
+    """Why a chat has no "vs full" figure (its video is longer than one prompt: the full cache's
+    answer would prefill it all at once), and the full cache's bytes computed against the cap."""
+    line = ("**No full-cache reference** for this chat: its video is longer than one prompt holds, and the full "
+            "cache's answer would prefill all of it at once, which is what streaming under a cap avoids.")
+    stream = view.stream
+    if stream and stream.full_kv_bytes:
+        cap = f" against the cap of {fmt_bytes(stream.cap_bytes)}" if stream.cap_bytes else ""
+        line += (f" *Computed:* a full cache would hold {fmt_bytes(stream.full_kv_bytes)} after the media{cap}; "
+                 f"{view.method} held {fmt_bytes(view.metrics.kv_bytes_prefill)} after the question.")
+    return line
 
 
 def progress_reporter(progress):

@@ -116,7 +116,9 @@ def test_the_memory_figure_draws_chunks_before_the_answer_and_the_cap():
     figure = plots.memory_figure([run])
     chunks, cap = figure.data[1], figure.data[2]
     assert list(chunks.x) == [-3, -2, -1] and list(cap.x) == [-3, 1] and list(cap.y) == [2, 2]
-    assert chat.stream_line(stream).startswith("streamed 6 frames in 3 chunks")
+    assert chat.stream_line(stream).startswith("streamed 6 frames in 3 chunks under")
+    assert chat.stream_line(stream, 64).startswith("streamed 6 frames in 3 chunks (all the media have: the slider "
+                                                   "asked for 64) under")
 
 
 def test_a_video_over_one_prompts_frames_is_decoded_as_it_streams_and_drawn_in_part(tmp_path, monkeypatch):
@@ -132,6 +134,14 @@ def test_a_video_over_one_prompts_frames_is_decoded_as_it_streams_and_drawn_in_p
     outputs, error = turn(session, ask("What happens?", str(path)), method="infinipot_v", num_frames=40,
                           stream_cap_mb=CAP_BYTES / 2**20, max_new_tokens=3)
     assert error is None and "streamed 40 frames in 5 chunks" in outputs[-1].status
+    # no full-cache reference for a video longer than one prompt: no "x of the full cache" anywhere,
+    # the reason and the full cache's bytes, computed, against the cap instead
+    last = outputs[-1]
+    shown = " ".join(str(v) for v in (last.status, last.scale_line, last.realised))
+    assert not re.search(r"\d\.\d\dx|saved\)", shown), shown
+    assert "No full-cache reference" in last.realised and re.search(r"a full cache would hold [\d.]+ KiB after the "
+                                                                    r"media against the cap of 160\.0 KiB", last.realised)
+    assert last.scale_line == ""
     (visual,) = session.visuals  # 20 temporal groups: the overlay draws 16 of them, evenly spaced
     assert visual.label == "video 1, 16 of 20 frames drawn"
     assert visual.keep.shape[1] == len(visual.pictures) == 16

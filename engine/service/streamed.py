@@ -17,7 +17,7 @@ from backends.layout import PromptLayout, VisualSpan
 from ..errors import UserError
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
-from ..runtime.streaming import DEFAULT_FRAMES_PER_CHUNK, feed_streaming
+from ..runtime.streaming import DEFAULT_FRAMES_PER_CHUNK, bytes_per_token, feed_streaming
 from .inputs import Settings
 from .methods import method_specs
 from .view_types import Meters, ProgressNote, StreamView
@@ -60,7 +60,7 @@ def stream_media(conv: Conversation, message: Message,
             peak_kv_bytes.append(progress.peak_kv_bytes)
             yield ProgressNote(done / progress.frames_total, f"Streaming frame {done} of {progress.frames_total}...")
     view = StreamView(frames, kv_bytes, peak_kv_bytes, sum(bounds[-1:]), settings.cap_bytes, cap is not None, tokens,
-                      seconds, overhead_s)
+                      seconds, overhead_s, full_kv_bytes=bytes_per_token(conv) * conv.seen)
     return view, parts
 
 

@@ -172,7 +172,8 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared,
         metrics = meters(update.metrics)
         view = ChatView(update.text, update.done, new_chat, conv.backend.title,
                         with_stream(metrics, stream) if stream else metrics, layer_figures(conv),
-                        _reference_view(reference, cached), stream, switch=switch)
+                        _reference_view(reference, cached), stream, switch=switch,
+                        is_reference=conv.backend.is_reference)
         if not update.done:
             yield view
             continue

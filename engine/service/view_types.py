@@ -64,6 +64,7 @@ class StreamView:
     tokens: int = 0
     seconds: float = 0.0
     overhead_s: float = 0.0
+    full_kv_bytes: int = 0  # computed: what a full cache would hold after these media (bytes per token x tokens)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class ChatView:
     truth: str | None = None  # the scene's true answer, when the app drew the scene
     right: bool | None = None
     switch: SwitchNote | None = None  # the conversation so far was re-read by this method first
+    is_reference: bool = False  # the method is the full cache itself: its figures are the reference
 
 
 @dataclass(frozen=True)
