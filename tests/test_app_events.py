@@ -250,6 +250,13 @@ def test_a_question_without_media_to_the_trained_model_gets_a_hint():
     assert error is None and "Hint: tiny-arena-vl only answers questions about its kind of scenes" in outputs[-1].status
 
 
+def test_an_upload_to_the_trained_model_gets_the_line_that_it_reads_only_its_scenes(media):
+    outputs, error = turn(service.Session(), ask("What colour is the circle?", media["image"]), method="full",
+                          model="tiny-arena-vl")
+    assert error is None and "reads only its own kind of scenes" in outputs[-1].status
+    assert "reads only" not in service.media_hint("tiny-qwen2-vl", [service.prepare("Hi", [media["image"]])])
+
+
 def test_an_image_over_the_limits_is_refused_before_decoding(tmp_path, monkeypatch):
     """The issue's 8000 x 8000 PNG (solid: 200 KB on disk, 192 MB decoded): a message, and the
     resident memory stays within 10% of what it was."""

@@ -35,11 +35,11 @@ tensor and never imports torch. The app imports this package only; its modules, 
 
 from ..media import MAX_VIDEO_BYTES  # the largest upload the app takes
 from ..runtime.models import ARENA
-from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, media_hint, prepare
+from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, prepare
 from .model_picker import default_model, has_random_weights, is_trained_here, model_choices, model_description
 from .model_pool import get_model
 from .methods import method_spec, method_specs, reuses_media
-from .scenes import ARENA_EXAMPLES, Scene, draw_scene, scene_types
+from .scenes import ARENA_EXAMPLES, Scene, draw_scene, media_hint, scene_types
 from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_default_k, mpic_ttft
 from .sessions import Session, close_session, release, track

@@ -13,7 +13,6 @@ from ..errors import UserError
 from ..media import load_image, load_video
 from ..runtime.inputs import Message
 from ..runtime.models import DEFAULT_MODEL
-from .model_picker import is_trained_here
 from .model_pool import Progress, silent
 from .uploads import file_hash
 
@@ -107,14 +106,6 @@ def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = si
         media.update(content)
     message = Message(text, images=images, videos=videos, num_frames=num_frames)
     return Prepared(message, digest.hexdigest(), files, media.hexdigest() if files else "")
-
-
-def media_hint(model: str, messages: list[Prepared]) -> str:
-    """A hint when a model that only answers about media gets a conversation without any."""
-    if not is_trained_here(model) or any(p.message.images or p.message.videos for p in messages):
-        return ""
-    return (f"Hint: {model} only answers questions about its kind of scenes, a picture, several or a "
-            "short video (see the Examples); without one its answer means nothing.")
 
 
 def request_seconds(settings: Settings, prepared: Prepared, runs: int = 1) -> float:

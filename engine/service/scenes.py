@@ -23,6 +23,8 @@ from ..errors import UserError
 from ..media import write_avi
 from ..tiny import arena_scenes
 from ..tiny.arena_model import bundled_version, scenes
+from .inputs import Prepared
+from .model_picker import is_trained_here
 from .uploads import ASSETS, file_hash, make_public
 
 SCENE_DIR = Path(tempfile.gettempdir()) / "kv-arena-scenes"  # drawn scenes' files (public, like the examples)
@@ -155,3 +157,18 @@ def true_answer(media: str, question: str) -> str | None:
 def is_right(answer: str, truth: str | None) -> bool | None:
     """Whole answer, normalised, against the true one; None when there is no true answer."""
     return None if truth is None else normalised(answer) == normalised(truth)
+
+
+def media_hint(model: str, messages: list[Prepared]) -> str:
+    """A line beside the answer when a model trained here gets what it was not made for: no media
+    at all, or media that are not one of its scenes (an upload, a photo): its answer means nothing."""
+    if not is_trained_here(model):
+        return ""
+    media = next((p.media for p in reversed(messages) if p.media), "")
+    if not media:
+        return (f"Hint: {model} only answers questions about its kind of scenes, a picture, several or a "
+                "short video (see the Examples); without one its answer means nothing.")
+    if scene_of(media) is None:
+        return (f"Note: {model} reads only its own kind of scenes (the coloured shapes of the Examples and New "
+                "scene); this is not one of them, so its answer says nothing about it.")
+    return ""
