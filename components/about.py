@@ -7,6 +7,15 @@ import gradio as gr
 from engine import service
 
 INTRO = """
+### When do the methods differ?
+Mostly on **follow-ups** and longer answers, rarely on the first word of a first question. The first
+word is chosen at the end of the prompt's pass, while the whole prompt is still in view; the method
+drops, merges or quantises right after it. So a method can drop the very object you asked about and
+still answer its colour right, then get the next question about that picture wrong. To see what a
+method costs: ask a follow-up about another object, or pick "Before the question" (the picture is
+compressed before anyone asks, as a stored picture is), or compare methods on the Compare tab, whose
+examples ask a question and a follow-up.
+
 ### What is the KV cache?
 A language model writes its answer one token (a word piece) at a time. To choose each token it looks
 back at every earlier token through *attention*, and for that it keeps two vectors per token, per

@@ -133,8 +133,9 @@ def reference_run(view: service.ChatView) -> Drawn | None:
     return Drawn("Full cache", ref.metrics, ref.layers, ref.cached) if ref else None
 
 
-def status_line(view: service.ChatView, settings: service.Settings) -> str:
-    """One line of figures under the chat, in words."""
+def status_line(view: service.ChatView, settings: service.Settings, with_media: bool = False) -> str:
+    """One line of figures under the chat, in words (``with_media``: the message carried images or
+    a video), and under it any :func:`explanation`."""
     m, ref = view.metrics, view.reference
     parts = [f"**{view.method}**", f"{m.new_tokens} new tokens", f"KV cache {fmt_bytes(m.kv_bytes)}"]
     if ref:
@@ -146,7 +147,7 @@ def status_line(view: service.ChatView, settings: service.Settings) -> str:
         parts.append(stream_line(view.stream, settings.num_frames))
     parts += [f"first token after {m.ttft_s:.2f} s", f"{m.decode_tok_s:.1f} tokens/s"]
     if view.right is not None:
-        parts.append("**right**" if view.right else f"**wrong** (the scene's answer: {view.truth})")
+        parts.append("✓ **right**" if view.right else f"✗ **wrong** (true: {view.truth})")
     if view.agreement is not None:
         parts.append(f"{view.agreement:.0%} of its answer tokens match the full cache's")
     if view.done:
@@ -157,7 +158,30 @@ def status_line(view: service.ChatView, settings: service.Settings) -> str:
         parts.append(mpic_line(view.mpic))
     if service.has_random_weights(settings.model):
         parts.append("random weights: the text is nonsense, the figures are real")
-    return " · ".join(parts)
+    line = " · ".join(parts)
+    why = explanation(view, settings, with_media)
+    return line + (f"\n\n{why}" if why else "")
+
+
+def explanation(view: service.ChatView, settings: service.Settings, with_media: bool) -> str:
+    """One line beside an answer whose figures would mislead without it: right although the method
+    dropped part of the picture (the first word comes from the prompt's pass, before the method
+    compresses), or holding more than its budget."""
+    ref = view.reference
+    if not view.done or ref is None:
+        return ""
+    held = plots.kept_fraction(view, ref)
+    lines = []
+    if view.right and with_media and settings.question_after is False and held is not None and held < 0.99:
+        lines.append(f"*Why right although {view.method} dropped part of the picture:* the first word is chosen at the "
+                     "end of the prompt's pass, before the method compresses. Ask a follow-up about another object, "
+                     "or pick \"Before the question\", to see what it dropped.")
+    uses_budget = service.method_spec(settings.method)["uses_budget"]
+    if uses_budget and held is not None and held > settings.budget + 0.05:
+        lines.append(f"*Why {held:.2f}x with a budget of {settings.budget:.2f}:* on a prompt this short, what "
+                     f"{view.method} never evicts (its window of recent tokens, sinks, the text) is more than the "
+                     "budget; on a longer prompt it holds its budget.")
+    return "\n\n".join(lines)
 
 
 def stream_line(stream: service.StreamView, asked: int | None = None) -> str:
@@ -279,7 +303,7 @@ def respond(message, history: list, session: service.Session, settings: service.
             if view.switch is not None and switch_at is not None:
                 shown = shown[:switch_at] + [switch_line(switched(view.switch))] + shown[switch_at + 1:]
                 switch_at = None
-            status = status_line(view, settings) + (f"\n\n{hint}" if hint else "")
+            status = status_line(view, settings, bool(files)) + (f"\n\n{hint}" if hint else "")
             outputs = ChatOutputs(shown + [{"role": "assistant", "content": view.text or "…"}], status=status)
             if view.done or time.monotonic() - drawn > PLOT_EVERY_S:
                 memory, speed, layers = panels(view)
@@ -364,16 +388,14 @@ class ChatTab:
 
 
 def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
-    chatbot = checked_controls.Chatbot(label="Chat", height=420, elem_id="chatbot", buttons=["copy"],
+    # 300 px: at 1280 x 800 the examples sit above the fold, under the input
+    chatbot = checked_controls.Chatbot(label="Chat", height=300, elem_id="chatbot", buttons=["copy"],
                          group_consecutive_messages=False,  # the new-conversation marker gets its own line
                          placeholder="Attach images or a video, ask a question, and watch the panels below.")
     textbox = checked_controls.MultimodalTextbox(file_types=["image", "video"], file_count="multiple",
                                                  elem_id="chat-input", show_label=False,
                                                  placeholder="Ask about your images or video…")
-    with gr.Row():
-        stop_button = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")
-        clear_button = gr.Button("New chat", size="sm", elem_id="new-chat")
-    status = gr.Markdown(elem_id="chat-status")
+    status = gr.Markdown(elem_id="chat-status")  # right under the input: what went wrong with it, or the figures
     trained = service.is_trained_here(settings.model.value)
     example_sets = []
     for shown, model in ((trained, service.ARENA), (not trained, None)):  # one set per kind of model, one visible
@@ -384,6 +406,9 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
                             if model else "Examples (for hub models; random weights answer nonsense)",
                             api_visibility="private")
         example_sets.append(column)
+    with gr.Row():
+        stop_button = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")
+        clear_button = gr.Button("New chat", size="sm", elem_id="new-chat")
     with gr.Row():
         with gr.Column():
             memory = gr.Plot(label="KV memory", elem_id="memory-plot")

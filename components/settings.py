@@ -24,7 +24,9 @@ from .outputs import KEEP, Outputs, by_component, components_of
 
 log = logging.getLogger(__name__)
 BASE_CONTROLS = ("model", "method", "budget", "max_new_tokens", "num_frames", "compress", "stream_cap_mb")
-DEFAULTS = {"budget": 0.5, "max_new_tokens": 48, "num_frames": 8, "compress": "with_question", "stream_cap_mb": 0}
+# a compressing method by default: the first answer already shows what compression saves and costs
+DEFAULT_METHOD = "snapkv"
+DEFAULTS = {"budget": 0.3, "max_new_tokens": 48, "num_frames": 8, "compress": "with_question", "stream_cap_mb": 0}
 # When the method compresses a message with media: (label, API value)
 COMPRESS = [("With the question (the method sees what you ask)", "with_question"),
             ("Before the question (the media are cached first, as a stored picture is)", "before_question")]
@@ -75,7 +77,7 @@ def control_names() -> list[str]:
 
 def settings_from_named(controls: dict) -> service.Settings:
     """Controls' values by :func:`control_names` -> Settings (a missing one: its default)."""
-    defaults = dict(zip(control_names(), control_values(controls.get("model"), controls.get("method") or "full")))
+    defaults = dict(zip(control_names(), control_values(controls.get("model"), controls.get("method") or DEFAULT_METHOD)))
     return settings_from([controls.get(name, defaults[name]) for name in control_names()])
 
 
@@ -123,7 +125,7 @@ def on_stream_cap(cap_mb, frames):
     return gr.Slider(minimum=low, maximum=high, value=value, info=info)
 
 
-def control_values(model: str | None = None, method: str = "full", params: dict[str, dict] | None = None,
+def control_values(model: str | None = None, method: str = DEFAULT_METHOD, params: dict[str, dict] | None = None,
                    **base) -> list:
     """The controls' values with defaults from the papers, for calling event functions directly."""
     values = DEFAULTS | {"model": model or service.default_model(), "method": method} | base
@@ -264,13 +266,14 @@ def build_settings() -> SettingsPanel:
     first = service.default_model()
     model = checked_controls.Dropdown(choices=service.model_choices(), value=first, label="Model", elem_id="model")
     card = gr.Markdown(model_card(first), elem_id="model-card")
-    method = checked_controls.Dropdown(choices=[(s["title"], s["name"]) for s in specs], value="full", label="Method",
-                                       elem_id="method")
-    info = gr.Markdown(method_card("full"))
+    method = checked_controls.Dropdown(choices=[(s["title"], s["name"]) for s in specs], value=DEFAULT_METHOD,
+                                       label="Method", elem_id="method")
+    info = gr.Markdown(method_card(DEFAULT_METHOD))
     budget = checked_controls.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=0.01, label="Budget",
-                                     visible=False, elem_id="budget", elem_classes=["range-said"],
+                                     visible=service.method_spec(DEFAULT_METHOD)["uses_budget"], elem_id="budget",
+                                     elem_classes=["range-said"],
                                      info="Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).")
-    realised = gr.Markdown(budget_note(specs[0]), elem_id="realised")
+    realised = gr.Markdown(budget_note(service.method_spec(DEFAULT_METHOD)), elem_id="realised")
     groups, params = {}, []
     with gr.Accordion("Advanced: the method's own parameters", open=False):
         gr.Markdown("The chosen method's parameters appear here (the full cache has none).")
@@ -278,7 +281,7 @@ def build_settings() -> SettingsPanel:
             own = own_params(spec)
             if not own:
                 continue
-            with gr.Group(visible=False) as group:  # the full cache is picked at start
+            with gr.Group(visible=spec["name"] == DEFAULT_METHOD) as group:
                 paper = f" ([paper]({spec['paper']}))" if spec["paper"] else ""
                 gr.Markdown(f"Parameters of **{spec['title']}**{paper}, with the paper's defaults.")
                 params += [control(p, p["name"].replace("_", " ")) for p in own]

@@ -90,17 +90,20 @@ def test_multi_turn_continues_and_a_model_change_starts_a_new_conversation(media
     assert len(session.history) == 1
 
 
-@pytest.mark.parametrize("change", [dict(method="snapkv", budget=0.5), dict(method="full", budget=0.3),
-                                    dict(method="h2o", budget=0.5, params={"h2o": {"recent_share": 0.25}})])
-def test_switching_the_method_keeps_the_conversation(change):
+@pytest.mark.parametrize("first,change", [
+    (dict(method="full"), dict(method="snapkv", budget=0.5)),  # the method
+    (dict(method="snapkv", budget=0.8), dict(method="snapkv", budget=0.5)),  # its budget
+    (dict(method="h2o", budget=0.5), dict(method="h2o", budget=0.5, params={"h2o": {"recent_share": 0.25}})),  # a knob
+])
+def test_switching_the_method_keeps_the_conversation(first, change):
     """The method, its budget or a knob changed mid-conversation: the new method re-reads the turns
     so far (the picture, the questions, the answers as given) and answers the next question about
     the same picture from its own cache; the chat says so in one line, with the re-read's cost."""
     session = service.Session()
     scene = str(chat.ASSETS / "arena_colour.png")
-    first, error = turn(session, ask("What colour is the circle?", scene), method="full", model="tiny-arena-vl")
-    assert error is None and "**right**" in first[-1].status
-    history = first[-1].chatbot
+    outputs, error = turn(session, ask("What colour is the circle?", scene), model="tiny-arena-vl", **first)
+    assert error is None and "**right**" in outputs[-1].status
+    history = outputs[-1].chatbot
     second, error = turn(session, ask("What colour is the cross?"), history, model="tiny-arena-vl", **change)
     assert error is None
     shown = second[-1].chatbot
@@ -357,3 +360,14 @@ def test_vs_full_shows_a_measured_ratio_only_where_its_spread_tells_it_from_1():
                                 plots.Drawn("Full cache", service.Meters(ttft_s=0.01, step_s=[0.01])))
     assert plots.NOT_TOLD_NOTE in [a.text for a in figure.layout.annotations]
     assert not any(re.search(r"\dx", label) for trace in figure.data for label in trace.text)
+
+
+def test_a_right_first_answer_with_part_of_the_picture_dropped_says_why_beside_it():
+    scene = str(chat.ASSETS / "arena_colour.png")
+    outputs, error = turn(service.Session(), ask("What colour is the circle?", scene), method="snapkv", budget=0.2,
+                          model="tiny-arena-vl")
+    status = outputs[-1].status
+    assert error is None and "✓ **right**" in status
+    assert "Why right although SnapKV dropped part of the picture" in status and "Before the question" in status
+    full, _ = turn(service.Session(), ask("What colour is the circle?", scene), method="full", model="tiny-arena-vl")
+    assert "Why" not in full[-1].status  # nothing dropped, nothing to explain
