@@ -2,7 +2,10 @@
 print, per method, the wall time of the call against the model's own time (time to first token and
 decode, of the method and of the full-cache reference when it was computed for that call), as the
 app reports them (the chat's status line, the Compare table's "Answer (s)" column). The first row
-is Gradio's own floor on the machine: an app that only echoes the same message back.
+is Gradio's own floor on the machine: an app that only echoes the same message back. A "switch"
+row asks a follow-up with the method switched (the history sent back as /chat returned it): the
+new method's re-read of the conversation, as the chat's switch line reports it, is its own column
+and counts as model time.
 
     python tools/app_cost.py                      # starts the app in this process (offline model)
     python tools/app_cost.py --url http://127.0.0.1:7860/ --repeats 5
@@ -27,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MODEL_TIME = re.compile(r"model time ([\d.]+) s(?: \+ ([\d.]+) s for the full-cache reference)?")
+REREAD = re.compile(r"re-read the \d+ turns? above \(\d+ tokens, ([\d.]+) s\)")
 
 
 def free_port() -> int:
@@ -85,6 +89,26 @@ def chat_once(url: str, model: str, method: str, budget: float, text: str, files
     return wall, float(found.group(1)) + float(found.group(2) or 0)
 
 
+def switch_once(url: str, model: str, method: str, budget: float, text: str, then: str,
+                files: list[str]) -> tuple[float, float, float]:
+    """(wall s, model s, re-read s) of a follow-up sent with ``method`` after a first answer by the
+    full cache, in a fresh session: the conversation switched, re-read by ``method`` first."""
+    from gradio_client import Client, handle_file
+
+    client = Client(url, verbose=False, download_files=False)
+    first = client.predict(message={"text": text, "files": [handle_file(f) for f in files]}, history=[],
+                           model=model, method="full", api_name="/chat")
+    start = time.perf_counter()
+    result = client.predict(message={"text": then, "files": []}, history=first[0], model=model, method=method,
+                            budget=budget, api_name="/chat")
+    wall = time.perf_counter() - start
+    said, found = str(result[0]), MODEL_TIME.search(result[2])
+    reread = REREAD.search(said)
+    if not found or not reread:
+        raise SystemExit(f"error: no switch or no model time in the reply: {result[2][:300]}")
+    return wall, float(found.group(1)) + float(found.group(2) or 0) + float(reread.group(1)), float(reread.group(1))
+
+
 def compare_once(url: str, model: str, methods: list[str], budget: float, text: str, then: str,
                  files: list[str]) -> tuple[float, float]:
     """(wall s, model s) of one ``/compare`` call in a fresh session: the model's time is the sum of
@@ -101,11 +125,13 @@ def compare_once(url: str, model: str, methods: list[str], budget: float, text: 
     return wall, sum(float(row[answer]) for row in grid["data"] if not str(row[0]).endswith("(cached)"))
 
 
-def median_row(name: str, samples: list[tuple[float, float]]) -> list[str]:
-    wall = statistics.median(w for w, _ in samples)
-    model = statistics.median(m for _, m in samples)
-    extra = statistics.median(w - m for w, m in samples)
-    return [name, f"{wall:.3f}", f"{model:.3f}", f"{extra:.3f}"]
+def median_row(name: str, samples: list[tuple]) -> list[str]:
+    """Medians of (wall, model[, re-read]) samples: wall, model, what the app adds, the re-read."""
+    wall = statistics.median(s[0] for s in samples)
+    model = statistics.median(s[1] for s in samples)
+    extra = statistics.median(s[0] - s[1] for s in samples)
+    reread = f"{statistics.median(s[2] for s in samples):.3f}" if len(samples[0]) > 2 else ""
+    return [name, f"{wall:.3f}", f"{model:.3f}", f"{extra:.3f}", reread]
 
 
 def main(argv=None) -> int:
@@ -125,7 +151,7 @@ def main(argv=None) -> int:
     text, then, files = ((scene.questions[0], scene.questions[-1], list(scene.files)) if scene else
                          ("What shapes do you see?", "What colour is the triangle?", [str(ROOT / "assets/shapes.png")]))
     methods = [m for m in args.methods.split(",") if m]
-    rows = [["call", "wall (s)", "model (s)", "app adds (s)"]]
+    rows = [["call", "wall (s)", "model (s)", "app adds (s)", "re-read (s)"]]
     echo_url, echo_demo = start_echo()
     try:
         echo_once(echo_url, text, files)  # warm-up
@@ -139,6 +165,10 @@ def main(argv=None) -> int:
             chat_once(url, args.model, method, args.budget, text, files)  # warm-up
             rows.append(median_row(f"/chat {method}", [chat_once(url, args.model, method, args.budget, text, files)
                                                        for _ in range(args.repeats)]))
+        for method in [m for m in methods if m != "full"]:
+            rows.append(median_row(f"/chat switch full -> {method}", [switch_once(url, args.model, method, args.budget,
+                                                                                  text, then, files)
+                                                                      for _ in range(args.repeats)]))
         compared = [m for m in methods if m != "full"][:service.MAX_COMPARE]
         compare_once(url, args.model, compared, args.budget, text, then, files)  # warm-up
         rows.append(median_row(f"/compare {','.join(compared)} (2 turns)",
@@ -149,7 +179,7 @@ def main(argv=None) -> int:
             demo.close()
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print(f"model {args.model}, budget {args.budget}, '{text}' then '{then}', medians of {args.repeats}; "
-          "model = the method's and the full-cache reference's time to first token and decode")
+          "model = the method's and the full-cache reference's time to first token and decode, and a switch's re-read")
     for row in rows:
         print("  ".join([row[0].ljust(widths[0])] + [v.rjust(w) for v, w in zip(row[1:], widths[1:])]))
     return 0
