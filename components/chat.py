@@ -393,9 +393,9 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
                          group_consecutive_messages=False,  # the new-conversation marker gets its own line
                          placeholder="Attach images or a video, ask a question, and watch the panels below.")
     textbox = checked_controls.MultimodalTextbox(file_types=["image", "video"], file_count="multiple",
-                                                 elem_id="chat-input", show_label=False,
+                                                 elem_id="chat-input", show_label=False, label="Message",
                                                  placeholder="Ask about your images or video…")
-    status = gr.Markdown(elem_id="chat-status")  # right under the input: what went wrong with it, or the figures
+    status = gr.Markdown(elem_id="chat-status", label="Status")  # right under the input: what went wrong with it, or the figures
     trained = service.is_trained_here(settings.model.value)
     example_sets = []
     for shown, model in ((trained, service.ARENA), (not trained, None)):  # one set per kind of model, one visible
@@ -412,7 +412,7 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
     with gr.Row():
         with gr.Column():
             memory = gr.Plot(label="KV memory", elem_id="memory-plot")
-            scale = gr.Markdown(elem_id="scale-line")
+            scale = gr.Markdown(elem_id="scale-line", label="Computed at real scale")
         speed = gr.Plot(label="Speed", elem_id="speed-plot")
     layers = gr.Plot(label="Per-layer budget", elem_id="layer-plot")
     with gr.Row():

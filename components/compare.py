@@ -311,7 +311,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
         for (method, _), knob in zip(knob_specs(), knobs):
             knob.visible = method in DEFAULT_METHODS
     textbox = checked_controls.MultimodalTextbox(file_types=["image", "video"], file_count="multiple",
-                                                 elem_id="compare-input", show_label=False, submit_btn=False,
+                                                 elem_id="compare-input", show_label=False, label="Message", submit_btn=False,
                                                  placeholder="First question, with images or a video…")
     follow_up = gr.Textbox(value="", label="Then ask (optional follow-up, on the same compressed cache)", elem_id="compare-then",
                            placeholder="e.g. a question about another object")
@@ -330,10 +330,12 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
                     scene_button = gr.Button("New scene", scale=1, elem_id="new-scene")
         example_sets.append(column)
     button = gr.Button("Compare", variant="primary", elem_id="compare-run")
-    status = gr.Markdown(elem_id="compare-status")
+    status = gr.Markdown(elem_id="compare-status", label="Status")
     with gr.Row(equal_height=True):
-        answers = [gr.Textbox(visible=False, lines=6, max_lines=12, elem_classes=["answer"]) for _ in range(SLOTS)]
-    grid = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="compare-table", wrap=True, column_widths=WIDTHS)
+        answers = [gr.Textbox(visible=False, lines=6, max_lines=12, elem_classes=["answer"], label=f"Answers {i + 1}")
+                   for i in range(SLOTS)]
+    grid = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="compare-table", wrap=True, column_widths=WIDTHS,
+                        label="Table", show_label=False)
     gr.Markdown("Every *vs full* column is a ratio to the full cache's same turn (0.50x = half); the KV one is exact, "
                 f"the speed ones are measured. {plots.NOT_TOLD_NOTE}. *Answer (s)*: the model's own time for "
                 "the answer (first token and decode). *Right?*: against the scene's true answer (the offline "
@@ -344,7 +346,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     with gr.Row():
         layers = gr.Plot(label="Per-layer budget")
         quality = gr.Plot(label="Quality vs memory", elem_id="compare-quality")
-    speed_scale = gr.Markdown(elem_id="compare-scale")
+    speed_scale = gr.Markdown(elem_id="compare-scale", label="Computed speed at real scale")
     gallery = gr.Gallery(label="Which visual tokens each method kept (averaged over layers; AttentionPack: which "
                          "it holds at full rank, ZipVL: at high precision)", columns=2, height="auto",
                          object_fit="contain", preview=False, fit_columns=False, elem_id="compare-overlay")

@@ -273,7 +273,7 @@ def build_settings() -> SettingsPanel:
                                      visible=service.method_spec(DEFAULT_METHOD)["uses_budget"], elem_id="budget",
                                      elem_classes=["range-said"],
                                      info="Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).")
-    realised = gr.Markdown(budget_note(service.method_spec(DEFAULT_METHOD)), elem_id="realised")
+    realised = gr.Markdown(budget_note(service.method_spec(DEFAULT_METHOD)), elem_id="realised", label="Measured")
     groups, params = {}, []
     with gr.Accordion("Advanced: the method's own parameters", open=False):
         gr.Markdown("The chosen method's parameters appear here (the full cache has none).")
@@ -307,8 +307,9 @@ def build_settings() -> SettingsPanel:
                                               f"the question. Methods that can: {streaming_methods()}; the full cache "
                                               "streams without a cap (the reference).")
     gr.Markdown(elem_id="range-note")  # where a typed value out of a slider's range is said (app.RANGE_JS)
-    gr.Markdown("Changing the model, method or its settings starts a new conversation: "
-                "a cache built by one method cannot be continued by another.")
+    gr.Markdown("Changing the method or its settings keeps the conversation: with your next message the new method "
+                "re-reads it (pictures, questions and the answers given), and the chat says what that cost. Changing "
+                "the model starts a new conversation.")
     panel = SettingsPanel(model, card, method, info, budget, max_new, frames, compress, stream_cap, realised, groups,
                           params)
     stream_cap.change(on_stream_cap, [stream_cap, frames], frames, queue=False, api_visibility="private")

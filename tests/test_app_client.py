@@ -225,3 +225,12 @@ def test_python_app_py_honours_server_name_and_port_and_starts_without_a_depreca
             proc.wait(timeout=30)
     said = log.read_text()
     assert "FutureWarning" not in said and "DeprecationWarning" not in said, said
+
+
+def test_the_readmes_api_snippet_prints_the_answers_as_pasted(url, capsys, monkeypatch):
+    readme = (ROOT / "README.md").read_text()
+    snippet = next(block for block in readme.split("```python\n")[1:] if "from gradio_client import" in block)
+    snippet = snippet.split("```")[0].replace("http://127.0.0.1:7860/", url)
+    monkeypatch.chdir(ROOT)
+    exec(compile(snippet, "README.md", "exec"), {})
+    assert capsys.readouterr().out.split()[-2:] == ["blue", "red"]  # after gradio_client's "Loaded as API" line
