@@ -232,8 +232,16 @@ def evaluate(model, adapter, per_type: int) -> dict[str, float]:
 
 def setup(args):
     """The model (seeded), its adapter, the trained parameters and their optimiser: the decoder,
-    and the vision tower's patch embedding and merger at --vision-lr-scale of the rate."""
-    return checkpoints.setup(args, VERSION, ("merger", "patch_embed"), args.vision_lr_scale)
+    and the vision tower's patch embedding and merger at --vision-lr-scale of the rate. With
+    --eyes (stage 2): the tower trained by train_arena_v3_eyes.py, loaded and frozen whole."""
+    if not args.eyes:
+        return checkpoints.setup(args, VERSION, ("merger", "patch_embed"), args.vision_lr_scale)
+    from train_arena_v3_eyes import load_eyes
+
+    model, adapter, params, optimizer = checkpoints.setup(args, VERSION, (), 0.0)
+    tower, _ = load_eyes(Path(args.eyes))
+    model.model.visual.load_state_dict(tower)
+    return model, adapter, params, optimizer
 
 
 def parse_args(argv=None):
@@ -264,6 +272,8 @@ def parse_args(argv=None):
     p.add_argument("--eval-items", type=int, default=40, help="held-out chats per type")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --out")
+    p.add_argument("--eyes", default=None, help="stage 2: the folder of a train_arena_v3_eyes.py run, whose vision "
+                                                "tower is loaded and frozen (a resumed run reloads its own weights)")
     return p.parse_args(argv)
 
 
