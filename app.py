@@ -34,6 +34,7 @@ it saves, what it costs in speed, and which image tokens it kept. See **About** 
 
 CSS = """
 #chat-status, #compare-status { font-size: 0.9em; }
+.range-note, #compare-methods-note { color: #b45309; font-size: 0.85em; margin-top: 4px; }
 .answer textarea { font-family: ui-monospace, monospace; font-size: 0.85em; }
 """
 
@@ -84,9 +85,14 @@ RANGE_JS = """
   const box = event.target;
   if (!box.matches || !box.matches(".range-said input[type=number]")) return;
   const value = parseFloat(box.value), low = parseFloat(box.min), high = parseFloat(box.max);
-  const note = document.querySelector("#range-note");
-  const label = box.closest(".range-said").querySelector("[data-testid=block-info]");
-  if (!note) return;
+  const block = box.closest(".range-said");
+  const label = block.querySelector("[data-testid=block-info]");
+  let note = block.querySelector(".range-note");  // said under the box itself, once
+  if (!note) {
+    note = document.createElement("div");
+    note.className = "range-note";
+    block.appendChild(note);
+  }
   note.textContent = (value < low || value > high || isNaN(value))
     ? `${label ? label.textContent : "This value"} must lie between ${low} and ${high}: ` +
       `${box.value} was set to ${isNaN(value) ? low : Math.min(high, Math.max(low, value))}.`

@@ -211,7 +211,8 @@ def run(message, methods, follow_up: str | None = None, session=None, request: g
 
 
 def limit_methods(chosen: list[str]) -> tuple[list[str], str]:
-    """At most MAX_COMPARE ticked: the later ticks are undone, and the status says which."""
+    """At most MAX_COMPARE ticked: the later ticks are undone, and the note under the boxes says which
+    (cleared by the next tick within the limit)."""
     if len(chosen or []) <= service.MAX_COMPARE:
         return chosen, ""
     dropped = ", ".join(service.method_spec(n)["title"] for n in chosen[service.MAX_COMPARE:])
@@ -301,6 +302,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     options = choices()
     methods = checked_controls.CheckboxGroup(options, value=DEFAULT_METHODS, label=f"Methods (1 to {service.MAX_COMPARE})",
                                              elem_id="compare-methods")
+    methods_note = gr.Markdown(elem_id="compare-methods-note")  # a refused tick, said under the boxes
     with gr.Row():
         low, high = RANGES["budget"]
         budget = checked_controls.Slider(low, high, value=DEFAULT_BUDGET, step=0.01, label="Budget of every method compared",
@@ -352,7 +354,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
                          object_fit="contain", preview=False, fit_columns=False, elem_id="compare-overlay")
     tab = CompareTab(methods, textbox, follow_up, button, answers, grid, status, memory, speed, layers, quality, gallery,
                      speed_scale)
-    methods.input(limit_methods, methods, [methods, status], queue=False, api_visibility="private")
+    methods.input(limit_methods, methods, [methods, methods_note], queue=False, api_visibility="private")
     methods.change(show_knobs, methods, knobs, queue=False, api_visibility="private")
     settings.model.change(show_examples, settings.model, example_sets, queue=False, api_visibility="private")
     scene_button.click(by_component(tab, new_scene), scene_kind, components_of(tab, SceneOutputs), queue=False,

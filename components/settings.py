@@ -306,7 +306,6 @@ def build_settings() -> SettingsPanel:
                                               "a time, the cache brought back under this many MB after each chunk, then "
                                               f"the question. Methods that can: {streaming_methods()}; the full cache "
                                               "streams without a cap (the reference).")
-    gr.Markdown(elem_id="range-note")  # where a typed value out of a slider's range is said (app.RANGE_JS)
     gr.Markdown("Changing the method or its settings keeps the conversation: with your next message the new method "
                 "re-reads it (pictures, questions and the answers given), and the chat says what that cost. Changing "
                 "the model starts a new conversation.")

@@ -124,7 +124,7 @@ def test_a_newcomer_recovers_from_a_bad_file_then_chats_switches_method_and_comp
     for typed, note in (("5", "Budget must lie between 0.01 and 1: 5 was set to 1."), ("0.5", "")):
         budget.fill(typed)
         budget.press("Enter")
-        expect(page.locator("#range-note")).to_have_text(note)
+        expect(page.locator("#budget .range-note")).to_have_text(note)  # under the box itself
     page.locator("#chat-input textarea").fill("What colour is the cross?")
     submit(page)
     answered(page, 3)  # the answer, the switch's line, the new answer
