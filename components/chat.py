@@ -422,7 +422,7 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
                     "and layers that dropped them). With MPIC: clear = KV reused from the media store, "
                     "dark red = recomputed.")
     gallery = gr.Gallery(label="Which visual tokens were kept (mean over layers unless a layer is picked)", columns=3,
-                         height=320, object_fit="contain",
+                         height="auto", object_fit="contain",
                          preview=False, fit_columns=False, elem_id="overlay")
     panels = media_library.build_media_panels()
     tab = ChatTab(chatbot, textbox, status, memory, speed, layers, picker, gallery, scale, settings.realised)

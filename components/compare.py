@@ -41,7 +41,7 @@ def mark(turn: service.CompareTurn) -> str:
     """Right or wrong against the scene's true answer; "" when there is none (uploads, hub models)."""
     if turn.right is None:
         return ""
-    return "right" if turn.right else f"wrong ({turn.truth})"
+    return "✓" if turn.right else f"✗ (true: {turn.truth})"
 
 
 def table(runs: tuple[service.CompareRun, ...]) -> list[list]:
@@ -169,6 +169,8 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
             first = finished == -1
             sent, finished = time.monotonic(), done_runs
             status = "Done." if view.done else f"Running {runs[-1].method}…"
+            when = "before the question (the media first)" if settings.question_after else "with the question"
+            status += f" Each method compressed its cache {when}."
             if view.done and len(turns) > 1:
                 status += " The panels show the last turn; the table every turn."
             if service.has_random_weights(settings.model):
@@ -337,7 +339,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
         answers = [gr.Textbox(visible=False, lines=6, max_lines=12, elem_classes=["answer"], label=f"Answers {i + 1}")
                    for i in range(SLOTS)]
     grid = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="compare-table", wrap=True, column_widths=WIDTHS,
-                        label="Table", show_label=False)
+                        label="Table", show_label=False, max_height=4000)  # every row in view, no inner scrolling
     gr.Markdown("Every *vs full* column is a ratio to the full cache's same turn (0.50x = half); the KV one is exact, "
                 f"the speed ones are measured. {plots.NOT_TOLD_NOTE}. *Answer (s)*: the model's own time for "
                 "the answer (first token and decode). *Right?*: against the scene's true answer (the offline "

@@ -20,8 +20,9 @@ GRID = "#ebf0f8"
 # most of a short answer's time in the app
 # no figure titles (each panel's label names it; a long title was clipped at half width); the legend
 # above the plot, where it cannot cover the axis titles (right of the panel's own label)
+# the legend right-aligned above the plot: Gradio's label badge sits at the top left
 LAYOUT = dict(template="none", height=360, margin=dict(l=60, r=20, t=70, b=50), plot_bgcolor="white",
-              paper_bgcolor="white", legend=dict(orientation="h", x=0.12, y=1.02, yanchor="bottom"), font=dict(size=12),
+              paper_bgcolor="white", legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"), font=dict(size=12),
               colorway=["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"])
 AXIS = dict(gridcolor=GRID, linecolor=GRID, zerolinecolor=GRID, zerolinewidth=2, automargin=True)
 

@@ -57,8 +57,8 @@ def test_the_offline_models_example_is_marked_right_or_wrong_and_methods_differ(
     outputs = list(compare.respond(first, compare.DEFAULT_METHODS, service.Session(), settings_from(values),
                                    follow_up=then))
     boxes, table = outputs[-1].answers, outputs[-1].table
-    assert len(table) == 2 * 5 and all(row[9] == "right" or row[9].startswith("wrong (") for row in table)
-    assert [row[9] for row in table[:2]] == ["right", "right"]  # the full cache answers both right
+    assert len(table) == 2 * 5 and all(row[9] == "✓" or row[9].startswith("✗ (true: ") for row in table)
+    assert [row[9] for row in table[:2]] == ["✓", "✓"]  # the full cache answers both right
     differ = {row[0] for row in table[2:] if row[8] != "100%"}
     assert len(differ) >= 2
     assert all("✓ right" in box or "✗ wrong" in box for box in boxes)
@@ -69,7 +69,7 @@ def test_question_before_or_with_the_media():
     values = control_values(model=service.ARENA, budget=0.2, compress="before_question")
     outputs = list(compare.respond(first, ["snapkv"], service.Session(), settings_from(values)))
     table = outputs[-1].table
-    assert table[0][9] == "right" and table[1][3] > 0  # answered, its TTFT counts both prefills
+    assert table[0][9] == "✓" and table[1][3] > 0  # answered, its TTFT counts both prefills
     with pytest.raises(UserError, match="When the cache is compressed"):
         settings_from(control_values(model=service.ARENA, compress="sometimes"))
 
