@@ -103,7 +103,7 @@ def test_switching_the_method_keeps_the_conversation(first, change):
     scene = str(chat.ASSETS / "arena_colour.png")
     outputs, error = turn(session, ask("What colour is the circle?", scene), model="tiny-arena-vl", **first)
     assert error is None and "**right**" in outputs[-1].status
-    history = outputs[-1].chatbot
+    history, held = outputs[-1].chatbot, session.conv
     second, error = turn(session, ask("What colour is the cross?"), history, model="tiny-arena-vl", **change)
     assert error is None
     shown = second[-1].chatbot
@@ -114,6 +114,8 @@ def test_switching_the_method_keeps_the_conversation(first, change):
     assert shown[-1]["content"] == "red" and "**right**" in second[-1].status
     assert len(session.history) == 2 and len(session.chat.answers) == 2
     assert session.transcript == chat.transcript(shown)  # the next message continues this conversation
+    if first["method"] == "full":  # the full cache's chat is the reference from then on: continued, not recomputed
+        assert session.chat.references.conv is held
     third, error = turn(session, ask("What colour is the circle?"), shown, model="tiny-arena-vl", **change)
     assert error is None and not any(m.get("metadata") for m in third[-1].chatbot[len(shown):])
     assert len(session.history) == 3

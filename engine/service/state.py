@@ -70,6 +70,12 @@ class ReferenceCache:
         reference = Reference(update.text, update.token_ids, meters(update.metrics), layer_figures(self.conv))
         return self.store(key, reference), False
 
+    def adopt(self, conv: Conversation | ConversationState | None, key: tuple) -> None:
+        """A full-cache chat whose last answer is the reference for ``key``, taken over by another
+        method: its conversation becomes the one the next reference continues (nothing recomputed)."""
+        if key in self.results and conv is not None and self.conv_key != key:
+            self.conv, self.conv_key = conv, key
+
     def store(self, key: tuple, reference: Reference) -> Reference:
         self.results[key] = reference
         while len(self.results) > self.size:

@@ -147,6 +147,8 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared,
         fresh = ChatState(Conversation(loaded, backend, linker=linker), settings.cache_key, references=state.references)
         if state.rereadable(settings):  # the same conversation, now held by this method
             switch = yield from _reread(state, fresh.conv, settings, session_id)
+            if state.conv.backend.is_reference:  # the full cache's chat is the reference from here on
+                state.references.adopt(state.conv, settings.generation + tuple(p.key for p in state.history))
             fresh.history, fresh.answers, new_chat = state.history, state.answers, False
         state = fresh
     history = state.history + [prepared]
