@@ -251,12 +251,11 @@ class ModelOutputs(Outputs):
 
 def on_model(name: str, previous: str, progress=gr.Progress()) -> ModelOutputs:
     """Model picked: load it now (with progress), and set MPIC's k for its image size. On failure
-    keep the previous one and say why."""
+    keep the previous one and say why, once, under the picker (the model card)."""
     try:
         service.get_model(name, lambda f, text: progress(f, desc=text))
     except UserError as exc:
         log.info("user error: %s", exc)
-        gr.Warning(str(exc))
         return ModelOutputs(previous, previous, model_card(previous) + f"\n\n*Could not switch to {name}: {exc}*")
     return ModelOutputs(name, name, model_card(name), mpic_k(name))
 
