@@ -50,28 +50,36 @@ def render(visual: KeptVisual, layer: int | None = None) -> tuple[Image.Image, s
     tiles = [draw(picture, grid) for picture, grid in zip(visual.pictures, keep)]
     if len(tiles) == 1:
         image = tiles[0]
-    else:  # a video: frames side by side with a small gap
-        gap = 6
-        image = Image.new("RGB", (sum(t.width for t in tiles) + gap * (len(tiles) - 1), max(t.height for t in tiles)), "white")
-        x = 0
-        for tile in tiles:
-            image.paste(tile, (x, 0))
-            x += tile.width + gap
+    else:  # a video: its frames in rows of FRAMES_PER_ROW, in order (one long strip shrank to a sliver)
+        image = frame_grid(tiles)
     where = "" if layer is None else f" at layer {layer + 1}"  # the gallery's label says: mean over layers
     # short: a caption is one line; the meaning is "kept", or MPIC's "reused" (shaded: recomputed)...
     caption = f"{visual.label}: {keep.mean():.0%} of {keep.size} {visual.meaning}{where}"
     return image, caption
 
 
-CAPTION_PX = 14
+CAPTION_PX = 14  # at a picture's own width; wider pictures (shown shrunk) get a larger font
+FRAMES_PER_ROW = 4
+
+
+def frame_grid(tiles: list[Image.Image], gap: int = 6) -> Image.Image:
+    """Video frames in rows of :data:`FRAMES_PER_ROW`, left to right then top to bottom."""
+    w, h = max(t.width for t in tiles), max(t.height for t in tiles)
+    cols = min(FRAMES_PER_ROW, len(tiles))
+    rows = -(-len(tiles) // cols)
+    image = Image.new("RGB", (cols * w + gap * (cols - 1), rows * h + gap * (rows - 1)), "white")
+    for i, tile in enumerate(tiles):
+        image.paste(tile, ((i % cols) * (w + gap), (i // cols) * (h + gap)))
+    return image
 
 
 def with_caption(image: Image.Image, caption: str) -> Image.Image:
     """The caption written on a white strip under the picture, never over it (Gradio's gallery
     writes captions over the bottom of the image, which hid the bottom row of cells)."""
-    font = ImageFont.load_default(size=CAPTION_PX)
+    size = max(CAPTION_PX, image.width // 40)  # about 14 px wherever the gallery shows the picture ~560 px wide
+    font = ImageFont.load_default(size=size)
     width = max(image.width, int(ImageDraw.Draw(image).textlength(caption, font=font)) + 8)
-    out = Image.new("RGB", (width, image.height + CAPTION_PX + 10), "white")
+    out = Image.new("RGB", (width, image.height + size + 10), "white")
     out.paste(image, (0, 0))
     ImageDraw.Draw(out).text((4, image.height + 4), caption, fill=(40, 40, 40), font=font)
     return out

@@ -11,6 +11,7 @@ import gradio as gr
 import plotly.graph_objects as go
 import pytest
 import torch
+from PIL import Image
 from tests.app_support import MODEL, ask, config, turn
 from tests.support import make_image
 
@@ -150,12 +151,18 @@ def test_new_chat_clears_history_panels_and_cache(media):
     assert session.conv is None and session.history == [] and session.visuals == []
 
 
-def test_video_turn_draws_a_strip_of_frames(media):
+def test_video_turn_draws_its_frames_in_rows_with_a_caption_that_stays_legible(media):
     session = service.Session()
     outputs, error = turn(session, ask("Where does the ball go?", media["video"]), num_frames=4)
     assert error is None
     image, _ = outputs[-1].gallery[0]
-    assert "video" in overlay.captions(session.visuals)[0] and image.width > 2 * (image.height - overlay.CAPTION_PX - 10)  # 2 temporal tokens side by side, the caption under
+    caption = max(overlay.CAPTION_PX, image.width // 40)
+    assert "video" in overlay.captions(session.visuals)[0] and image.width > 2 * (image.height - caption - 10)  # 2 temporal tokens side by side, the caption under
+    tiles = [Image.new("RGB", (300, 300)) for _ in range(16)]
+    grid = overlay.frame_grid(tiles)
+    assert grid.size == (4 * 300 + 3 * 6, 4 * 300 + 3 * 6)  # 16 frames: four rows of four, not a 4,800 px strip
+    drawn = overlay.with_caption(Image.new("RGB", (4800, 300)), "video 1")
+    assert drawn.height - 300 >= 4800 // 40  # a wide picture, shown shrunk, gets a caption that stays legible
 
 
 def test_sessions_are_isolated(media):
