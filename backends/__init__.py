@@ -2,7 +2,9 @@
 
 Every module in this package that defines a :class:`KVBackend` subclass with its own ``name``
 is registered on import; adding a method is adding a file. A subclass defined anywhere else (a
-test's reference backend, say) is never registered, whatever was imported first.
+test's reference backend, say) is never registered, whatever was imported first. A method module
+that fails to import fails discovery loudly, naming the module and its error: a method silently
+missing from the picker would be worse than an app that does not start.
 """
 
 from __future__ import annotations
@@ -13,16 +15,16 @@ import pkgutil
 from .base import KVBackend
 
 _REGISTRY: dict[str, type[KVBackend]] = {}
-BROKEN: dict[str, str] = {}  # module -> error; a test asserts it stays empty
 
 
 def _discover() -> dict[str, type[KVBackend]]:
     if not _REGISTRY:
         for info in pkgutil.iter_modules(__path__):
-            try:  # one broken method must not take the others (and the app) down
+            try:
                 importlib.import_module(f"{__name__}.{info.name}")
-            except Exception as exc:  # noqa: BLE001
-                BROKEN[info.name] = f"{exc.__class__.__name__}: {exc}"
+            except Exception as exc:
+                raise ImportError(f"the method module backends.{info.name} failed to import: "
+                                  f"{exc.__class__.__name__}: {exc}") from exc
 
         for cls in _all_subclasses(KVBackend):
             if "name" in cls.__dict__ and cls.__module__.startswith(f"{__name__}."):
@@ -37,9 +39,9 @@ def _all_subclasses(cls):
 
 
 def available() -> list[str]:
-    """Registered method names, the full cache first."""
-    names = sorted(_discover())
-    return ["full"] + [n for n in names if n != "full"]
+    """Registered method names, the reference (``is_reference``: the full cache) first."""
+    registry = _discover()
+    return sorted(registry, key=lambda n: (not registry[n].is_reference, n))
 
 
 def backend_class(name: str) -> type[KVBackend]:
@@ -56,4 +58,4 @@ def make_backend(name: str, budget: float = 1.0, **params) -> KVBackend:
     return cls(budget=budget, **params)
 
 
-__all__ = ["BROKEN", "available", "backend_class", "make_backend"]
+__all__ = ["available", "backend_class", "make_backend"]

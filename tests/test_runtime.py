@@ -91,9 +91,9 @@ def test_every_method_is_lossless_at_budget_one(models, name, method):
 
 
 def test_registry_imports_every_method_and_describes_it():
-    names = backends.available()
-    assert backends.BROKEN == {}, backends.BROKEN
-    assert names[0] == "full" and "streamingllm" in names
+    names = backends.available()  # a method module that fails to import raises here, naming itself
+    assert names[0] == "full" and backends.backend_class("full").is_reference and "streamingllm" in names
+    assert [n for n in names if backends.backend_class(n).is_reference] == ["full"]  # one reference
     for name in names:
         info = describe(backends.backend_class(name))
         assert info["name"] == name and info["params"][0]["name"] == "budget"
