@@ -15,9 +15,9 @@ equal share of the cap, in entries at the bytes it holds per entry. After every 
 holding more than |M| keeps |C| = ``target_ratio`` x |M| entries, so the cache never holds more
 than the cap plus one chunk. Without a cap (one prompt, ``budget`` < 1), the prompt's video tokens
 are compressed once after the prefill so the layer holds ``budget`` x tokens seen. Only video
-tokens compete: the system prompt, text, images and decoded tokens stay (the method scores
-frames); a cap too small for them alone is refused (``CapTooSmall``, naming the smallest cap it
-can hold: the paper compresses video tokens only). Decoded tokens are appended.
+tokens compete: the system prompt, text, images and earlier answers stay (the method scores
+frames); a cap too small for them alone is refused (``CapTooSmall``, naming what it counts and
+the smallest cap it can hold: the paper compresses video tokens only). Decoded tokens are appended.
 
 Where the authors' code (aiha-lab/InfiniPot-V) and the paper differ, this follows the paper:
 
@@ -47,6 +47,9 @@ import torch.nn.functional as F
 from .base import AttentionCall, CapTooSmall, KVBackend, KVLayer
 from .layout import Span
 from .params import param
+
+# what ``check_cap`` counts: every entry that is not a video frame's token
+NEVER_EVICTED = "the system prompt, text, images and earlier answers (all but video frames)"
 
 
 def tar_scores(keys: torch.Tensor, places: torch.Tensor, past: torch.Tensor, recent_keys: torch.Tensor) -> torch.Tensor:
@@ -135,8 +138,7 @@ class InfiniPotV(KVBackend):
         kept = layer.get_seq_length() - (int(self.frame_of(layer.positions)[1][0].sum()) if self.frames else 0)
         if kept > threshold:  # a compression brings a layer to target_ratio x the cap: video fits above kept / ratio
             smallest = math.ceil(kept * layer.nbytes() / layer.get_seq_length()) * call.num_layers
-            raise CapTooSmall(self.title, call.cap_bytes, smallest, "the system prompt and the text",
-                              math.ceil(smallest / self.target_ratio))
+            raise CapTooSmall(self.title, call.cap_bytes, smallest, NEVER_EVICTED, math.ceil(smallest / self.target_ratio))
 
     def frame_of(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per entry (H, S): the index of the frame at or before it, whether it lies in that frame

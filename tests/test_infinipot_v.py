@@ -17,7 +17,7 @@ from engine.errors import UserError
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
 from engine.runtime.streaming import bytes_per_token, feed_streaming, synthetic_video
-from tests.support import attention_call
+from tests.support import attention_call, make_image
 
 
 def test_tar_is_minus_the_mean_cosine_to_the_recent_frames_at_the_same_place():
@@ -111,13 +111,27 @@ def test_a_cap_below_the_prompts_text_is_refused_naming_the_smallest_it_can_hold
     header = next(feed_streaming(full, message, frames_per_chunk=2)).kv_bytes  # the system prompt, before the video
     room = math.ceil(header / 1024 / 0.75 * 10) / 10  # KiB, rounded up: compressions go down to 0.75 of the cap
     with pytest.raises(UserError, match=r"^InfiniPot-V cannot hold the cache under a cap of 40\.0 KiB: it never "
-                                        rf"evicts the system prompt and the text \({header / 1024:.1f} KiB here\), the "
+                                        r"evicts the system prompt, text, images and earlier answers \(all but video frames\) "
+                                        rf"\({header / 1024:.1f} KiB here\), the "
                                         rf"smallest cap it can hold; it keeps video tokens from {room:.1f} KiB\.$") as refused:
         list(feed_streaming(Conversation(loaded, backends.make_backend("infinipot_v")), message, 2, 40 * 1024))
     assert "\n" not in str(refused.value)
     text = header + 3 * bytes_per_token(full)  # and the video's start and end markers, and the line after it
     progress = list(feed_streaming(Conversation(loaded, backends.make_backend("infinipot_v")), message, 2, text))
     assert all(p.kv_bytes <= text for p in progress)
+
+
+def test_the_refusal_counts_images_too_and_says_so(models):
+    """What InfiniPot-V never evicts is every entry but video frames: an image streamed before the
+    video is part of the figure the refusal names, and of the words."""
+    loaded = models("tiny-qwen2-vl")
+    message = Message("", images=[make_image(1, (112, 112))], videos=[synthetic_video(4, size=112)], num_frames=4)
+    full = Conversation(loaded, backends.make_backend("full"))
+    header, with_image = [p.kv_bytes for p in feed_streaming(full, message, frames_per_chunk=2)][:2]
+    assert with_image > header
+    with pytest.raises(UserError, match=r"it never evicts the system prompt, text, images and earlier answers "
+                                        rf"\(all but video frames\) \({math.ceil(with_image / 1024 * 10) / 10:.1f} KiB here\)"):
+        list(feed_streaming(Conversation(loaded, backends.make_backend("infinipot_v")), message, 2, header))
 
 
 def test_one_prompt_at_a_budget_compresses_only_the_video(models):
