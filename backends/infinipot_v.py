@@ -6,9 +6,16 @@ without the question (query-agnostic, training-free). Two scores pick the video 
 * TaR, temporal-axis redundancy: the newest frames are the reference; a past token whose key is
   like the keys at the *same spatial place* in those frames (a static patch) is redundant. Its
   score is minus the mean cosine similarity of its key to theirs, per KV head; the recent frames
-  are kept whole, and the past tokens with the highest TaR fill ``tar_ratio`` of |C| with them.
+  are kept whole, and with the past tokens of highest TaR they fill ``tar_ratio`` of the *video*
+  entries a compression keeps (|C| less the entries never evicted, below).
 * VaN, value norm: the L2 norm of a token's value vector marks the semantically salient tokens;
-  the rest of |C| goes to the largest norms, per KV head, among the video tokens TaR left.
+  the rest of the video entries kept go to the largest norms, per KV head, among those TaR left.
+
+``tar_ratio`` is a share of the video tokens kept, not of all of |C| (which here counts the text
+too): the authors' code gives TaR ``compress_frame_num x token_per_frame`` video tokens (the system
+prompt is kept beside them) less VaN's ``round((1 - tar_ratio) x`` that ``)``, and the paper
+compresses video tokens only, its |C| being the compressed video cache. :func:`tar_share` rounds
+as the code does.
 
 Schedule: the runtime's streamed prefill (``AttentionCall.cap_bytes``) gives |M|: each layer's
 equal share of the cap, in entries at the bytes it holds per entry. After every chunk, a layer
@@ -86,6 +93,12 @@ def select_entries(tar: torch.Tensor, van: torch.Tensor, video: torch.Tensor, re
     return priority.topk(min(total, priority.shape[1]), dim=1).indices.sort(dim=1).values
 
 
+def tar_share(keep_video: int, tar_ratio: float) -> int:
+    """Video entries chosen by TaR (recent frames included) out of the ``keep_video`` a compression
+    keeps; VaN fills the rest, rounded as the authors' code rounds it (VaN's share first)."""
+    return keep_video - round((1 - tar_ratio) * keep_video)
+
+
 @dataclass(eq=False)
 class InfiniPotV(KVBackend):
     name = "infinipot_v"
@@ -97,8 +110,9 @@ class InfiniPotV(KVBackend):
     streams_under_cap = True
     target_ratio: float = param(0.75, "|C| / |M|: the share of the cap a compression brings each layer down to "
                                 "(authors' scripts: 24 of 32 frames).", 0.1, 1.0, 0.05)
-    tar_ratio: float = param(0.5, "Share of |C| chosen by temporal redundancy (TaR), the recent frames included; "
-                             "the rest by value norm (VaN) (authors' code: 0.5).", 0.0, 1.0, 0.05)
+    tar_ratio: float = param(0.5, "Share of the video tokens a compression keeps (|C| less the text and images, "
+                             "never evicted) chosen by temporal redundancy (TaR), the recent frames included; the rest "
+                             "by value norm (VaN) (authors' code: 0.5, of the video tokens kept).", 0.0, 1.0, 0.05)
     recent_ratio: float = param(0.25, "Share of the held frames that are the newest, kept whole as TaR's reference "
                                 "(authors' code: 0.25).", 0.0, 1.0, 0.05)
     frames: list[Span] = field(default_factory=list, init=False, repr=False)  # every video frame's tokens seen
@@ -155,7 +169,7 @@ class InfiniPotV(KVBackend):
         if keep_video >= int(video[0].sum()):
             return
         keep_video = max(0, keep_video)
-        tar_count = round(self.tar_ratio * keep_video)
+        tar_count = tar_share(keep_video, self.tar_ratio)
         recent = self.recent_frames(frame, video, tar_count)
         places = positions - starts[frame]
         keys, values = layer.keys[0], layer.values[0]

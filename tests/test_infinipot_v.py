@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import backends
 from backends.base import KVLayer
-from backends.infinipot_v import select_entries, tar_scores, van_scores
+from backends.infinipot_v import select_entries, tar_scores, tar_share, van_scores
 from backends.layout import PromptLayout, VisualSpan
 from engine.errors import UserError
 from engine.runtime.generate import Conversation
@@ -57,6 +57,42 @@ def test_selection_keeps_text_recent_frames_best_tar_then_largest_van():
     kept = select_entries(tar, van, video, recent, keep_video=6, tar_count=4).tolist()[0]
     # text 0 and 9; recent 7, 8; TaR's best two past 2 (0.9) and 5 (0.8); VaN's best two of the rest 1 (5.0), 3 (4.0)
     assert kept == [0, 1, 2, 3, 5, 7, 8, 9]
+
+
+def test_tar_takes_its_share_of_the_video_kept_rounded_as_the_authors_code():
+    # the authors' code: VaN gets round((1 - tar_ratio) x kept), TaR the rest
+    assert [tar_share(k, 0.5) for k in (4, 5, 7, 8)] == [2, 3, 3, 4]
+    assert tar_share(10, 0.0) == 0 and tar_share(10, 1.0) == 10 and tar_share(10, 0.3) == 3
+
+
+def test_tar_ratio_is_a_share_of_the_video_kept_not_of_the_text_too():
+    """4 text tokens, then 8 frames of 2 places; a budget of 12 of 20 keeps the text and 8 video
+    entries: TaR picks half of those 8 (the newest frame, then 2 past tokens at the changing place),
+    VaN the other 4 (the static place, whose values are larger). A share of all 12 would give TaR 6."""
+    text, frames, places, dim = 4, 8, 2, 4
+    g = torch.Generator().manual_seed(2)
+    keys = torch.randn(1, 1, text + frames * places, dim, generator=g)
+    values = torch.ones_like(keys)
+    for f in range(frames):
+        keys[0, 0, text + f * places] = torch.tensor([1.0, 0.0, 0.0, 0.0])  # place 0 never changes
+        values[0, 0, text + f * places] *= 10  # and has the largest value norms
+    layer = KVLayer()
+    layer.append(keys, values, torch.arange(text + frames * places))
+    spans = [(text + f * places, text + (f + 1) * places) for f in range(frames)]
+    layout = PromptLayout(0, text + frames * places,
+                          visuals=[VisualSpan("video", (text, text + frames * places), spans, (frames, 1, 2))])
+    backend = backends.make_backend("infinipot_v", budget=0.6, tar_ratio=0.5, recent_ratio=0.0)
+
+    class Cache:
+        layers = [layer]
+
+    backend.after_forward(Cache(), attention_call("prefill", text + frames * places, text + frames * places, layout=layout))
+    kept = layer.positions[0].tolist()
+    newest = spans[-1]
+    past = [p for p in kept if text <= p < newest[0]]
+    assert kept[:text] == list(range(text)) and set(range(*newest)) <= set(kept) and len(kept) == 12
+    assert sum((p - text) % places == 1 for p in past) == 2  # TaR: 4 of the 8 video kept, 2 of them the newest frame
+    assert sum((p - text) % places == 0 for p in past) == 4  # VaN: the other 4
 
 
 def test_a_static_place_is_dropped_and_a_changing_one_kept():
