@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import backends
 from backends.base import KVLayer
-from backends.infinipot_v import select_entries, tar_scores, tar_share, van_scores
+from backends.infinipot_v import room_target, select_entries, tar_scores, tar_share, van_scores
 from backends.layout import PromptLayout, VisualSpan
 from engine.errors import UserError
 from engine.runtime.generate import Conversation
@@ -65,6 +65,15 @@ def test_tar_takes_its_share_of_the_video_kept_rounded_as_the_authors_code():
     assert tar_share(10, 0.0) == 0 and tar_share(10, 1.0) == 10 and tar_share(10, 0.3) == 3
 
 
+def test_room_is_made_before_a_chunk_that_would_pass_the_cap_in_whole_chunks():
+    assert room_target(held=141, incoming=32, threshold=174, target=130) is None  # 173 fits: nothing yet
+    assert room_target(held=173, incoming=32, threshold=174, target=130) == 142  # one chunk's room: 174 after it
+    assert room_target(held=300, incoming=10, threshold=300, target=225) == 230  # 7 chunks fit in 300 - 225
+    assert room_target(held=300, incoming=100, threshold=300, target=225) == 200  # a chunk larger than |M| - |C|
+    assert room_target(held=300, incoming=100, threshold=300, target=225, kept=250) is None  # cannot fit anyway
+    assert room_target(held=300, incoming=10, threshold=300, target=225, kept=260) == 260  # 4 chunks, the text stays
+
+
 def test_tar_ratio_is_a_share_of_the_video_kept_not_of_the_text_too():
     """4 text tokens, then 8 frames of 2 places; a budget of 12 of 20 keeps the text and 8 video
     entries: TaR picks half of those 8 (the newest frame, then 2 past tokens at the changing place),
@@ -86,7 +95,8 @@ def test_tar_ratio_is_a_share_of_the_video_kept_not_of_the_text_too():
     class Cache:
         layers = [layer]
 
-    backend.after_forward(Cache(), attention_call("prefill", text + frames * places, text + frames * places, layout=layout))
+    tokens = text + frames * places
+    backend.after_forward(Cache(), attention_call("prefill", tokens, tokens, layout=layout))
     kept = layer.positions[0].tolist()
     newest = spans[-1]
     past = [p for p in kept if text <= p < newest[0]]
@@ -135,6 +145,44 @@ def test_a_capped_stream_holds_the_cap_plus_one_chunk(models, method):
         assert p.peak_kv_bytes <= cap + p.tokens * per_token + per_token * loaded.num_layers
     assert max(p.peak_kv_bytes for p in progress) < full_held[-1]
     assert conv.ask(Message("What?"), max_new_tokens=3, ignore_eos=True).metrics.new_tokens == 3
+
+
+def test_a_stream_under_a_cap_ends_at_the_cap_as_the_authors_schedule_and_the_question_is_appended(models):
+    """The authors' code (block_size B, compress_frame_num C) compresses after every block but the
+    last and answers on the cache that block left: the system prompt and exactly B frames' tokens.
+    Here: 12 temporal groups of 16 tokens in chunks of 2 groups (32 tokens; the first also carries
+    the vision start, the last the vision end), under a cap of H + 1 + 8 x 16 + 1 entries per layer
+    (H the header's tokens), as the authors' B = 8 groups with C = 6 (their blocks after the first
+    are 2 groups). The cache holds H, H + 33, H + 65, H + 97, H + 129 after the first chunks (no
+    compression), then exactly the cap after each of the last two: before each, a compression made
+    one chunk's room (|M| - |C| = 44 entries at the default 0.75 holds one chunk, not two), keeping
+    6 groups' worth of video (97 entries, then 96 before the chunk that brings the vision end), as
+    the authors' code keeps C = 6 before each block; never more than the cap while a chunk went in; the one-token line after the video is appended (cap + 1). The question then goes in
+    whole at budget 0.5 (the rule without a cap would have cut the layer to half the tokens seen);
+    a later turn with video but no cap is held under the stream's cap."""
+    loaded = models("tiny-qwen2-vl")
+    message = Message("", videos=[synthetic_video(24, size=112)], num_frames=24)
+    per_token = bytes_per_token(Conversation(loaded, backends.make_backend("full")))
+    conv = Conversation(loaded, backends.make_backend("infinipot_v", budget=0.5))
+    header = conv.encode(Message("", media_first=False)).input_ids.shape[1]
+    cap = header + 1 + 8 * 16 + 1
+    progress = list(feed_streaming(conv, message, frames_per_chunk=4, cap_bytes=cap * per_token))
+    assert [p.kv_bytes // per_token for p in progress] == \
+        [header, header + 33, header + 65, header + 97, header + 129, cap, cap, cap + 1]
+    assert all(p.peak_kv_bytes <= cap * per_token for p in progress[:-1])
+    video = conv.layouts[1].videos[0].span[0], conv.layouts[6].videos[0].span[1]
+    for kept in conv.cache.kept_positions():
+        in_video = (kept >= video[0]) & (kept < video[1])
+        assert in_video.sum(dim=1).tolist() == [8 * 16] * kept.shape[0]  # B = 8 groups' tokens, every head
+    before = [k.clone() for k in conv.cache.kept_positions()]
+    seen = conv.seen
+    conv.ask(Message("What moves?"), max_new_tokens=2, ignore_eos=True)
+    assert conv.cache.tokens_per_layer() == [cap + 1 + conv.seen - seen] * loaded.num_layers
+    for old, new in zip(before, conv.cache.kept_positions()):
+        assert torch.equal(new[:, :old.shape[1]], old)  # nothing held before the question was evicted
+    # a later turn that brings video without a cap is held under the stream's: down to |C| = 0.75 of it
+    conv.ask(Message("And here?", videos=[synthetic_video(8, size=112, seed=3)], num_frames=8), max_new_tokens=1)
+    assert conv.cache.tokens_per_layer() == [int(0.75 * cap)] * loaded.num_layers
 
 
 def test_a_cap_below_the_prompts_text_is_refused_naming_the_smallest_it_can_hold(models):
