@@ -53,7 +53,7 @@ def streamed_answer(loaded, method: str, item, cap_bytes: int | None, frames_per
     conv = Conversation(loaded, backends.make_backend(method))
     try:
         progress = list(feed_streaming(conv, Message("", **item.media()), frames_per_chunk, cap_bytes))
-    except UserError:  # a cap below what the method never evicts (InfiniPot-V: the prompt's text): no answer
+    except UserError:  # a cap below what the method never evicts (InfiniPot-V: all but video frames): no answer
         return {"text": None, "verdict": Verdict(False, False), "video_bytes": None, "peak_bytes": None}
     q = item.question
     text = conv.ask(Message(q.text), max_new_tokens=answer_budget(q.answer)).text

@@ -77,7 +77,7 @@ def active_run() -> ForwardRun | None:
 @contextmanager
 def forward_run(run: ForwardRun):
     """One forward pass through the runtime: the backend's ``before_forward`` opens it."""
-    run.cache.backend.before_forward(run.cache, run.call)
+    run.timed(run.cache.backend.before_forward, run.cache, run.call)  # a method may compress here (InfiniPot-V)
     token = _ACTIVE.set(run)
     try:
         yield run
