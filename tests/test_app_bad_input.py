@@ -16,7 +16,7 @@ import huggingface_hub.constants
 import pytest
 from PIL import Image
 from tests.support import make_image, write_mjpeg_avi
-from tests.test_app_client import controls, resend, send, url  # noqa: F401 - ``url``: the module's server
+from tests.test_app_client import controls, send, url  # noqa: F401 - ``url``: the module's server
 from gradio_client import Client, handle_file
 
 from components.chat import NOT_ANSWERED, transcript
@@ -125,7 +125,7 @@ def test_bad_chat_input_is_one_line_and_the_chat_stays(chat, files, theirs, what
         setup(monkeypatch, tmp_path)
     caplog.set_level(logging.INFO, logger="components")
     paths = [theirs[0] if name == "theirs" else files[name] for name in attached]
-    job = client.submit(message={"text": text, "files": [handle_file(p) for p in paths]}, history=resend(history),
+    job = client.submit(message={"text": text, "files": [handle_file(p) for p in paths]}, history=history,
                         **(controls() | settings), api_name="/chat")
     final = job.result(timeout=120)
     one_refusal(final[2], expected)
