@@ -21,7 +21,6 @@ down) so that every value stays inside the representable range: the error bound
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -59,15 +58,6 @@ def unpack(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
         return packed[..., :n]
     mask = (1 << bits) - 1
     return torch.cat([(packed >> shift) & mask for shift in range(0, 8, bits)], dim=-1)[..., :n]
-
-
-def packed_nbytes(shape: tuple[int, ...], bits: int, groups: int, scale_size: int) -> int:
-    """Bytes of a tensor of ``shape`` at ``bits`` (packed along the last dim) with ``groups``
-    (scale, zero point) pairs of ``scale_size`` bytes each; 16 bits is the dense tensor itself."""
-    rows = math.prod(shape[:-1])
-    if bits == FULL_BITS:
-        return rows * shape[-1] * scale_size
-    return rows * math.ceil(shape[-1] * bits / 8) + 2 * groups * scale_size
 
 
 @dataclass

@@ -13,13 +13,23 @@ import backends
 from backends.attention_math import attention_probs, causal_attention
 from backends.base import AttentionCall
 from backends.descriptions import describe
-from backends.quant import pack, packed_nbytes, quantize, unpack
+from backends.quant import FULL_BITS, pack, quantize, unpack
 from backends.zipvl import ZipVL, ZipVLLayer, adaptive_count, important_mask, probe_rows
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
 from engine.runtime.models import load_model
 
 HEADS, DIM = 2, 32
+
+
+def packed_nbytes(shape: tuple[int, ...], bits: int, groups: int, scale_size: int) -> int:
+    """What a quantised layer's realised bytes are checked against: bytes of a tensor of ``shape`` at ``bits`` (packed along the last dim) with ``groups``
+    (scale, zero point) pairs of ``scale_size`` bytes each; 16 bits is the dense tensor itself."""
+    rows = math.prod(shape[:-1])
+    if bits == FULL_BITS:
+        return rows * shape[-1] * scale_size
+    return rows * math.ceil(shape[-1] * bits / 8) + 2 * groups * scale_size
+
 
 
 # --- Eq. 6 and the split ----------------------------------------------------------------------

@@ -145,13 +145,6 @@ class ChatAdapter:
         rope_ids, next_pos = self.positions(ids, b, pixels, next_position)
         return Chunk(ids, rope_ids, b.layout(), self.pack_pixels(pixels), next_pos)
 
-    def encode_text(self, ids: list[int], start: int, next_position: int) -> Chunk:
-        b = _Builder(start)
-        b.add_text(ids)
-        t = torch.tensor([ids], dtype=torch.long)
-        rope_ids, next_pos = self.positions(t, b, {}, next_position)
-        return Chunk(t, rope_ids, b.layout(), {}, next_pos)
-
     # --- overridable ---------------------------------------------------------------------------
     def positions(self, ids: torch.Tensor, b: _Builder, pixels: dict, next_position: int):
         q = ids.shape[1]
@@ -190,9 +183,6 @@ class QwenVLAdapter(ChatAdapter):
     system_open, system_close = "<|im_start|>system\n", "<|im_end|>\n"
     user_open, user_close = "<|im_start|>user\n", "<|im_end|>\n"
     assistant_open, assistant_close = "<|im_start|>assistant\n", "\n"
-
-    def _wrap(self, body: list[int]) -> list[int]:
-        return [self.config.vision_start_token_id] + body + [self.config.vision_end_token_id]
 
     def add_image(self, b, image, pixels) -> None:
         out = self.image_processor(images=[image], return_tensors="pt")

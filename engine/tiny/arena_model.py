@@ -21,7 +21,6 @@ from .builtin import tiny_config
 ASSET_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny-arena-vl"
 WEIGHTS = "model.safetensors"
 VERSION_KEY = "arena_version"  # written into config.json (the first generation, 3x3 boards, is gone)
-VERSIONS = (2, 3)
 SYSTEM_WORDS = ("system", "user", "assistant", "you", "are", "a", "helpful", ".")  # chat markers, DEFAULT_SYSTEM
 
 
