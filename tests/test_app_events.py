@@ -172,6 +172,7 @@ def test_model_that_fails_to_load(media, monkeypatch):
         return real(name, **kw)
 
     monkeypatch.setattr(model_pool, "load_model", broken)
+    monkeypatch.setenv("KV_ARENA_RANDOM_MODELS", "1")  # an operator's setting: random: architectures allowed
     name = "random:Qwen/Qwen2-VL-2B-Instruct"
     switched = settings.on_model(name, MODEL)
     chosen, kept, card = switched.model, switched.loaded, switched.model_card

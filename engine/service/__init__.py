@@ -36,7 +36,7 @@ tensor and never imports torch. The app imports this package only; its modules, 
 from ..media import MAX_VIDEO_BYTES  # the largest upload the app takes
 from ..runtime.models import ARENA
 from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, media_hint, prepare
-from .model_picker import default_model, has_random_weights, is_trained_here, model_choices, model_description
+from .model_picker import check_model_allowed, default_model, has_random_weights, is_trained_here, model_choices, model_description
 from .model_pool import get_model
 from .methods import method_spec, method_specs, reuses_media
 from .scenes import ARENA_EXAMPLES, Scene, draw_scene, scene_types
@@ -67,7 +67,7 @@ __all__ = [
     "ChatView", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters",
     "ReferenceView", "ReuseSummary", "StreamView", "TtftView",
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",
-    "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
+    "chat_turn", "check_model_allowed", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
     "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",
     "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release",
     "reuses_media", "track",
