@@ -14,7 +14,42 @@ stub next to this module for them; it is generated and ignored by git.)
 
 from __future__ import annotations
 
+from typing import Any
+
 import gradio as gr
+from gradio.components.chatbot import ChatbotDataMessages
+from pydantic import ValidationError, model_validator
+
+
+class MalformedHistory(list):
+    """A chat history that is not Gradio's messages format, handed over as sent (a list subclass,
+    so :func:`components.chat.checked_history` refuses it by type, whatever it holds)."""
+
+
+class _CheckedMessages(ChatbotDataMessages):
+    """Gradio's messages format, but a history that does not fit it reaches ``preprocess`` (marked
+    by ``root=None``, which the format never holds) instead of failing validation with a traceback."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_malformed(cls, value: Any, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            kept = cls.model_construct(root=None)
+            kept.__dict__["sent"] = value
+            return kept
+
+
+class Chatbot(gr.Chatbot):
+    is_template = True
+    data_model = _CheckedMessages
+
+    def preprocess(self, payload):
+        if payload is not None and payload.root is None:  # malformed: the app says so in one line
+            sent = payload.__dict__.get("sent")
+            return MalformedHistory(sent if isinstance(sent, list) else [sent])
+        return super().preprocess(payload)
 
 
 class Slider(gr.Slider):

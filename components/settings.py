@@ -326,9 +326,9 @@ def build_settings() -> SettingsPanel:
                 "a cache built by one method cannot be continued by another.")
     panel = SettingsPanel(model, card, method, info, budget, max_new, frames, compress, stream_cap, realised, groups,
                           params)
-    stream_cap.change(on_stream_cap, [stream_cap, frames], frames, queue=False, api_visibility="private")
+    stream_cap.change(on_stream_cap, [stream_cap, frames], frames, api_visibility="private")
     loaded = gr.State(first)  # the last model that loaded, to fall back to
-    method.change(on_method, method, [info, budget, realised, *groups.values()], queue=False, api_visibility="private")
+    method.change(on_method, method, [info, budget, realised, *groups.values()], api_visibility="private")
     # .input, not .change: falling back to the previous model must not trigger another load
     k_control = params[k] if k is not None else gr.State()  # without MPIC its value goes nowhere
     switch = ModelSwitch(model, loaded, card, k_control)

@@ -11,6 +11,7 @@ import gradio as gr
 import plotly.graph_objects as go
 import pytest
 import torch
+from PIL import Image
 from tests.app_support import MODEL, ask, config, turn
 from tests.support import make_image
 
@@ -72,7 +73,7 @@ def test_chat_turn_streams_text_panels_and_overlay(media, monkeypatch):
     assert picker.choices[0][0] == overlay.MEAN
     assert len(gallery) == 1 and gallery[0][1] is None  # the caption is drawn under the picture, not over it
     assert re.fullmatch(r"image 1: \d+% of 16 kept", overlay.captions(session.visuals)[0])
-    assert gallery[0][0].height > 16 * 4  # the picture, then the caption's strip
+    assert Image.open(gallery[0][0]).height > 16 * 4  # the picture, then the caption's strip
     # the layer picker redraws from the session, without running the model
     assert "layer 2" in overlay.captions(session.visuals, "layer 2")[0] and chat.show_layer(session, "layer 2")
 
@@ -123,7 +124,7 @@ def test_video_turn_draws_a_strip_of_frames(media):
     session = service.Session()
     outputs, error = turn(session, ask("Where does the ball go?", media["video"]), num_frames=4)
     assert error is None
-    image, _ = outputs[-1].gallery[0]
+    image = Image.open(outputs[-1].gallery[0][0])
     assert "video" in overlay.captions(session.visuals)[0] and image.width > 2 * (image.height - overlay.CAPTION_PX - 10)  # 2 temporal tokens side by side, the caption under
 
 

@@ -111,6 +111,20 @@ class ChatState:
         """Whether a message with these settings continues this chat's cache."""
         return self.conv is not None and self.cache_key == settings.cache_key
 
+    def rollback_point(self) -> ChatState:
+        """This chat as it is, to go back to if a turn fails half-way: the conversation's cache
+        and counters copied to the CPU (a GPU keeps one copy), the messages and the references
+        shared (a turn replaces the list of messages, never edits it; a reference that failed
+        half-way is recomputed)."""
+        conv = None if self.conv is None else relocate(_portable(self.conv), "cpu")
+        return ChatState(conv, self.cache_key, list(self.history), [set(r) for r in self.reused], self.references)
+
+    def rolled_back(self, device) -> ChatState:
+        """This rollback point as the session's chat again, its cache on ``device``."""
+        if self.conv is not None and str(device) != "cpu":
+            self.conv = relocate(self.conv, device)
+        return self
+
     def attach(self, loaded: LoadedModel, session_id: str) -> ChatState:
         self.conv = _attach(self.conv, loaded, session_id)
         self.references.attach(loaded)
