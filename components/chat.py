@@ -86,8 +86,17 @@ def checked_history(history) -> list:
 def refused_turn(exc: UserError, message, history) -> ChatOutputs:
     """A turn refused before it started: the chat and the message back as sent where they can be
     shown (a malformed one is left as it was), the reason under them."""
-    return ChatOutputs(chatbot=shown_or(history, checked_history, KEEP), status=refusal(exc),
-                       textbox=shown_or(message, parse_message, EMPTY_INPUT))
+    return ChatOutputs(chatbot=shown_or(history, checked_history, KEEP), status=refusal(exc), textbox=box_as_sent(message))
+
+
+def box_as_sent(message) -> dict:
+    """The input box as a refused message left it: its text and its files where they can be shown
+    (a file from outside the upload folder cannot: Gradio would not serve it), else empty."""
+    try:
+        text, files = parse_message(message)
+    except UserError:
+        return EMPTY_INPUT
+    return {"text": text, "files": shown_or(files, service.check_sent_files, [])}
 
 
 NEW_CONVERSATION = "New conversation"  # the title of the marker a new conversation gets in the chat

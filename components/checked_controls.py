@@ -18,6 +18,7 @@ from typing import Any
 
 import gradio as gr
 from gradio.components.chatbot import ChatbotDataMessages
+from gradio.components.multimodal_textbox import MultimodalData
 from pydantic import ValidationError, model_validator
 
 
@@ -87,8 +88,29 @@ class CheckboxGroup(gr.CheckboxGroup):
         return payload
 
 
+class _CheckedMultimodal(MultimodalData):
+    """Gradio's message format, but a message that does not fit it (a file without Gradio's marker,
+    text that is no string) reaches ``preprocess`` as sent (marked by ``text=None``), where the app
+    refuses it in one line (``chat.parse_message``, ``service.check_sent_files``)."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_malformed(cls, value: Any, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            kept = cls.model_construct(text=None, files=[])
+            kept.__dict__["sent"] = value
+            return kept
+
+
 class MultimodalTextbox(gr.MultimodalTextbox):
     is_template = True
+    data_model = _CheckedMultimodal
 
     def preprocess(self, payload):
-        return None if payload is None else {"text": payload.text, "files": [f.path for f in payload.files]}
+        if payload is None:
+            return None
+        if payload.text is None:  # as sent: the app checks every part of it
+            return payload.__dict__.get("sent")
+        return {"text": payload.text, "files": [f.path for f in payload.files]}

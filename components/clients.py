@@ -137,6 +137,49 @@ def _uploaded(body: bytes) -> list[str]:
     return [p for p in paths if isinstance(p, str)] if isinstance(paths, list) else []
 
 
+def _outside_files_unmarked(body: bytes) -> bytes | None:
+    """An event's body with Gradio's file marker (``meta``) taken off every file it names outside
+    the upload folder: Gradio would refuse such a file with a traceback before any event runs;
+    unmarked, the event receives it and the app refuses it in one line. None: nothing to change."""
+    try:
+        sent = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    changed = False
+
+    def visit(node) -> None:
+        nonlocal changed
+        if isinstance(node, list):
+            for item in node:
+                visit(item)
+        elif isinstance(node, dict):
+            path, meta = node.get("path"), node.get("meta")
+            if (isinstance(meta, dict) and meta.get("_type") == "gradio.FileData" and isinstance(path, str)
+                    and not re.match(r"^https?://", path) and not service.in_upload_dir(path)):
+                del node["meta"]
+                changed = True
+            for value in node.values():
+                visit(value)
+
+    visit(sent.get("data") if isinstance(sent, dict) else None)
+    return json.dumps(sent).encode() if changed else None
+
+
+async def _whole_body(receive) -> list[dict]:
+    """Every message of a request's body, read now (Gradio reads an event's body whole anyway)."""
+    messages = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return messages
+
+
+def _with_length(scope, size: int) -> dict:
+    headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-length"]
+    return {**scope, "headers": [*headers, (b"content-length", str(size).encode())]}
+
+
 async def _not_found(send) -> None:
     await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
     await send({"type": "http.response.body", "body": b"Not found."})
@@ -184,20 +227,25 @@ class ClientCookie:
         started = scope.get("method") == "POST" and CALL_START.search(path) is not None
         result = CALL_RESULT.search(path) if scope.get("method") == "GET" else None
         joining = scope.get("method") == "POST" and JOIN.search(path) is not None
-        status, body, sent_body = 0, b"", bytearray()
+        status, body, sent_body = 0, b"", b""
+        pending: list[dict] = []
+        if joining or started:  # an event's inputs: read whole, files outside the upload folder unmarked
+            pending = await _whole_body(receive)
+            sent_body = b"".join(m.get("body", b"") for m in pending if m["type"] == "http.request")
+            unmarked = _outside_files_unmarked(sent_body)
+            if unmarked is not None:
+                pending, sent_body = [{"type": "http.request", "body": unmarked, "more_body": False}], unmarked
+                scope = _with_length(scope, len(unmarked))
 
         async def receive_noted():
-            message = await receive()
-            if joining and message["type"] == "http.request" and len(sent_body) < JOIN_BODY_LIMIT:
-                sent_body.extend(message.get("body", b""))
-            return message
+            return pending.pop(0) if pending else await receive()
 
         async def send_with_cookie(message) -> None:
             nonlocal status, body
             if message["type"] == "http.response.start":
                 status = message["status"]
                 if joining and status == 200:  # noted before the client can ask for its messages
-                    SESSIONS.note(bytes(sent_body))
+                    SESSIONS.note(sent_body)
                 if not sent:
                     message = {**message, "headers": [*message.get("headers", []),
                                                       (b"set-cookie", _set_cookie(client, _secure(scope)))]}

@@ -21,7 +21,7 @@ from engine.errors import UserError
 
 from . import at_scale, checked_controls, clients, overlay, plots
 from .outputs import KEEP, Outputs, by_component, components_of
-from .chat import ASSETS, TEXT_EVERY_S, fmt_bytes, parse_message, progress_reporter, refusal, show_examples, shown_or
+from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
 from .settings import RANGES, SettingsPanel, control, own_params, settings_from_named, shown
 
 COLUMNS = ["Method", "Turn", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",
@@ -221,7 +221,7 @@ def run(message, methods, follow_up: str | None = None, session=None, request: g
             checked_methods(methods)
             settings = settings_from_named(controls)
         except UserError as exc:
-            yield refused(exc, shown_or(message, parse_message, {"text": "", "files": []}))
+            yield refused(exc, box_as_sent(message))
             return
         yield from respond(message, methods, session, settings, progress, follow_up)
 

@@ -111,7 +111,7 @@ def settings_from(values: Sequence) -> service.Settings:
     model, method = name_of("model", base["model"]), name_of("method", base["method"])
     service.check_model_allowed(model)
     cap = checked("stream_cap_mb", base["stream_cap_mb"])
-    return service.Settings.make(params=params, model=model, method=method,
+    return service.Settings.make(params=service.checked_params(params), model=model, method=method,
                                  budget=checked("budget", base["budget"]),
                                  max_new_tokens=int(checked("max_new_tokens", base["max_new_tokens"])),
                                  num_frames=int(checked("num_frames", base["num_frames"], frame_range(cap))),

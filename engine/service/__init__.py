@@ -38,14 +38,14 @@ from ..runtime.models import ARENA
 from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, checked_text, media_hint, prepare
 from .model_picker import check_model_allowed, default_model, has_random_weights, is_trained_here, model_choices, model_description
 from .model_pool import get_model
-from .methods import method_spec, method_specs, reuses_media
+from .methods import checked_params, method_spec, method_specs, reuses_media
 from .scenes import ARENA_EXAMPLES, Scene, draw_scene, scene_types
 from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_default_k, mpic_ttft
 from .sessions import Session, active, close_session, expire_idle, release, sweep_dead_sessions, track
 from .state import ChatState
 from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
-from .uploads import check_sent_files, check_uploads, may_read, note_uploads, save_private_images
+from .uploads import check_sent_files, check_uploads, in_upload_dir, may_read, note_uploads, save_private_images
 from .view_types import (
     ChatView,
     CompareRun,
@@ -71,5 +71,5 @@ __all__ = [
     "chat_turn", "check_model_allowed", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
     "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",
     "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release",
-    "reuses_media", "check_sent_files", "checked_text", "save_private_images", "track", "active", "expire_idle", "sweep_dead_sessions",
+    "reuses_media", "check_sent_files", "in_upload_dir", "checked_params", "checked_text", "save_private_images", "track", "active", "expire_idle", "sweep_dead_sessions",
 ]

@@ -131,6 +131,14 @@ def check_uploads(session: Uploader, files: list[str]) -> None:
         session.uploads.add(str(path))
 
 
+def in_upload_dir(name: str) -> bool:
+    """Whether the path names a place inside Gradio's upload folder (resolved as Gradio resolves it)."""
+    try:
+        return upload_dir() in Path(name).resolve().parents
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
 def check_sent_files(files: list[str]) -> None:
     """Files an event received from a client must be in Gradio's upload folder (or be the shipped
     examples): a path anywhere else on the server is refused, whatever it names."""
