@@ -298,6 +298,15 @@ def test_malformed_history_and_method_lists_are_one_line(url, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_a_lone_surrogate_in_the_text_is_one_line(server, capfd):
+    """Sent raw: JSON may escape one (\\ud800), httpx cannot encode it from Python text."""
+    demo, url = server
+    for message in ({"text": "What is \ud800 this?", "files": []}, "Only \udfff text"):
+        answer = raw_event(url, fn_index(demo, "chat"), chat_data(message), uuid.uuid4().hex[:11])
+        one_line(answer["output"]["data"][2], "is not valid text")
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_unknown_event_ids_and_monitoring_are_refused_quietly(url, capfd):
     for path in ("gradio_api/call/chat/not-an-id", "gradio_api/call/chat/0123456789abcdef0123456789abcdef",
                  "gradio_api/queue/data?session_hash=nobody"):
