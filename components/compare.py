@@ -22,7 +22,7 @@ from engine.errors import UserError
 from . import at_scale, checked_controls, clients, overlay, plots
 from .outputs import KEEP, Outputs, by_component, components_of
 from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
-from .settings import RANGES, SettingsPanel, control, own_params, settings_from_named, shown
+from .settings import RANGES, SettingsPanel, control, own_params, quoted, settings_from_named
 
 COLUMNS = ["Method", "Turn", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",
            "Answer (s)", "Same tokens as full", "Right?"]
@@ -199,7 +199,7 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
 def checked_methods(methods) -> list[str]:
     """The methods to compare as sent: a list of names (a name alone, or a nested list, is refused)."""
     if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
-        raise UserError(f"The methods to compare must be a list of method names; got {shown(methods)}.")
+        raise UserError(f"The methods to compare must be a list of method names; got {quoted(methods)}.")
     return methods
 
 

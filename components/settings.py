@@ -46,13 +46,13 @@ def checked(name: str, value, limits: tuple[float, float] | None = None) -> floa
     except ValueError:
         number = None
     if number is None or not math.isfinite(number):  # NaN would pass the range check below
-        raise UserError(f"{LABELS[name]} must be a number from {low:g} to {high:g}; got {shown(value)}.")
+        raise UserError(f"{LABELS[name]} must be a number from {low:g} to {high:g}; got {quoted(value)}.")
     if not low <= number <= high:
         raise UserError(f"{LABELS[name]} must lie between {low:g} and {high:g}; got {number:g}. Nothing was changed.")
     return number
 
 
-def shown(value) -> str:
+def quoted(value) -> str:
     """A value a client sent, as a one-line message quotes it (short, whatever was sent)."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -61,7 +61,7 @@ def shown(value) -> str:
 def name_of(what: str, value) -> str:
     """A model's or a method's name: text, or a one-line refusal (a list or a dict sent through the API)."""
     if not isinstance(value, str):
-        raise UserError(f"The {what} must be a name (text); got {shown(value)}.")
+        raise UserError(f"The {what} must be a name (text); got {quoted(value)}.")
     return value
 
 
@@ -69,7 +69,7 @@ def question_after(value) -> bool:
     """The "when the cache is compressed" control's value -> whether the question comes after."""
     values = [v for _, v in COMPRESS]
     if not isinstance(value, str) or value not in values:
-        raise UserError(f"When the cache is compressed must be one of {', '.join(values)}; got {shown(value)}.")
+        raise UserError(f"When the cache is compressed must be one of {', '.join(values)}; got {quoted(value)}.")
     return value == "before_question"
 
 

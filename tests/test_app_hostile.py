@@ -30,7 +30,7 @@ from engine.errors import UserError
 from engine.runtime.generate import Conversation
 from engine.service import sessions, uploads
 from engine.service.store import media_store
-from tests.app_support import MODEL, ask, config, turn
+from tests.app_support import MODEL, ask, config
 from tests.support import make_image, write_mjpeg_avi
 from tests.test_app_client import controls, free_port, resend, send
 
