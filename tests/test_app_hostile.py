@@ -364,3 +364,34 @@ def test_store_folders_of_dead_sessions_are_swept_at_start(tmp_path, monkeypatch
     monkeypatch.setattr(store, "_SWEPT", False)
     store.media_store()
     assert not dead.exists() and keep.exists()
+
+
+def test_a_client_that_cancels_mid_prefill_stops_it(url, tmp_path, monkeypatch):
+    """Through the queue: the client's cancel reaches the streamed prefill at its next chunk (a
+    prefill that never hands control back would run all 30 chunks, 6 s, whatever the client did)."""
+    from engine.service.streamed import FRAMES_PER_CHUNK
+
+    fed = []
+    real = Conversation.prefill_chunk
+
+    def counted(self, chunk, cap_bytes=None):
+        fed.append(time.monotonic())
+        time.sleep(0.2)  # a slow chunk, as a real model's is
+        return real(self, chunk, cap_bytes)
+
+    monkeypatch.setattr(Conversation, "prefill_chunk", counted)
+    frames = 30 * FRAMES_PER_CHUNK
+    video = tmp_path / "long.avi"
+    write_mjpeg_avi(video, [Image.new("RGB", (32, 32), (i % 250, 90, 0)) for i in range(frames)], 1)
+    client = Client(url, verbose=False)
+    job = client.submit(message={"text": "What happens?", "files": [handle_file(str(video))]}, history=[],
+                        **(controls() | {"num_frames": frames, "stream_cap_mb": 1}), api_name="/chat")
+    deadline = time.monotonic() + 60
+    while len(fed) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(fed) >= 3, "the streamed prefill never started"
+    job.cancel()
+    time.sleep(1.0)  # the chunk under way ends, and the next yield stops it
+    stopped = len(fed)
+    time.sleep(2.0)
+    assert len(fed) == stopped and stopped <= 12  # nothing since, far from the video's 30 chunks
