@@ -13,8 +13,10 @@ A file request is recognised by what it names, not by its route's spelling: ever
 could stand for (each tail of its URL path after a ``/`` or ``=``, percent-decoded until it stops
 changing, and each query value) is resolved as Gradio's file routes resolve it, so ``/file=``,
 ``/file/``, encoded forms and any later alias meet the same check. The middleware also answers 404
-to ``GET /call/<api>/<event id>`` for an event this server never started (Gradio would log a
-traceback), and keeps a session awake while its heartbeat stream is open (``service.active``).
+to a request for the messages of an event or session this server never had (``/call/<api>/<id>``,
+``/queue/data``: Gradio would log a traceback), takes Gradio's file marker off any file an event
+names outside the upload folder (the app then refuses it in one line, where Gradio would fail
+with a traceback), and keeps a session awake while its heartbeat stream is open (``service.active``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ HEARTBEAT = re.compile(r"/heartbeat/([^/]+)/?$")
 JOIN = re.compile(r"/queue/join/?$")  # POST: an event queued for the body's session_hash
 QUEUE_DATA = re.compile(r"/queue/data/?$")  # GET ?session_hash=...: that session's messages
 REMEMBERED = 10_000  # started events (and sessions) whose messages may still be fetched
-JOIN_BODY_LIMIT = 4 * 2**20  # a queued event's body is read for its session hash up to this size
 
 
 def _decodings(text: str) -> set[str]:
