@@ -227,7 +227,7 @@ def check_decoded_pixels(items: list[tuple[int, str]], limit: int | None = None)
     total = sum(pixels for pixels, _ in items)
     if total > limit:
         said = "; ".join(words for pixels, words in items if pixels)
-        raise UserError(f"This message would decode {total / 1e6:.0f} million pixels ({said}); the limit is "
+        raise UserError(f"This message would decode {total / 1e6:.1f} million pixels ({said}); the limit is "
                         f"{limit / 1e6:g} million pixels per message. Use fewer frames or smaller media.")
 
 

@@ -74,15 +74,17 @@ def raw_upload(http: httpx.Client, url: str, path: str) -> str:
 def raw_event(url: str, index: int, data: list, session_hash: str, timeout: float = 120,
               http: httpx.Client | None = None) -> dict:
     """Queue one event and read its messages until it completes; returns the last message.
-    ``http``: a client that keeps the app's cookie (None: none kept)."""
-    http = http or httpx.Client()
+    ``http``: a client that keeps the app's cookie (None: a fresh one, which keeps none between calls)."""
+    if http is None:
+        with httpx.Client() as fresh:
+            return raw_event(url, index, data, session_hash, timeout, fresh)
     body = {"data": data, "fn_index": index, "session_hash": session_hash, "event_data": None, "trigger_id": None}
     joined = http.post(f"{url}gradio_api/queue/join", timeout=30, headers={"content-type": "application/json"},
-                        content=json.dumps(body))  # NaN and Infinity as JSON's extension writes them
+                       content=json.dumps(body))  # NaN and Infinity as JSON's extension writes them
     joined.raise_for_status()
     deadline = time.monotonic() + timeout
     with http.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session_hash},
-                      timeout=timeout) as stream:
+                     timeout=timeout) as stream:
         for line in stream.iter_lines():
             if time.monotonic() > deadline:
                 break
@@ -167,14 +169,25 @@ def test_a_16_frame_4000_px_video_is_refused_before_decoding(url, tmp_path):
 
 
 def test_the_budget_is_one_for_images_and_frames_together(tmp_path):
-    from engine.media import check_decoded_pixels, decoded_pixels
+    """Four 4800 x 4800 images (92 M pixels) pass, so does a video of 8 frames at 1000 x 1000 (8 M):
+    together they are refused. Sizes come from the headers (AVI, MP4), nothing is decoded."""
+    from engine.media import check_decoded_pixels, decoded_pixels, video_size
 
     images = []
-    for i in range(5):
+    for i in range(4):
         images.append(str(tmp_path / f"big{i}.png"))
-        Image.new("RGB", (4800, 4800)).save(images[-1])  # 23 M pixels each: under the image cap, not together
-    with pytest.raises(UserError, match="would decode 115 million pixels"):
-        check_decoded_pixels([decoded_pixels(p, False) for p in images])
+        Image.new("RGB", (4800, 4800)).save(images[-1])
+    video = tmp_path / "square.avi"
+    write_mjpeg_avi(video, [Image.new("RGB", (1000, 1000), "navy")] * 8, 1)
+    assert video_size(str(video)) == (1000, 1000)
+    assert video_size(str(Path(service.__file__).parents[2] / "assets" / "bouncing_ball.mp4")) == (224, 224)
+    pictures = [decoded_pixels(p, False) for p in images]
+    frames = decoded_pixels(str(video), True, num_frames=8)
+    assert frames == (8_000_000, "square.avi: 8 frames of 1000 x 1000")
+    check_decoded_pixels(pictures)
+    check_decoded_pixels([frames])
+    with pytest.raises(UserError, match=r"would decode 100 million pixels \(big0.png; .* square.avi: 8 frames"):
+        check_decoded_pixels(pictures + [frames])
 
 
 # --- 3. random: architectures --------------------------------------------------------------------
@@ -333,12 +346,12 @@ def test_a_raw_http_session_is_gone_after_the_idle_time(server, monkeypatch, tmp
     monkeypatch.setenv("KV_ARENA_SESSION_IDLE_S", "2")
     picture = tmp_path / "raw.png"
     make_image(31, (112, 112)).save(picture)
-    http = httpx.Client()  # keeps the app's cookie, as a script with a session object does; no heartbeat
-    upload = raw_upload(http, url, str(picture))
     session_hash = uuid.uuid4().hex[:11]
-    message = raw_event(url, fn_index(demo, "chat"),
-                        chat_data({"text": "What is it?", "files": [file_data(upload)]}, method="mpic"), session_hash,
-                        http=http)
+    with httpx.Client() as http:  # keeps the app's cookie, as a script with a session object does; no heartbeat
+        upload = raw_upload(http, url, str(picture))
+        message = raw_event(url, fn_index(demo, "chat"),
+                            chat_data({"text": "What is it?", "files": [file_data(upload)]}, method="mpic"),
+                            session_hash, http=http)
     assert message["success"] and not message["output"]["data"][2].startswith(NOT_ANSWERED), message
     session = sessions._OPEN[session_hash]
     store = media_store().root / media_store().namespace(session.id)
