@@ -77,6 +77,7 @@ def build_demo() -> gr.Blocks:
                         build_about()
         demo.unload(_release)
     _private_session_load(demo, session)
+    service.start_sweeper()  # idle sessions without a heartbeat, uploads no session took
     # api_open=False: every event goes through the queue (its size and concurrency limits), none
     # can be posted to /run directly, private ones included
     demo.queue(max_size=int(os.environ.get("KV_ARENA_QUEUE", 32)), api_open=False)

@@ -253,7 +253,9 @@ class ClientCookie:
             elif message["type"] == "http.response.body" and (upload or started) and status == 200:
                 body += message.get("body", b"")
                 if not message.get("more_body") and upload:  # noted before the client can name the paths
-                    service.note_uploads(_uploaded(body), client)
+                    # under the cookie the client sent: one that sent none keeps none (raw HTTP), so its
+                    # upload belongs to no client (usable once, by the first session naming it)
+                    service.note_uploads(_uploaded(body), sent)
                 elif not message.get("more_body"):  # the event's id, before the client can ask for it
                     EVENTS.note(body)
             elif message["type"] == "http.response.body" and result and not message.get("more_body"):

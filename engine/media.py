@@ -174,11 +174,17 @@ def load_video(source, num_frames: int = 8, lazy: bool = False) -> Video:
         raise UserError(f"'{name}' lasts {total / fps:.0f} s; the limit is {MAX_VIDEO_SECONDS:.0f} s.")
     index = np.linspace(0, total - 1, num=min(num_frames, total)).round().astype(int)
     try:
+        height, width = reader[0].shape[:2]  # one frame: the size the codec really decodes to
+        at_once = min(len(index), FramesOnDisk.BATCH) if lazy else len(index)
+        # the header's size was checked with the message (decoded_pixels); a stream that decodes
+        # larger than its container says is held to the same budget before the rest is decoded
+        check_decoded_pixels([(at_once * width * height, f"{name}: {at_once} frames of {width} x {height}")])
         if lazy:
-            height, width = reader[0].shape[:2]
             frames = FramesOnDisk(path, list(index), height, width)
         else:
             frames = reader.get_batch(list(index)).asnumpy()
+    except UserError:
+        raise
     except Exception as exc:  # DECORDError: the container opens, its frames do not decode
         raise UserError(f"'{name}' has frames that cannot be decoded ({exc.__class__.__name__}).") from None
     return Video(frames=frames, timestamps=[float(i) / fps for i in index], fps=fps, source=path)
@@ -232,8 +238,9 @@ def check_decoded_pixels(items: list[tuple[int, str]], limit: int | None = None)
 
 
 def video_size(path: str) -> tuple[int, int] | None:
-    """(width, height) of a video from its container's header (AVI, MP4/MOV, Matroska/WebM); None
-    when it is none of those or says no size."""
+    """(width, height) of a video from its container's header (AVI, MP4/MOV, Matroska/WebM, MPEG);
+    None when it is none of those or says no size (:func:`load_video` then checks the size its
+    first frame decodes to, before the others)."""
     try:
         with open(path, "rb") as f:
             head = f.read(12)
@@ -244,6 +251,8 @@ def video_size(path: str) -> tuple[int, int] | None:
                 return _mp4_size(f, os.path.getsize(path))
             if head[:4] == b"\x1a\x45\xdf\xa3":
                 return _matroska_size(f.read(1 << 20))
+            if head[:3] == b"\x00\x00\x01":  # MPEG-1/2 (program or elementary stream)
+                return _mpeg_size(f.read(1 << 20))
     except (OSError, struct.error, ValueError):
         return None
     return None
@@ -261,6 +270,16 @@ def _avi_size(data: bytes) -> tuple[int, int] | None:
         sizes.append((abs(width), abs(height)))
         at = data.find(b"strf", at + 4)
     return max(sizes, key=lambda s: s[0] * s[1]) if sizes else None
+
+
+def _mpeg_size(data: bytes) -> tuple[int, int] | None:
+    """The size an MPEG-1/2 sequence header declares (12 bits each: at most 4095 x 4095)."""
+    at = data.find(b"\x00\x00\x01\xb3")
+    if at < 0 or at + 7 > len(data):
+        return None
+    width = (data[at + 4] << 4) | (data[at + 5] >> 4)
+    height = ((data[at + 5] & 0x0F) << 8) | data[at + 6]
+    return (width, height) if width and height else None
 
 
 MP4_CONTAINERS = {b"moov", b"trak"}

@@ -190,6 +190,24 @@ def test_the_budget_is_one_for_images_and_frames_together(tmp_path):
         check_decoded_pixels(pictures + [frames])
 
 
+def test_a_video_that_decodes_larger_than_its_header_says_is_held_to_the_budget(tmp_path):
+    """Headers that say 64 x 64 over frames of 3000 x 3000: the first frame decoded tells, the
+    other fifteen are never decoded."""
+    import struct
+
+    from engine.media import decoded_pixels, load_video
+
+    video = tmp_path / "liar.avi"
+    write_mjpeg_avi(video, [Image.new("RGB", (3000, 3000), "teal")] * 16, 1)
+    data = bytearray(video.read_bytes())
+    for tag, offset in ((b"avih", 8 + 32), (b"strf", 8 + 4)):  # the main header's size, the stream format's
+        struct.pack_into("<II", data, data.find(tag) + offset, 64, 64)
+    video.write_bytes(bytes(data))
+    assert decoded_pixels(str(video), True, 16)[0] == 16 * 64 * 64
+    with pytest.raises(UserError, match=r"liar.avi: 16 frames of 3000 x 3000\); the limit is 100 million"):
+        load_video(str(video), 16)
+
+
 # --- 3. random: architectures --------------------------------------------------------------------
 def test_random_architectures_are_refused_by_default(url, monkeypatch):
     monkeypatch.delenv("KV_ARENA_RANDOM_MODELS", raising=False)
@@ -341,27 +359,40 @@ def test_a_path_outside_the_upload_folder_is_one_line(server, tmp_path):
 
 
 # --- 5. sessions that never heartbeat (last: a short idle time ends every idle session) ----------
-def test_a_raw_http_session_is_gone_after_the_idle_time(server, monkeypatch, tmp_path):
+@pytest.mark.parametrize("keeps_cookies", [True, False], ids=["a script that keeps cookies", "one that keeps none"])
+def test_a_raw_http_session_is_gone_after_the_idle_time(server, monkeypatch, tmp_path, keeps_cookies):
     demo, url = server
     monkeypatch.setenv("KV_ARENA_SESSION_IDLE_S", "2")
     picture = tmp_path / "raw.png"
-    make_image(31, (112, 112)).save(picture)
+    make_image(31 + keeps_cookies, (112, 112)).save(picture)
     session_hash = uuid.uuid4().hex[:11]
-    with httpx.Client() as http:  # keeps the app's cookie, as a script with a session object does; no heartbeat
+    with httpx.Client() as http:  # no heartbeat, ever
         upload = raw_upload(http, url, str(picture))
         message = raw_event(url, fn_index(demo, "chat"),
                             chat_data({"text": "What is it?", "files": [file_data(upload)]}, method="mpic"),
-                            session_hash, http=http)
+                            session_hash, http=http if keeps_cookies else None)
     assert message["success"] and not message["output"]["data"][2].startswith(NOT_ANSWERED), message
     session = sessions._OPEN[session_hash]
     store = media_store().root / media_store().namespace(session.id)
     overlays = uploads.session_folder(session.id, "overlays")
     assert Path(upload).exists() and store.is_dir() and any(overlays.iterdir())
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (Path(upload).exists() or store.exists() or overlays.exists()):
         time.sleep(0.25)
     assert not Path(upload).exists() and not store.exists() and not overlays.exists()
     assert session_hash not in sessions._OPEN
+
+
+def test_an_upload_no_session_takes_is_gone_after_the_idle_time(url, monkeypatch, tmp_path):
+    monkeypatch.setenv("KV_ARENA_SESSION_IDLE_S", "2")
+    picture = tmp_path / "left.png"
+    make_image(33, (112, 112)).save(picture)
+    with httpx.Client() as http:
+        upload = raw_upload(http, url, str(picture))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Path(upload).exists():
+        time.sleep(0.25)
+    assert not Path(upload).exists()
 
 
 def test_store_folders_of_dead_sessions_are_swept_at_start(tmp_path, monkeypatch):

@@ -42,7 +42,7 @@ from .methods import checked_params, method_spec, method_specs, reuses_media
 from .scenes import ARENA_EXAMPLES, Scene, draw_scene, scene_types
 from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_default_k, mpic_ttft
-from .sessions import Session, active, close_session, expire_idle, release, sweep_dead_sessions, track
+from .sessions import Session, active, close_session, expire_idle, release, start_sweeper, sweep_dead_sessions, track
 from .state import ChatState
 from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
 from .uploads import check_sent_files, check_uploads, in_upload_dir, may_read, note_uploads, save_private_images
@@ -68,8 +68,11 @@ __all__ = [
     "ChatView", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters", "ProgressNote",
     "ReferenceView", "ReuseSummary", "StreamView", "TtftView",
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",
-    "chat_turn", "check_model_allowed", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
+    "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
     "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",
     "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release",
-    "reuses_media", "check_sent_files", "in_upload_dir", "checked_params", "checked_text", "save_private_images", "track", "active", "expire_idle", "sweep_dead_sessions",
+    "reuses_media", "track",
+    # against hostile visitors (issue 36): inputs checked, private files, idle sessions
+    "check_model_allowed", "check_sent_files", "checked_params", "checked_text", "in_upload_dir",
+    "save_private_images", "active", "expire_idle", "start_sweeper", "sweep_dead_sessions",
 ]

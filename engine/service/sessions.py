@@ -114,7 +114,7 @@ def track(session: Session, session_hash: str | None, client: str | None = None)
     if session_hash:
         _OPEN[session_hash] = session
         _seen(session_hash)
-        _start_sweeper()
+        start_sweeper()
     if client:
         session.client = client
 
@@ -186,7 +186,8 @@ def _sweep_forever() -> None:
         expire_idle()
 
 
-def _start_sweeper() -> None:
+def start_sweeper() -> None:
+    """The thread that ends idle sessions and unclaimed uploads (started once per process)."""
     global _SWEEPER
     with _ACTIVITY_LOCK:
         if _SWEEPER is None or not _SWEEPER.is_alive():
