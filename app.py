@@ -5,7 +5,11 @@ what it saves. ``python app.py`` serves it on ``GRADIO_SERVER_NAME``:``GRADIO_SE
 Environment: ``KV_ARENA_MODEL`` (the model picked at start; default: a hub model with a GPU and
 network, else the offline ``tiny-arena-vl``), ``KV_ARENA_PRELOAD=0`` (load it on first use instead),
 ``KV_ARENA_MAX_VIDEO_SECONDS`` / ``KV_ARENA_MAX_VIDEO_MB`` (upload limits), ``KV_ARENA_QUEUE``,
-``KV_ARENA_KV_STORE`` / ``KV_ARENA_KV_STORE_MB`` (MPIC's media KV store: directory, disk cap).
+``KV_ARENA_KV_STORE`` / ``KV_ARENA_KV_STORE_MB`` (MPIC's media KV store: directory, disk cap),
+``KV_ARENA_SESSION_IDLE_S`` (a session without a heartbeat ends after this long idle),
+``KV_ARENA_MAX_SCENES`` (drawn scenes kept on disk), ``KV_ARENA_RANDOM_MODELS=1`` /
+``KV_ARENA_RANDOM_MAX_PARAMS`` (offer ``random:`` architectures, under that size),
+``KV_ARENA_MONITORING=1`` (Gradio's ``/monitoring``; off otherwise). See README.md.
 """
 
 from __future__ import annotations
@@ -74,7 +78,10 @@ def build_demo() -> gr.Blocks:
                         build_about()
         demo.unload(_release)
     _private_session_load(demo, session)
-    demo.queue(max_size=int(os.environ.get("KV_ARENA_QUEUE", 32)))
+    service.start_sweeper()  # idle sessions without a heartbeat, uploads no session took
+    # api_open=False: every event goes through the queue (its size and concurrency limits), none
+    # can be posted to /run directly, private ones included
+    demo.queue(max_size=int(os.environ.get("KV_ARENA_QUEUE", 32)), api_open=False)
     return demo
 
 
@@ -104,6 +111,7 @@ RANGE_JS = """
 def launch_options() -> dict:
     """What ``launch()`` takes besides the address (the tests launch with the same look and limits)."""
     return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS,
+            "enable_monitoring": os.environ.get("KV_ARENA_MONITORING") == "1",  # its traffic is no visitor's business
             **clients.LAUNCH}
 
 
@@ -123,6 +131,7 @@ def configure_logging() -> None:
 
 def main() -> None:
     configure_logging()
+    service.sweep_dead_sessions()  # what sessions of an earlier run left on disk
     if os.environ.get("KV_ARENA_PRELOAD", "1") != "0":  # the first visitor should not wait for it
         try:
             service.get_model(service.default_model())

@@ -9,7 +9,10 @@ values it is built with. ``budget``, which every method with a budget takes, is 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import math
 from typing import Any
+
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -31,19 +34,15 @@ class Param:
         return type(self.default).__name__  # "float", "int", "bool" or "str"
 
     def coerce(self, value: Any) -> Any:
-        """Convert ``value`` (possibly a string from the command line) and check its range."""
+        """Convert ``value`` (possibly a string from the command line) to the parameter's type and
+        check its range; a value of another shape (a list, NaN, an infinity, 2.5 for an int) is refused."""
         kind = self.kind
-        try:
-            if kind == "bool":
-                value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
-            elif kind == "int":
-                value = int(float(value))
-            elif kind == "float":
-                value = float(value)
-            else:
-                value = str(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"parameter '{self.name}' expects a {kind}, got {value!r}") from None
+        if kind == "bool":
+            value = _as_bool(self.name, value)
+        elif kind in ("int", "float"):
+            value = _as_number(self.name, kind, value)
+        elif not isinstance(value, str):
+            raise ValueError(f"parameter '{self.name}' expects text, got {_shown(value)}")
         if self.choices is not None and value not in self.choices:
             raise ValueError(f"parameter '{self.name}' must be one of {', '.join(self.choices)}; got {value!r}")
         if kind in ("int", "float"):
@@ -66,3 +65,36 @@ def param(default: float | int | bool | str, help: str, minimum: float | None = 
 
 
 BUDGET = Param("budget", 1.0, "Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).", 0.01, 1.0, 0.01)
+
+
+def _shown(value: Any) -> str:
+    """A value as a one-line message shows it (short: a client may send anything)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower() if isinstance(value, (str, int)) else None
+    if word in TRUE or word in FALSE:
+        return word in TRUE
+    raise ValueError(f"parameter '{name}' expects true or false, got {_shown(value)}")
+
+
+def _as_number(name: str, kind: str, value: Any) -> int | float:
+    """A finite number of ``kind`` ("int" or "float") from a number or its text; NaN and the
+    infinities are refused here (every range check is false for NaN, so it would pass them)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"parameter '{name}' expects a {kind}, got {_shown(value)}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"parameter '{name}' expects a {kind}, got {_shown(value)}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"parameter '{name}' expects a finite {kind}, got {_shown(value)}")
+    if kind == "float":
+        return number
+    if not number.is_integer():
+        raise ValueError(f"parameter '{name}' expects a whole number, got {_shown(value)}")
+    return int(number)

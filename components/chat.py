@@ -42,11 +42,61 @@ def refusal(exc: UserError) -> str:
 
 
 def parse_message(message: dict | str | None) -> tuple[str, list[str]]:
-    """MultimodalTextbox value -> (text, file paths)."""
+    """MultimodalTextbox value -> (text, file paths); a value of another shape, or text that is not
+    valid Unicode (a lone surrogate), is a UserError."""
     if isinstance(message, str) or message is None:
-        return message or "", []
-    files = [f["path"] if isinstance(f, dict) else str(f) for f in message.get("files") or []]
-    return message.get("text") or "", files
+        text, files = message or "", []
+    elif isinstance(message, dict):
+        text, sent = message.get("text") or "", message.get("files") or []
+        if not isinstance(sent, list):
+            raise UserError(f"The message's files must be a list; got {type(sent).__name__}.")
+        files = [f.get("path") if isinstance(f, dict) else f for f in sent]
+    else:
+        raise UserError(f"The message must be text, or text with files; got {type(message).__name__}.")
+    if not isinstance(text, str) or not all(isinstance(f, str) for f in files):
+        raise UserError("The message's text and each file's path must be text.")
+    return service.checked_text(text), files
+
+
+def shown_or(value, check, fallback):
+    """``value`` where ``check`` accepts it (it can be shown back as sent), else ``fallback``."""
+    try:
+        check(value)
+    except UserError:
+        return fallback
+    return value
+
+
+def checked_history(history) -> list:
+    """The chat history as sent: a list of messages, each a dict with a role and a content (a
+    malformed one, sent through the API, is a UserError; see ``checked_controls.Chatbot``)."""
+    if history is None:
+        return []
+    if isinstance(history, checked_controls.MalformedHistory) or not isinstance(history, list) or not all(
+            isinstance(m, dict) and m.get("role") in ("user", "assistant", "system")
+            and isinstance(m.get("content"), (str, list, dict, type(None))) for m in history):
+        raise UserError("The chat history is not a list of messages (each with a role and a content); "
+                        "send the history the app returned, or an empty one.")
+    for message in history:
+        text, _ = _said(message.get("content"))
+        service.checked_text(text)
+    return history
+
+
+def refused_turn(exc: UserError, message, history) -> ChatOutputs:
+    """A turn refused before it started: the chat and the message back as sent where they can be
+    shown (a malformed one is left as it was), the reason under them."""
+    return ChatOutputs(chatbot=shown_or(history, checked_history, KEEP), status=refusal(exc), textbox=box_as_sent(message))
+
+
+def box_as_sent(message) -> dict:
+    """The input box as a refused message left it: its text and its files where they can be shown
+    (a file from outside the upload folder cannot: Gradio would not serve it), else empty."""
+    try:
+        text, files = parse_message(message)
+    except UserError:
+        return EMPTY_INPUT
+    return {"text": text, "files": shown_or(files, service.check_sent_files, [])}
 
 
 NEW_CONVERSATION = "New conversation"  # the title of the marker a new conversation gets in the chat
@@ -272,8 +322,12 @@ def respond(message, history: list, session: service.Session, settings: service.
     """Answer one message: the chat, the panels, the kept-token overlay and the notes as it streams.
     Bad input is said once, in the status line under the input: the chat and the panels keep what
     they showed, the rejected files leave the input box (the text stays)."""
-    text, files = parse_message(message)
-    history = with_own_files(list(history or []), session)
+    try:
+        history, (text, files) = list(checked_history(history)), parse_message(message)
+    except UserError as exc:
+        yield refused_turn(exc, message, history)
+        return
+    history = with_own_files(history, session)
     try:
         service.check_uploads(session, files)
         prepared = service.prepare(text, files, settings.num_frames, progress_reporter(progress))
@@ -297,6 +351,11 @@ def respond(message, history: list, session: service.Session, settings: service.
     drawn = sent = time.monotonic()  # the first figures when done, or after PLOT_EVERY_S of streaming
     try:
         for view in service.chat_turn(session, settings, prepared, progress_reporter(progress), shown=turns):
+            if isinstance(view, service.ProgressNote):  # between a streamed prefill's chunks
+                if time.monotonic() - sent >= TEXT_EVERY_S:  # handed to Gradio: a client gone stops it here
+                    sent = time.monotonic()
+                    yield ChatOutputs(status=f"Working… {view.text}")
+                continue
             if not view.done and time.monotonic() - sent < TEXT_EVERY_S:
                 continue
             sent = time.monotonic()
@@ -312,7 +371,8 @@ def respond(message, history: list, session: service.Session, settings: service.
             if view.done:
                 scale, realised = measured(view)
                 picker = gr.Dropdown(choices=overlay.layer_choices(len(view.layers.tokens)), value=overlay.MEAN)
-                outputs = replace(outputs, layer_picker=picker, gallery=overlay.gallery(view.visuals), scale_line=scale,
+                gallery = overlay.private(session, overlay.gallery(view.visuals))
+                outputs = replace(outputs, layer_picker=picker, gallery=gallery, scale_line=scale,
                                   realised=KEEP if realised is None else realised)
             yield outputs
     except UserError as exc:
@@ -322,13 +382,18 @@ def respond(message, history: list, session: service.Session, settings: service.
 def submit(message, history, session, request: gr.Request, progress=gr.Progress(), **controls) -> Iterator[ChatOutputs]:
     """The Chat event (the API's ``/chat``): settings from the column's controls, by name
     (``settings.control_names()``), then :func:`respond`."""
-    service.track(session, getattr(request, "session_hash", None), clients.client_of(request))
-    try:
-        settings = settings_from_named(controls)
-    except UserError as exc:  # the chat and the message as they were, the reason under them
-        yield ChatOutputs(chatbot=list(history or []), textbox=message, status=refusal(exc))
-        return
-    yield from respond(message, history, session, settings, progress)
+    session_hash = getattr(request, "session_hash", None)
+    service.track(session, session_hash, clients.client_of(request))
+    with service.active(session_hash):  # a session answering is not idle, however long it takes
+        try:
+            checked_history(history)
+            if request is not None:  # from a client (a direct call, as the tests make, may name any file)
+                service.check_sent_files(parse_message(message)[1])
+            settings = settings_from_named(controls)
+        except UserError as exc:  # the chat and the message as they were, the reason under them
+            yield refused_turn(exc, message, history)
+            return
+        yield from respond(message, history, session, settings, progress)
 
 
 def stop(session: service.Session) -> None:
@@ -342,7 +407,7 @@ def clear(session: service.Session) -> ChatOutputs:
 
 
 def show_layer(session: service.Session, choice: str):
-    return overlay.gallery(session.visuals, choice)
+    return overlay.private(session, overlay.gallery(session.visuals, choice))
 
 
 GENERAL_EXAMPLES = [("What shapes do you see, and what colour is each?", ["shapes.png"]),
@@ -426,14 +491,14 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
                          preview=False, fit_columns=False, elem_id="overlay")
     panels = media_library.build_media_panels()
     tab = ChatTab(chatbot, textbox, status, memory, speed, layers, picker, gallery, scale, settings.realised)
-    settings.model.change(show_examples, settings.model, example_sets, queue=False, api_visibility="private")
+    settings.model.change(show_examples, settings.model, example_sets, api_visibility="private")
 
     textbox.submit(by_component(tab, submit), [textbox, chatbot, session], tab.outputs, inputs_kwargs=settings.named,
                    api_name="chat", concurrency_id="gpu", concurrency_limit=1).success(
         by_component(panels, media_library.after_turn), [session, settings.method],
         components_of(panels, media_library.PanelOutputs), concurrency_id="gpu",
         api_visibility="private")
-    stop_button.click(stop, session, None, queue=False, api_visibility="private")
-    clear_button.click(by_component(tab, clear), session, tab.outputs, queue=False, api_visibility="private")
-    picker.change(show_layer, [session, picker], gallery, queue=False, api_visibility="private")
+    stop_button.click(stop, session, None, api_visibility="private")
+    clear_button.click(by_component(tab, clear), session, tab.outputs, api_visibility="private")
+    picker.change(show_layer, [session, picker], gallery, api_visibility="private")
     return tab

@@ -11,18 +11,22 @@ what is typed into it, the file picker still offers images and videos. (Subclass
 Gradio rebuilds a component from its class when an event updates it. Gradio writes a ``.pyi``
 stub next to this module for them; it is generated and ignored by git.)
 
-``Chatbot`` takes a history back as ``/chat`` returned it: gradio_client downloads each file of
+``Chatbot`` and ``MultimodalTextbox`` also let a value that does not fit Gradio's format (a
+malformed history or message sent through the API) reach the app as sent, which refuses it in one
+line. ``Chatbot`` takes a history back as ``/chat`` returned it: gradio_client downloads each file of
 the answer and hands back its own local path, which Gradio's chat model refuses before any event
 runs. Such a block comes through marked ``RETURNED``; the chat puts the server's copy in its place.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import gradio as gr
 from gradio.components.chatbot import ChatbotDataMessages, ComponentMessage, FileMessage, Message, TextMessage
+from gradio.components.multimodal_textbox import MultimodalData
 from gradio.data_classes import GradioModel
+from pydantic import ValidationError, model_validator
 
 RETURNED = "returned"  # marks a file block whose path is a client's download, not a file of this server
 
@@ -39,13 +43,38 @@ class _Message(Message):
     content: list[Union[TextMessage, FileMessage, ReturnedFile, ComponentMessage]]
 
 
+class MalformedHistory(list):
+    """A chat history that is not Gradio's messages format, handed over as sent (a list subclass,
+    so :func:`components.chat.checked_history` refuses it by type, whatever it holds)."""
+
+
 class _History(ChatbotDataMessages):
+    """Gradio's messages format with returned files; a history that does not fit it reaches
+    ``preprocess`` (marked by ``root=None``, which the format never holds) instead of failing
+    validation with a traceback."""
+
     root: list[_Message]
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_malformed(cls, value: Any, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            kept = cls.model_construct(root=None)
+            kept.__dict__["sent"] = value
+            return kept
 
 
 class Chatbot(gr.Chatbot):
     is_template = True
     data_model = _History
+
+    def preprocess(self, payload):
+        if payload is not None and payload.root is None:  # malformed: the app says so in one line
+            sent = payload.__dict__.get("sent")
+            return MalformedHistory(sent if isinstance(sent, list) else [sent])
+        return super().preprocess(payload)
 
     def _preprocess_content(self, chat_message):
         if isinstance(chat_message, ReturnedFile):  # never read: the chat maps it to its own copy
@@ -88,8 +117,29 @@ class CheckboxGroup(gr.CheckboxGroup):
         return payload
 
 
+class _CheckedMultimodal(MultimodalData):
+    """Gradio's message format, but a message that does not fit it (a file without Gradio's marker,
+    text that is no string) reaches ``preprocess`` as sent (marked by ``text=None``), where the app
+    refuses it in one line (``chat.parse_message``, ``service.check_sent_files``)."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_malformed(cls, value: Any, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            kept = cls.model_construct(text=None, files=[])
+            kept.__dict__["sent"] = value
+            return kept
+
+
 class MultimodalTextbox(gr.MultimodalTextbox):
     is_template = True
+    data_model = _CheckedMultimodal
 
     def preprocess(self, payload):
-        return None if payload is None else {"text": payload.text, "files": [f.path for f in payload.files]}
+        if payload is None:
+            return None
+        if payload.text is None:  # as sent: the app checks every part of it
+            return payload.__dict__.get("sent")
+        return {"text": payload.text, "files": [f.path for f in payload.files]}

@@ -8,13 +8,27 @@ cookies of its first request and sends them with its uploads, events and downloa
 upload under that id (from the upload route's answer: the server paths of the files it received,
 before the client sees them) and answers 404 to a file request for an upload the requesting client
 did not make. The ledger itself is ``engine.service.uploads``.
+
+A file request is recognised by what it names, not by its route's spelling: every path a request
+could stand for (each tail of its URL path after a ``/`` or ``=``, percent-decoded until it stops
+changing, and each query value) is resolved as Gradio's file routes resolve it, so ``/file=``,
+``/file/``, encoded forms and any later alias meet the same check. The middleware also answers 404
+to a request for the messages of an event or session this server never had (``/call/<api>/<id>``,
+``/queue/data``: Gradio would log a traceback), takes Gradio's file marker off any file an event
+names outside the upload folder (the app then refuses it in one line, where Gradio would fail
+with a traceback), and keeps a session awake while its heartbeat stream is open (``service.active``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import secrets
+import threading
+from collections import OrderedDict
 from http.cookies import SimpleCookie
+from urllib.parse import parse_qsl, unquote
 
 import gradio as gr
 from starlette.middleware import Middleware
@@ -22,8 +36,77 @@ from starlette.middleware import Middleware
 from engine import service
 
 COOKIE = "kv_arena_client"
-FILE_ROUTE = "/file="
 UPLOAD_ROUTE = "/upload"  # POST: the files' bytes in, their server paths out (a JSON list)
+CALL_START = re.compile(r"/call(?:/v2)?/[^/]+/?$")  # POST: an event started, its id in the answer
+CALL_RESULT = re.compile(r"/call(?:/v2)?/[^/]+/([^/]+)/?$")  # GET: that event's messages
+HEARTBEAT = re.compile(r"/heartbeat/([^/]+)/?$")
+JOIN = re.compile(r"/queue/join/?$")  # POST: an event queued for the body's session_hash
+QUEUE_DATA = re.compile(r"/queue/data/?$")  # GET ?session_hash=...: that session's messages
+REMEMBERED = 10_000  # started events (and sessions) whose messages may still be fetched
+
+
+def _decodings(text: str) -> set[str]:
+    """``text`` and its percent-decodings, until one stops changing (a few rounds at most)."""
+    out = {text}
+    for _ in range(4):
+        text = unquote(text)
+        if text in out:
+            break
+        out.add(text)
+    return out
+
+
+def named_paths(scope) -> set[str]:
+    """Every file path a request could name: each tail of its path after a ``/`` or ``=`` (as an
+    absolute and as a relative path), and each query value, in every decoding."""
+    raw = scope.get("raw_path") or b""
+    spellings = {scope.get("path", "")} | ({raw.decode("latin-1")} if raw else set())
+    values = [v for _, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)]
+    out = set()
+    for text in {d for spelling in spellings | set(values) for d in _decodings(spelling)}:
+        out.add(text)
+        for i, char in enumerate(text):
+            if char in "/=":
+                out.update((text[i + 1:], text[i:]) if char == "/" else (text[i + 1:],))
+    return {p for p in out if p and p != "/"}
+
+
+def _readable(scope, client: str | None) -> bool:
+    return all(service.may_read(path, client) for path in named_paths(scope))
+
+
+class _Known:
+    """Ids this server handed out or was sent with a queued event (the newest :data:`REMEMBERED`),
+    so messages are asked for a known one only: Gradio answers an unknown one with a traceback."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field  # the JSON field that names the id in the body it is noted from
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def note(self, body: bytes) -> None:
+        try:
+            found = json.loads(body).get(self.field)
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            return
+        if isinstance(found, str):
+            with self._lock:
+                self._ids[found] = None
+                while len(self._ids) > REMEMBERED:
+                    self._ids.popitem(last=False)
+
+    def known(self, event_id: str) -> bool:
+        with self._lock:
+            return event_id in self._ids
+
+    def done(self, event_id: str) -> None:
+        """Its messages were delivered (Gradio keeps them no longer)."""
+        with self._lock:
+            self._ids.pop(event_id, None)
+
+
+EVENTS = _Known("event_id")  # from the answer to POST /call/<api>
+SESSIONS = _Known("session_hash")  # from the body of POST /queue/join
 
 
 def _sent_cookie(scope) -> str | None:
@@ -55,9 +138,72 @@ def _uploaded(body: bytes) -> list[str]:
     return [p for p in paths if isinstance(p, str)] if isinstance(paths, list) else []
 
 
+def _outside_files_unmarked(body: bytes) -> bytes | None:
+    """An event's body with Gradio's file marker (``meta``) taken off every file it names outside
+    the upload folder: Gradio would refuse such a file with a traceback before any event runs;
+    unmarked, the event receives it and the app refuses it in one line. None: nothing to change."""
+    try:
+        sent = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    changed = False
+
+    def visit(node) -> None:
+        nonlocal changed
+        if isinstance(node, list):
+            for item in node:
+                visit(item)
+        elif isinstance(node, dict):
+            path, meta = node.get("path"), node.get("meta")
+            if (isinstance(meta, dict) and meta.get("_type") == "gradio.FileData" and isinstance(path, str)
+                    and not re.match(r"^https?://", path) and not service.in_upload_dir(path)):
+                del node["meta"]
+                changed = True
+            for value in node.values():
+                visit(value)
+
+    visit(sent.get("data") if isinstance(sent, dict) else None)
+    return json.dumps(sent).encode() if changed else None
+
+
+async def _whole_body(receive) -> list[dict]:
+    """Every message of a request's body, read now (Gradio reads an event's body whole anyway)."""
+    messages = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return messages
+
+
+def _with_length(scope, size: int) -> dict:
+    headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-length"]
+    return {**scope, "headers": [*headers, (b"content-length", str(size).encode())]}
+
+
+async def _not_found(send) -> None:
+    await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"Not found."})
+
+
+def _unknown_event(scope) -> bool:
+    """Whether the request asks for the messages of an event, or a session, this server never had."""
+    if scope.get("method") not in ("GET", "HEAD"):
+        return False
+    path = scope.get("path", "")
+    found = CALL_RESULT.search(path)
+    if found:
+        return not EVENTS.known(found.group(1))
+    if QUEUE_DATA.search(path):
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        return not SESSIONS.known(query.get("session_hash", ""))
+    return False
+
+
 class ClientCookie:
     """ASGI middleware: the client's id for this request (made on its first), each upload noted
-    under it, and the file route closed to uploads of other clients."""
+    under it, every file route closed to the private files of other clients, results asked for
+    unknown events refused, and a session kept awake while its heartbeat is open."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -69,28 +215,54 @@ class ClientCookie:
         sent = _sent_cookie(scope)
         client = sent or secrets.token_urlsafe(18)
         path = scope.get("path", "")
-        if FILE_ROUTE in path and not service.may_read(path.split(FILE_ROUTE, 1)[1], client):
-            await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
-            await send({"type": "http.response.body", "body": b"Not found."})
+        if not _readable(scope, sent) or _unknown_event(scope):
+            await _not_found(send)
             return
+        beating = HEARTBEAT.search(path)
+        with service.active(beating.group(1)) if beating else contextlib.nullcontext():
+            await self._serve(scope, receive, send, sent, client)
 
+    async def _serve(self, scope, receive, send, sent: str | None, client: str) -> None:
+        path = scope.get("path", "")
         upload = scope.get("method") == "POST" and path.endswith(UPLOAD_ROUTE)
-        status, body = 0, b""
+        started = scope.get("method") == "POST" and CALL_START.search(path) is not None
+        result = CALL_RESULT.search(path) if scope.get("method") == "GET" else None
+        joining = scope.get("method") == "POST" and JOIN.search(path) is not None
+        status, body, sent_body = 0, b"", b""
+        pending: list[dict] = []
+        if joining or started:  # an event's inputs: read whole, files outside the upload folder unmarked
+            pending = await _whole_body(receive)
+            sent_body = b"".join(m.get("body", b"") for m in pending if m["type"] == "http.request")
+            unmarked = _outside_files_unmarked(sent_body)
+            if unmarked is not None:
+                pending, sent_body = [{"type": "http.request", "body": unmarked, "more_body": False}], unmarked
+                scope = _with_length(scope, len(unmarked))
+
+        async def receive_noted():
+            return pending.pop(0) if pending else await receive()
 
         async def send_with_cookie(message) -> None:
             nonlocal status, body
             if message["type"] == "http.response.start":
                 status = message["status"]
+                if joining and status == 200:  # noted before the client can ask for its messages
+                    SESSIONS.note(sent_body)
                 if not sent:
                     message = {**message, "headers": [*message.get("headers", []),
                                                       (b"set-cookie", _set_cookie(client, _secure(scope)))]}
-            elif message["type"] == "http.response.body" and upload and status == 200:
+            elif message["type"] == "http.response.body" and (upload or started) and status == 200:
                 body += message.get("body", b"")
-                if not message.get("more_body"):  # noted before the client can name the paths
-                    service.note_uploads(_uploaded(body), client)
+                if not message.get("more_body") and upload:  # noted before the client can name the paths
+                    # under the cookie the client sent: one that sent none keeps none (raw HTTP), so its
+                    # upload belongs to no client (usable once, by the first session naming it)
+                    service.note_uploads(_uploaded(body), sent)
+                elif not message.get("more_body"):  # the event's id, before the client can ask for it
+                    EVENTS.note(body)
+            elif message["type"] == "http.response.body" and result and not message.get("more_body"):
+                EVENTS.done(result.group(1))
             await send(message)
 
-        await self.app(scope, receive, send_with_cookie)
+        await self.app(scope, receive_noted, send_with_cookie)
 
 
 LAUNCH = {"app_kwargs": {"middleware": [Middleware(ClientCookie)]}}  # pass to ``launch`` (app.launch_options)

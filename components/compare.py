@@ -21,8 +21,8 @@ from engine.errors import UserError
 
 from . import at_scale, checked_controls, clients, overlay, plots
 from .outputs import KEEP, Outputs, by_component, components_of
-from .chat import ASSETS, TEXT_EVERY_S, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
-from .settings import RANGES, SettingsPanel, control, own_params, settings_from_named
+from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
+from .settings import RANGES, SettingsPanel, control, own_params, quoted, settings_from_named
 
 COLUMNS = ["Method", "Turn", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",
            "Answer (s)", "Same tokens as full", "Right?"]
@@ -151,7 +151,11 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
     """The answer columns, the table, the status and, once every method has run, the panels.
     Bad input is said once, in the status line: the rest keeps what it showed, rejected files
     leave the input box."""
-    text, files = parse_message(message)
+    try:
+        text, files = parse_message(message)
+    except UserError as exc:
+        yield refused(exc, {"text": "", "files": []})
+        return
     try:
         service.check_uploads(session, files)
         if settings.num_frames > service.MAX_FRAMES:  # the frames a memory cap allows are Chat's (streamed)
@@ -186,12 +190,19 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
                 outputs = replace(outputs, memory=plots.memory_figure(others, reference),
                                   speed=plots.speed_figure(others, reference),
                                   layers=plots.layer_figure(others, reference), quality=plots.quality_figure(runs),
-                                  gallery=[item for run in runs[1:]
-                                           for item in overlay.gallery(run.visuals, prefix=run.method + ", ")],
+                                  gallery=overlay.private(session, [item for run in runs[1:] for item in
+                                                                    overlay.gallery(run.visuals, prefix=run.method + ", ")]),
                                   at_scale=scale_line(runs))
             yield outputs
     except UserError as exc:
         yield refused(exc, {"text": text, "files": []})
+
+
+def checked_methods(methods) -> list[str]:
+    """The methods to compare as sent: a list of names (a name alone, or a nested list, is refused)."""
+    if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
+        raise UserError(f"The methods to compare must be a list of method names; got {quoted(methods)}.")
+    return methods
 
 
 def refused(exc: UserError, box=KEEP) -> CompareOutputs:
@@ -203,13 +214,18 @@ def run(message, methods, follow_up: str | None = None, session=None, request: g
         **controls) -> Iterator[CompareOutputs]:
     """The Compare event (the API's ``/compare``): settings by name (the budget and the methods'
     knobs from the Compare tab's own controls), then :func:`respond`."""
-    service.track(session, getattr(request, "session_hash", None), clients.client_of(request))
-    try:
-        settings = settings_from_named(controls)
-    except UserError as exc:
-        yield refused(exc)
-        return
-    yield from respond(message, methods, session, settings, progress, follow_up)
+    session_hash = getattr(request, "session_hash", None)
+    service.track(session, session_hash, clients.client_of(request))
+    with service.active(session_hash):  # a session comparing is not idle, however long it takes
+        try:
+            if request is not None:  # from a client (a direct call, as the tests make, may name any file)
+                service.check_sent_files(parse_message(message)[1])
+            checked_methods(methods)
+            settings = settings_from_named(controls)
+        except UserError as exc:
+            yield refused(exc, box_as_sent(message))
+            return
+        yield from respond(message, methods, session, settings, progress, follow_up)
 
 
 def limit_methods(chosen: list[str]) -> tuple[list[str], str]:
@@ -246,11 +262,14 @@ class SceneOutputs(Outputs):
     status: Any = KEEP
 
 
-def new_scene(kind: str) -> SceneOutputs:
+def new_scene(kind: str, session: service.Session | None = None, request: gr.Request = None) -> SceneOutputs:
     """A fresh scene of ``kind`` from the model's scene generator, with its true answers: it fills
-    the first question (with its media) and the follow-up."""
+    the first question (with its media) and the follow-up. Its files are the session's (they go
+    with it; :func:`engine.service.draw_scene` caps them)."""
     try:
-        scene = service.draw_scene(kind)
+        if session is not None:
+            service.track(session, getattr(request, "session_hash", None), clients.client_of(request))
+        scene = service.draw_scene(kind, owner=session.id if session is not None else "anonymous")
     except UserError as exc:
         return SceneOutputs(status=refusal(exc))
     return SceneOutputs({"text": scene.questions[0], "files": list(scene.files)},
@@ -356,11 +375,12 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
                          object_fit="contain", preview=False, fit_columns=False, elem_id="compare-overlay")
     tab = CompareTab(methods, textbox, follow_up, button, answers, grid, status, memory, speed, layers, quality, gallery,
                      speed_scale)
-    methods.input(limit_methods, methods, [methods, methods_note], queue=False, api_visibility="private")
-    methods.change(show_knobs, methods, knobs, queue=False, api_visibility="private")
-    settings.model.change(show_examples, settings.model, example_sets, queue=False, api_visibility="private")
-    scene_button.click(by_component(tab, new_scene), scene_kind, components_of(tab, SceneOutputs), queue=False,
-                       api_visibility="private")
+    methods.input(limit_methods, methods, [methods, methods_note], api_visibility="private")
+    methods.change(show_knobs, methods, knobs, api_visibility="private")
+    settings.model.change(show_examples, settings.model, example_sets, api_visibility="private")
+    # queued, one at a time: each call draws and writes a scene (capped per session and in all)
+    scene_button.click(by_component(tab, new_scene), [scene_kind, session], components_of(tab, SceneOutputs),
+                       concurrency_id="scenes", concurrency_limit=1, api_visibility="private")
     own = {"budget": budget} | {f"{m}_{p['name']}": knob for (m, p), knob in zip(knob_specs(), knobs)}
     button.click(by_component(tab, run), [textbox, methods, follow_up, session], tab.outputs,
                  inputs_kwargs=settings.named | own,

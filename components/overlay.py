@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from engine import service
 from engine.service.view_types import KeptVisual
 
 MEAN = "mean over layers"
@@ -90,6 +91,13 @@ def gallery(visuals: list[KeptVisual] | None, choice: str | None = None, prefix:
     under it (drawn in; the gallery's own caption would cover the picture)."""
     layer = layer_index(choice)
     return [(with_caption(*_prefixed(render(visual, layer), prefix)), None) for visual in visuals or []]
+
+
+def private(session: service.Session, items: list[tuple[Image.Image, None]]) -> list[tuple[str, None]]:
+    """Gallery items as files only the session's client may read, which go with the session: an
+    overlay shows a private upload, so it never enters Gradio's public cache as an image would."""
+    paths = service.save_private_images(session, [image for image, _ in items])
+    return [(path, caption) for path, (_, caption) in zip(paths, items)]
 
 
 def captions(visuals: list[KeptVisual] | None, choice: str | None = None, prefix: str = "") -> list[str]:

@@ -10,6 +10,7 @@ UI. Every event receives the controls' values positionally (``SettingsPanel.inpu
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,19 +44,34 @@ def checked(name: str, value, limits: tuple[float, float] | None = None) -> floa
     """A base control's value, or a UserError that says the allowed range (never a silent clamp)."""
     low, high = limits or RANGES[name]
     try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{LABELS[name]} must be a number from {low:g} to {high:g}; got {value!r}.") from None
+        number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or not math.isfinite(number):  # NaN would pass the range check below
+        raise UserError(f"{LABELS[name]} must be a number from {low:g} to {high:g}; got {quoted(value)}.")
     if not low <= number <= high:
         raise UserError(f"{LABELS[name]} must lie between {low:g} and {high:g}; got {number:g}. Nothing was changed.")
     return number
 
 
+def quoted(value) -> str:
+    """A value a client sent, as a one-line message quotes it (short, whatever was sent)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def name_of(what: str, value) -> str:
+    """A model's or a method's name: text, or a one-line refusal (a list or a dict sent through the API)."""
+    if not isinstance(value, str):
+        raise UserError(f"The {what} must be a name (text); got {quoted(value)}.")
+    return value
+
+
 def question_after(value) -> bool:
     """The "when the cache is compressed" control's value -> whether the question comes after."""
     values = [v for _, v in COMPRESS]
-    if value not in values:
-        raise UserError(f"When the cache is compressed must be one of {', '.join(values)}; got {value!r}.")
+    if not isinstance(value, str) or value not in values:
+        raise UserError(f"When the cache is compressed must be one of {', '.join(values)}; got {quoted(value)}.")
     return value == "before_question"
 
 
@@ -94,8 +110,10 @@ def settings_from(values: Sequence) -> service.Settings:
         params.setdefault(method, {})[spec["name"]] = value
     if base["model"] is None or base["method"] is None:
         raise UserError("Pick a model and a method first.")
+    model, method = name_of("model", base["model"]), name_of("method", base["method"])
+    service.check_model_allowed(model)
     cap = checked("stream_cap_mb", base["stream_cap_mb"])
-    return service.Settings.make(params=params, model=base["model"], method=base["method"],
+    return service.Settings.make(params=service.checked_params(params), model=model, method=method,
                                  budget=checked("budget", base["budget"]),
                                  max_new_tokens=int(checked("max_new_tokens", base["max_new_tokens"])),
                                  num_frames=int(checked("num_frames", base["num_frames"], frame_range(cap))),
@@ -310,9 +328,9 @@ def build_settings() -> SettingsPanel:
                 "the model starts a new conversation.")
     panel = SettingsPanel(model, card, method, info, budget, max_new, frames, compress, stream_cap, realised, groups,
                           params)
-    stream_cap.change(on_stream_cap, [stream_cap, frames], frames, queue=False, api_visibility="private")
+    stream_cap.change(on_stream_cap, [stream_cap, frames], frames, api_visibility="private")
     loaded = gr.State(first)  # the last model that loaded, to fall back to
-    method.change(on_method, method, [info, budget, realised, *groups.values()], queue=False, api_visibility="private")
+    method.change(on_method, method, [info, budget, realised, *groups.values()], api_visibility="private")
     # .input, not .change: falling back to the previous model must not trigger another load
     k_control = params[k] if k is not None else gr.State()  # without MPIC its value goes nowhere
     switch = ModelSwitch(model, loaded, card, k_control)

@@ -30,7 +30,7 @@ HUB_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
     paths = {name: root / name for name in ("broken.png", "empty.png", "notes.mp4", "notes.txt", "long.avi",
-                                            "huge.png", "moving.gif", "good.png", "theirs.png")}
+                                            "huge.png", "moving.gif", "good.png", "theirs.png", "garbled.avi")}
     paths["broken.png"].write_bytes(b"\x89PNG\r\n\x1a\n not a picture after all")
     paths["empty.png"].write_bytes(b"")
     paths["notes.mp4"].write_text("plain text, not a video")
@@ -41,6 +41,7 @@ def files(tmp_path_factory):
     frames[0].save(paths["moving.gif"], save_all=True, append_images=frames[1:], duration=100, loop=0)
     make_image(11, (112, 112)).save(paths["good.png"])
     make_image(12, (112, 112)).save(paths["theirs.png"])
+    write_garbled_avi(paths["garbled.avi"])
     return {name: str(path) for name, path in paths.items()}
 
 
@@ -61,6 +62,20 @@ def theirs(url, files):  # noqa: F811
     send(other, "Mine.", [files["theirs.png"]])
     (path,) = sessions._OPEN[other.session_hash].uploads
     return path, other
+
+
+def write_garbled_avi(path) -> None:
+    """An AVI whose container and first frame are sound and whose other frames are noise: it opens,
+    its frames do not decode."""
+    write_mjpeg_avi(path, [Image.new("RGB", (64, 64), (40 * i, 0, 0)) for i in range(4)], 1)
+    data = bytearray(path.read_bytes())
+    at, index = data.find(b"00dc", data.find(b"movi")), 0
+    while at >= 0:
+        size = int.from_bytes(data[at + 4:at + 8], "little")
+        if index:
+            data[at + 8:at + 8 + size] = b"\x55" * size
+        at, index = data.find(b"00dc", at + 8 + size), index + 1
+    path.write_bytes(bytes(data))
 
 
 def offline(monkeypatch, tmp_path) -> None:
@@ -105,6 +120,22 @@ CHAT_CASES = [
     ("a hub model with no network", "Again?", [], {"model": HUB_MODEL},
      f"{HUB_MODEL} must be downloaded from the Hugging Face Hub, which this server cannot reach", offline),
     ("another client's upload", "Whose is this?", ["theirs"], {}, "was not uploaded in this session", skip_upload),
+    ("an AVI whose frames do not decode", "What happens?", ["garbled.avi"], {}, "has frames that cannot be decoded",
+     None),
+    ("Infinity for an int knob", "Again?", [], {"max_new_tokens": "Infinity"}, "Max new tokens must be a number", None),
+    ("Infinity for a method's int knob", "Again?", [], {"streamingllm_sink_tokens": "Infinity"},
+     "expects a finite int", None),
+    ("NaN for a method's float knob", "Again?", [], {"method": "h2o", "h2o_recent_share": "NaN"},
+     "expects a finite float", None),
+    ("2.5 for an int knob", "Again?", [], {"streamingllm_sink_tokens": 2.5}, "expects a whole number", None),
+    ("the method as a list", "Again?", [], {"method": ["snapkv"]}, "The method must be a name (text)", None),
+    ("the method as a dict", "Again?", [], {"method": {"name": "snapkv"}}, "The method must be a name (text)", None),
+    ("the model as a list", "Again?", [], {"model": ["tiny-qwen2-vl"]}, "The model must be a name (text)", None),
+    ("the model as a dict", "Again?", [], {"model": {"a": 1}}, "The model must be a name (text)", None),
+    ("a random: architecture", "Again?", [], {"model": "random:Qwen/Qwen2.5-VL-7B-Instruct"},
+     "is not offered on this server", None),
+    ("a file outside the upload folder", "Whose is this?", ["/etc/hostname"], {}, "was not uploaded to this app",
+     skip_upload),
 ]
 
 
@@ -124,7 +155,7 @@ def test_bad_chat_input_is_one_line_and_the_chat_stays(chat, files, theirs, what
     if setup is not None:
         setup(monkeypatch, tmp_path)
     caplog.set_level(logging.INFO, logger="components")
-    paths = [theirs[0] if name == "theirs" else files[name] for name in attached]
+    paths = [theirs[0] if name == "theirs" else files.get(name, name) for name in attached]
     job = client.submit(message={"text": text, "files": [handle_file(p) for p in paths]}, history=history,
                         **(controls() | settings), api_name="/chat")
     final = job.result(timeout=120)

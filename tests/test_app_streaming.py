@@ -84,13 +84,13 @@ def test_a_method_that_cannot_hold_a_cap_is_refused_in_one_line(video):
     assert "\n" not in error and outputs[-1].chatbot == []  # the chat as it was
 
 
-def test_a_cap_below_what_infinipot_v_never_evicts_is_refused_in_one_line_and_the_cache_freed(video):
+def test_a_cap_below_what_infinipot_v_never_evicts_is_refused_in_one_line_and_rolled_back(video):
     session = service.Session()
     outputs, error = streamed_turn(session, video, "infinipot_v", 40 / 1024)
     assert error is not None and "\n" not in error and outputs[-1].chatbot == []
     assert re.search(r"InfiniPot-V cannot hold the cache under a cap of 40\.0 KiB: .* the smallest cap it can hold; "
-                     r"it keeps video tokens from [\d.]+ KiB\. This chat's cache was freed", error)
-    assert session.conv is None  # the half-streamed cache went: the next message starts a new conversation
+                     r"it keeps video tokens from [\d.]+ KiB\. The conversation is as it was before this message", error)
+    assert session.conv is None  # the half-streamed cache went: the conversation is as before (none)
 
 
 def test_the_frame_limit_rises_with_a_cap():

@@ -300,6 +300,15 @@ class KVStore:
                  "on_disk": r["on_disk"], "age_s": now - r["created"]}
                 for r in sorted(rows.values(), key=lambda r: r["created"])]
 
+    def sweep_namespaces(self) -> None:
+        """Forget every session's folder on disk (at a process's start, none of them is alive:
+        session ids are made anew by each process). Only folders named as namespaces go."""
+        if not self.root.is_dir():
+            return
+        for folder in self.root.iterdir():
+            if folder.is_dir() and not folder.is_symlink() and re.fullmatch(r"[0-9a-f]{32}", folder.name):
+                shutil.rmtree(folder, ignore_errors=True)
+
     def drop_session(self, session: str) -> None:
         """Forget everything a session stored (memory and disk)."""
         ns = self.namespace(session)

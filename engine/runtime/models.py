@@ -3,6 +3,7 @@ variants of the hub models built from configs the project ships (``engine/runtim
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -380,6 +381,18 @@ def _load_hub(spec: ModelSpec, cls, dev, torch_dtype, quantization):
         raise UserError(f"Could not fetch '{spec.repo}': {str(exc).splitlines()[0]} "
                         "Check the network (or HF_TOKEN), or pick an offline model such as 'tiny-qwen2-vl'.") from None
     return model, tokenizer, image_processor, processor
+
+
+@functools.lru_cache(maxsize=32)
+def parameter_count(name: str) -> int:
+    """The parameters of a ``random:`` architecture, counted on the meta device: no memory is
+    allocated, so a 30B model costs nothing to measure."""
+    spec = model_spec(name)
+    if spec.source != "random":
+        raise ValueError(f"parameter_count measures random: architectures only, not '{name}'")
+    with torch.device("meta"):
+        model = model_class(spec.family)(shipped_config(spec.repo))
+    return sum(p.numel() for p in model.parameters())
 
 
 def list_models() -> list[dict]:

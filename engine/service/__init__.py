@@ -35,17 +35,17 @@ tensor and never imports torch. The app imports this package only; its modules, 
 
 from ..media import MAX_VIDEO_BYTES  # the largest upload the app takes
 from ..runtime.models import ARENA
-from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, prepare
-from .model_picker import default_model, has_random_weights, is_trained_here, model_choices, model_description
+from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, checked_text, prepare
+from .model_picker import check_model_allowed, default_model, has_random_weights, is_trained_here, model_choices, model_description
 from .model_pool import get_model
-from .methods import method_spec, method_specs, reuses_media
+from .methods import checked_params, method_spec, method_specs, reuses_media
 from .scenes import ARENA_EXAMPLES, Scene, draw_scene, media_hint, scene_types
 from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_default_k, mpic_ttft
-from .sessions import Session, close_session, release, track
+from .sessions import Session, active, close_session, expire_idle, release, start_sweeper, sweep_dead_sessions, track
 from .state import ChatState
 from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
-from .uploads import check_uploads, may_read, note_uploads
+from .uploads import check_sent_files, check_uploads, in_upload_dir, may_read, note_uploads, save_private_images
 from .view_types import (
     ChatView,
     CompareRun,
@@ -55,6 +55,7 @@ from .view_types import (
     LayerFigures,
     LibraryEntry,
     Meters,
+    ProgressNote,
     ReferenceView,
     ReuseSummary,
     StreamView,
@@ -65,11 +66,14 @@ from .views import kept_visuals
 
 __all__ = [
     "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Prepared", "Scene", "Session", "Settings",
-    "ChatView", "SwitchNote", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters",
+    "ChatView", "SwitchNote", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters", "ProgressNote",
     "ReferenceView", "ReuseSummary", "StreamView", "TtftView",
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",
     "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
     "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",
     "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release",
     "reuses_media", "track",
+    # against hostile visitors (issue 36): inputs checked, private files, idle sessions
+    "check_model_allowed", "check_sent_files", "checked_params", "checked_text", "in_upload_dir",
+    "save_private_images", "active", "expire_idle", "start_sweeper", "sweep_dead_sessions",
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 import backends
 
 from ..errors import UserError
-from ..media import load_image, load_video
+from ..media import check_decoded_pixels, decoded_pixels, load_image, load_video
 from ..runtime.inputs import Message
 from ..runtime.models import DEFAULT_MODEL
 from .model_pool import Progress, silent
@@ -85,20 +85,33 @@ class Prepared:
     media: str = ""  # content hash of the media alone (which scene it shows; "" without media)
 
 
+def checked_text(text: str) -> str:
+    """Text a message may hold: valid Unicode (a lone surrogate, which JSON lets a client send,
+    cannot be encoded, tokenised or shown back), or a UserError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(f"The message holds a character that is not valid text (U+{ord(text[exc.start]):04X} at "
+                        f"position {exc.start}, a lone surrogate); type it again.") from None
+    return text
+
+
 def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = silent) -> Prepared:
     """Decode the attached images and videos; any bad file raises a UserError naming it."""
-    text = (text or "").strip()
+    text = checked_text(text or "").strip()
     files = [str(f) for f in files or []]
     if not text and not files:
         raise UserError("The message is empty: type a question or attach an image or a video.")
     digest = hashlib.sha1(f"{text}\x00{num_frames}".encode())
     media = hashlib.sha1()
     images, videos = [], []
+    lazy = num_frames > MAX_FRAMES  # more frames than one prompt takes only ever stream, a chunk at a time
+    # one budget of decoded pixels for the whole message, from the headers, before anything is decoded
+    check_decoded_pixels([decoded_pixels(path, is_video(path), num_frames, lazy) for path in files])
     for i, path in enumerate(files):
         progress(0.05 + 0.2 * i / len(files), f"Reading {Path(path).name}...")
-        if Path(path).suffix.lower() in VIDEO_SUFFIXES:
-            # more frames than one prompt takes only ever stream: decoded a chunk at a time as they go in
-            videos.append(load_video(path, num_frames, lazy=num_frames > MAX_FRAMES))
+        if is_video(path):
+            videos.append(load_video(path, num_frames, lazy=lazy))
         else:  # anything else must be an image; load_image says so readably when it is not
             images.append(load_image(path))
         content = file_hash(path).encode()
@@ -106,6 +119,10 @@ def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = si
         media.update(content)
     message = Message(text, images=images, videos=videos, num_frames=num_frames)
     return Prepared(message, digest.hexdigest(), files, media.hexdigest() if files else "")
+
+
+def is_video(path: str) -> bool:
+    return Path(path).suffix.lower() in VIDEO_SUFFIXES
 
 
 def request_seconds(settings: Settings, prepared: Prepared, runs: int = 1) -> float:

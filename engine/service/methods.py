@@ -7,6 +7,8 @@ import backends
 from backends.descriptions import describe
 from backends.media_reuse import ReusesMedia
 
+from ..errors import UserError
+
 
 def reuses_media(name: str) -> bool:
     """Whether the method reuses media KV stored beforehand (MPIC): its turns store the message's
@@ -27,3 +29,17 @@ def method_spec(name: str) -> dict:
     """One method's description (:func:`~backends.descriptions.describe`: title, paper, summary,
     parameters...) and ``reuses_media`` (:func:`reuses_media`); ValueError if unknown."""
     return describe(backends.backend_class(name)) | {"reuses_media": reuses_media(name)}
+
+
+def checked_params(params: dict[str, dict]) -> dict[str, dict]:
+    """Every method's parameter values of the type and range its paper's schema says (a NaN, an
+    infinity, a list... is a UserError), whichever method is picked: a comparison runs the others."""
+    checked: dict[str, dict] = {}
+    for method, values in params.items():
+        try:
+            specs = {p.name: p for p in backends.backend_class(method).param_specs()}
+            checked[method] = {name: specs[name].coerce(value) if name in specs else value
+                               for name, value in values.items()}
+        except ValueError as exc:
+            raise UserError(f"{method}: {exc}") from None
+    return checked

@@ -17,6 +17,7 @@ from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import LoadedModel, load_model, model_spec
 from . import zerogpu
+from .model_picker import check_model_allowed
 
 Progress = Callable[[float, str], None]
 
@@ -30,7 +31,9 @@ _MODEL_LOCK = threading.Lock()
 
 
 def get_model(name: str, progress: Progress = silent) -> LoadedModel:
-    """Load (once) and return a model; one hub model at a time so a GPU holds one set of weights."""
+    """Load (once) and return a model a visitor may pick (:func:`check_model_allowed`); one hub
+    model at a time so a GPU holds one set of weights."""
+    check_model_allowed(name)
     with _MODEL_LOCK:
         if name in _MODELS:
             return _MODELS[name]

@@ -10,8 +10,8 @@ punctuation aside. Media the app did not draw (uploads, hub models' examples) ge
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-import tempfile
 import threading
 import uuid
 from collections import OrderedDict
@@ -25,10 +25,15 @@ from ..tiny import arena_scenes
 from ..tiny.arena_model import bundled_version, scenes
 from .inputs import Prepared
 from .model_picker import is_trained_here
-from .uploads import ASSETS, file_hash, make_public
+from .uploads import ASSETS, cap_folders, file_hash, make_public, session_folder, trim_folder
 
-SCENE_DIR = Path(tempfile.gettempdir()) / "kv-arena-scenes"  # drawn scenes' files (public, like the examples)
 KEEP = 256  # drawn scenes remembered for their answers
+SCENES_PER_SESSION = 4  # a session's newest drawn scenes kept on disk (the one in the input box among them)
+
+
+def max_scenes() -> int:
+    """Drawn scenes kept on disk across sessions (``KV_ARENA_MAX_SCENES``), oldest out first."""
+    return max(1, int(os.environ.get("KV_ARENA_MAX_SCENES", 64)))
 # The Chat tab's clickable examples for the trained model, one per question type: (question, media
 # files in assets/), each answered right.
 ARENA_EXAMPLES: list[tuple[str, list[str]]] = [(it.question.text, files)
@@ -109,16 +114,19 @@ def scene_types() -> tuple[str, ...]:
     return tuple(generator().QUESTION_TYPES)
 
 
-def draw_scene(kind: str, seed: int | None = None) -> Scene:
+def draw_scene(kind: str, seed: int | None = None, owner: str = "anonymous") -> Scene:
     """A fresh scene of ``kind`` from the generator, with its first question and follow-up; its
-    media are written under :data:`SCENE_DIR` (a video as an uncompressed AVI, read back pixel
-    for pixel) and count as public files, as the examples do."""
+    media are written in the folder of the session ``owner`` (its id) in Gradio's upload folder (a
+    video as an uncompressed AVI, read back pixel for pixel), which keeps a session's newest
+    :data:`SCENES_PER_SESSION` and :func:`max_scenes` in all, and goes with the session; any
+    session may use them, as the examples."""
     sc = generator()
-    if kind not in sc.QUESTION_TYPES:
-        raise UserError(f"The scene type must be one of {', '.join(sc.QUESTION_TYPES)}; got {kind!r}.")
+    if not isinstance(kind, str) or kind not in sc.QUESTION_TYPES:
+        raise UserError(f"The scene type must be one of {', '.join(sc.QUESTION_TYPES)}; got {str(kind)[:60]!r}.")
     item = sc.fresh(kind, turns=2, seed=seed)
-    folder = SCENE_DIR / uuid.uuid4().hex[:12]
-    folder.mkdir(parents=True, exist_ok=True)
+    mine = session_folder(owner, "scenes")
+    folder = mine / uuid.uuid4().hex[:12]
+    folder.mkdir()
     if item.video:
         paths = [folder / f"{kind}.avi"]
         write_avi(paths[0], item.frames(), fps=int(getattr(item, "fps", 2)))
@@ -127,6 +135,8 @@ def draw_scene(kind: str, seed: int | None = None) -> Scene:
         for picture, path in zip(item.pictures, paths):
             picture.image().save(path)
     make_public([str(p) for p in paths])
+    cap_folders(mine.parent, max_scenes())
+    trim_folder(mine, SCENES_PER_SESSION)
     scene = Scene(kind, tuple(q.text for q in item.turns), tuple(q.answer for q in item.turns),
                   tuple(str(p) for p in paths))
     with _LOCK:

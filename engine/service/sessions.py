@@ -1,16 +1,22 @@
-"""Sessions: one per browser tab, freed when the tab closes."""
+"""Sessions: one per browser tab, freed when the tab closes, or after an idle time when its client
+keeps no heartbeat open (a raw HTTP client never does, so Gradio never closes its session)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+import time
 import uuid
 import weakref
+from collections import Counter
 
 from ..runtime.generate import Conversation, ConversationState
 from .inputs import Prepared, Settings
 from .model_pool import free_memory
 from .state import ChatState
 from .store import media_store
-from .uploads import forget_uploads
+from .uploads import drop_session_files, expire_unclaimed, forget_uploads, sweep_private_folders
 from .view_types import KeptVisual
 
 _STOPPING: set[str] = set()  # ids of sessions whose answer should end (seen by in-process GPU work only)
@@ -87,15 +93,19 @@ class Session:
             self.last_mpic = None
         self.media_model = model
 
-    def close(self) -> None:
+    def close(self, free: bool = True) -> None:
+        """Everything the session holds goes; ``free``: collect the memory now (one collection
+        after closing many sessions at once costs a fraction of one each)."""
         self.new_chat()
         self.chat = ChatState()  # the full-cache references too
         if self.media_model is not None:
             media_store().drop_session(self.id)
         self.media_model, self.last_mpic = None, None
         forget_uploads(self)
+        drop_session_files(self.id)  # its overlays and drawn scenes
         self.stop_requested = False
-        free_memory()
+        if free:
+            free_memory()
 
 
 def close_session(session: Session | None) -> None:
@@ -111,11 +121,91 @@ def track(session: Session, session_hash: str | None, client: str | None = None)
     which client it belongs to (the id its requests carry; see :mod:`.uploads`)."""
     if session_hash:
         _OPEN[session_hash] = session
+        _seen(session_hash)
+        start_sweeper()
     if client:
         session.client = client
 
 
-def release(session_hash: str | None) -> None:
+def release(session_hash: str | None, free: bool = True) -> None:
     session = _OPEN.pop(session_hash, None) if session_hash else None
-    close_session(session)
+    with _ACTIVITY_LOCK:
+        _LAST_SEEN.pop(session_hash, None)
+    if isinstance(session, Session):
+        session.close(free)
 
+
+# --- sessions whose client went away without a word ----------------------------------------------
+# Gradio closes a session when its heartbeat stream ends; a client that never opens one (raw HTTP)
+# is never closed by it. Such a session ends after ``KV_ARENA_SESSION_IDLE_S`` seconds without an
+# event (a session with a heartbeat open, or an event running, is never idle).
+_LAST_SEEN: dict[str, float] = {}  # session hash -> when its last event started or ended
+_BUSY: Counter[str] = Counter()  # session hash -> events running, heartbeats open
+_ACTIVITY_LOCK = threading.Lock()
+_SWEEPER: threading.Thread | None = None
+
+
+def idle_seconds() -> float:
+    return float(os.environ.get("KV_ARENA_SESSION_IDLE_S", 1800))
+
+
+def _seen(session_hash: str) -> None:
+    with _ACTIVITY_LOCK:
+        _LAST_SEEN[session_hash] = time.monotonic()
+
+
+@contextlib.contextmanager
+def active(session_hash: str | None):
+    """An event running, or a heartbeat stream open, for that session: it is not idle meanwhile."""
+    if not session_hash:
+        yield
+        return
+    with _ACTIVITY_LOCK:
+        _BUSY[session_hash] += 1
+    try:
+        yield
+    finally:
+        with _ACTIVITY_LOCK:
+            _BUSY[session_hash] -= 1
+            if _BUSY[session_hash] <= 0:
+                del _BUSY[session_hash]
+        _seen(session_hash)
+
+
+def expire_idle() -> list[str]:
+    """Close the sessions idle for longer than :func:`idle_seconds`, and drop uploads no session
+    took within that time; returns the session hashes closed."""
+    limit, now = idle_seconds(), time.monotonic()
+    with _ACTIVITY_LOCK:
+        idle = [h for h in list(_OPEN.keys()) if not _BUSY.get(h) and now - _LAST_SEEN.get(h, now) > limit]
+        for gone in set(_LAST_SEEN) - set(_OPEN.keys()):  # sessions Gradio closed itself
+            del _LAST_SEEN[gone]
+    for session_hash in idle:
+        release(session_hash, free=False)
+    if idle:
+        free_memory()
+    expire_unclaimed(limit)
+    return idle
+
+
+def _sweep_forever() -> None:
+    while True:
+        time.sleep(min(5.0, max(0.2, idle_seconds() / 4)))
+        expire_idle()
+
+
+def start_sweeper() -> None:
+    """The thread that ends idle sessions and unclaimed uploads (started once per process)."""
+    global _SWEEPER
+    with _ACTIVITY_LOCK:
+        if _SWEEPER is None or not _SWEEPER.is_alive():
+            _SWEEPER = threading.Thread(target=_sweep_forever, name="kv-arena-idle-sessions", daemon=True)
+            _SWEEPER.start()
+
+
+
+def sweep_dead_sessions() -> None:
+    """At the app's start: what sessions of an earlier run left on disk (MPIC's store folders, the
+    app's private files in Gradio's folder) goes, since none of them can come back."""
+    media_store()  # made once per process; it sweeps its folders then
+    sweep_private_folders()

@@ -123,6 +123,21 @@ class ChatState:
         it: there is one, on the same model (the answers' token ids are that model's)."""
         return bool(self.history) and self.cache_key is not None and self.cache_key[0] == settings.model
 
+    def rollback_point(self) -> ChatState:
+        """This chat as it is, to go back to if a turn fails half-way: the conversation's cache
+        and counters copied to the CPU (a GPU keeps one copy), the messages and the references
+        shared (a turn replaces the list of messages, never edits it; a reference that failed
+        half-way is recomputed)."""
+        conv = None if self.conv is None else relocate(_portable(self.conv), "cpu")
+        return ChatState(conv, self.cache_key, list(self.history), list(self.answers), [set(r) for r in self.reused],
+                         self.references)
+
+    def rolled_back(self, device) -> ChatState:
+        """This rollback point as the session's chat again, its cache on ``device``."""
+        if self.conv is not None and str(device) != "cpu":
+            self.conv = relocate(self.conv, device)
+        return self
+
     def attach(self, loaded: LoadedModel, session_id: str) -> ChatState:
         self.conv = _attach(self.conv, loaded, session_id)
         self.references.attach(loaded)

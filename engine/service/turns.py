@@ -32,6 +32,7 @@ from .zerogpu import gpu_function
 log = logging.getLogger(__name__)
 MAX_COMPARE = 4
 CACHE_FREED = "This chat's cache was freed; your next message starts a new conversation."
+ROLLED_BACK = "The conversation is as it was before this message."
 
 
 def _reference_view(reference: Reference | None, cached: bool) -> ReferenceView | None:
@@ -49,35 +50,42 @@ class Handoff:
 
 
 class CacheLost(UserError):
-    """The GPU work failed mid-forward: the chat's cache is half-written, so it goes."""
+    """The GPU ran out of memory mid-turn: the chat's cache goes (a copy would need that memory again)."""
 
 
 def _guarded(run: Iterator, chat: bool) -> Iterator:
-    """Out-of-memory and unexpected failures become a UserError (inside the GPU function, so what
-    crosses back from a ZeroGPU worker is a plain message). A failure mid-forward leaves a cache
-    half-written, so a chat's cache is dropped (:class:`CacheLost`; the history on screen stays)."""
-    after = f" {CACHE_FREED}" if chat else ""
-    lost = CacheLost if chat else UserError
+    """Out-of-memory and unexpected failures become a UserError of one line (inside the GPU
+    function, so what crosses back from a ZeroGPU worker is a plain message). Out of memory, a
+    chat's cache is dropped (:class:`CacheLost`); any other failure mid-turn is rolled back by
+    :func:`chat_turn` (the conversation as it was before the message)."""
     try:
         yield from run
     except UserError:
         raise
     except torch.OutOfMemoryError:
         free_memory()
+        lost, after = (CacheLost, f" {CACHE_FREED}") if chat else (UserError, "")
         raise lost("Out of GPU memory: use fewer images or frames, a lower budget or fewer new tokens." + after) from None
     except Exception as exc:
-        log.exception("unexpected failure")  # the traceback for the log, a sentence for the user
-        raise lost(f"The model failed on this input ({exc.__class__.__name__}: {str(exc)[:200]}).{after}") from None
+        # one line in the log (a failure on a visitor's input is no bug of the server's), one for the user
+        log.warning("the model failed on this input: %s: %s", exc.__class__.__name__, _one_line(exc))
+        after = f" {ROLLED_BACK}" if chat else ""
+        raise UserError(f"The model failed on this input ({exc.__class__.__name__}: {_one_line(exc)}).{after}") from None
 
 
-def _relay(session: Session, views: Iterator, progress: Progress) -> Iterator[ChatView | CompareView | Handoff]:
-    """A GPU function's yields, in the caller: progress goes to ``progress``, views go on."""
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+def _relay(session: Session, views: Iterator,
+           progress: Progress) -> Iterator[ProgressNote | ChatView | CompareView | Handoff]:
+    """A GPU function's yields, in the caller: progress goes to ``progress`` and on (so a caller
+    can stop between the chunks of a long prefill), views go on."""
     try:
         for view in views:
             if isinstance(view, ProgressNote):
                 progress(view.fraction, view.text)
-            else:
-                yield view
+            yield view
     except CacheLost:
         session.new_chat()
         raise
@@ -91,7 +99,7 @@ def _chat_seconds(state: ChatState, settings: Settings, prepared: Prepared, sess
 
 
 def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress = silent,
-              shown: list[tuple[str, int, str]] | None = None) -> Iterator[ChatView]:
+              shown: list[tuple[str, int, str]] | None = None) -> Iterator[ChatView | ProgressNote]:
     """Answer one message, yielding a :class:`ChatView` after every token: the answer so far, its
     meters and per-layer figures, the full cache's reference (None for the full cache itself), and
     once done the agreement with the reference (answer tokens, end-of-turn left out), the kept
@@ -103,7 +111,12 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
     so what a caller sees and what the model remembers agree (None: continue it).
 
     The model loads here, in the app's process (on ZeroGPU: on the CPU, moved to the GPU inside
-    each GPU call); the turn itself runs in :func:`chat_on_gpu`, which hands back the new state."""
+    each GPU call); the turn itself runs in :func:`chat_on_gpu`, which hands back the new state.
+
+    Between the chunks of a streamed prefill it yields a :class:`ProgressNote`: a caller that stops
+    iterating there (a client gone) stops the prefill. A turn that fails (a UserError, the model's
+    failure said in one line) leaves the conversation as it was before the message; out of
+    memory, its cache is freed instead."""
     settings.backend()  # bad parameters fail before any model work
     check_streamable(settings)
     get_model(settings.model, progress)
@@ -111,6 +124,19 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
         session.new_chat()
     session.use_model(settings.model)
     session.stop_requested = False
+    before = session.chat.rollback_point()
+    try:
+        yield from _answer(session, settings, prepared, progress)
+    except CacheLost:
+        raise  # out of memory: the cache went (_relay)
+    except UserError:
+        session.chat = before.rolled_back(get_model(settings.model).device)
+        raise
+
+
+def _answer(session: Session, settings: Settings, prepared: Prepared,
+            progress: Progress) -> Iterator[ChatView | ProgressNote]:
+    """:func:`chat_turn`'s GPU call and what it hands back to the session."""
     for view in _relay(session, chat_on_gpu(session.chat, settings, prepared, session.id), progress):
         if isinstance(view, Handoff):
             session.chat = view.state  # the same object when the GPU function ran in this process
@@ -166,7 +192,7 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared,
         try:
             stream, parts = yield from stream_media(conv, message, settings)
         except UserError as exc:  # refused mid-stream (a cap too small, past the context): the cache holds a part
-            raise CacheLost(f"{exc} {CACHE_FREED}") from None
+            raise UserError(f"{exc} {ROLLED_BACK}") from None
         message = Message(message.text, media_first=message.media_first)  # the question, on the capped cache
     for update in conv.stream(message, max_new_tokens=settings.max_new_tokens,
                               temperature=settings.temperature, question_after=settings.question_after,
@@ -256,6 +282,8 @@ def _compare(session: Session, settings: Settings, methods: list[str], turns: li
     session.stop_requested = False
     views = compare_on_gpu(session.chat.references, settings, methods, turns, session.id)
     for view in _relay(session, views, progress):
+        if isinstance(view, ProgressNote):
+            continue
         if isinstance(view, Handoff):
             session.chat.references = view.state
             view = view.view

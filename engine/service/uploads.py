@@ -15,8 +15,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
+import shutil
 import tempfile
 import threading
+import time
+import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -42,6 +47,7 @@ class _Upload:
     claimed: int = 0  # of those, the ones a session has used
     owners: set[str] = field(default_factory=set)  # ids of the live sessions using it
     users: set[str] = field(default_factory=set)  # ids of the clients whose sessions used it
+    noted: float = field(default_factory=time.monotonic)  # when it was last uploaded
 
     def awaited(self) -> bool:
         """Whether an upload of it has not been used yet (its file must stay)."""
@@ -62,6 +68,7 @@ def note_uploads(paths, client: str | None = None) -> None:
     with _UPLOADS_LOCK:
         for path in paths:
             record = _UPLOADS.setdefault(str(Path(path).resolve()), _Upload())
+            record.noted = time.monotonic()
             if client:
                 record.clients.add(client)
             else:
@@ -82,19 +89,22 @@ def _in_upload_dir(path: Path) -> bool:
     return upload_dir() in path.parents and path.is_file()
 
 
-_DRAWN_HASHES: dict[int, set[str]] = {}  # size -> content hashes of media the app drew itself
+_DRAWN_HASHES: OrderedDict[tuple[int, str], None] = OrderedDict()  # (size, content hash) of media the app drew
+DRAWN_REMEMBERED = 4096  # the newest drawn files stay public (their files are capped far below that)
 
 
 def make_public(paths) -> None:
-    """Files the app wrote itself (drawn scenes): Gradio's copies of them are public, as the examples'."""
+    """Files the app wrote itself (drawn scenes): any session may use them, as the examples."""
     with _UPLOADS_LOCK:
         for path in paths:
-            _DRAWN_HASHES.setdefault(os.path.getsize(path), set()).add(file_hash(str(path)))
+            _DRAWN_HASHES[(os.path.getsize(path), file_hash(str(path)))] = None
+        while len(_DRAWN_HASHES) > DRAWN_REMEMBERED:
+            _DRAWN_HASHES.popitem(last=False)
 
 
 def _public(path: Path) -> bool:
     size, content = path.stat().st_size, file_hash(str(path))
-    return content in _public_hashes().get(size, ()) or content in _DRAWN_HASHES.get(size, ())
+    return content in _public_hashes().get(size, ()) or (size, content) in _DRAWN_HASHES
 
 
 def check_uploads(session: Uploader, files: list[str]) -> None:
@@ -121,10 +131,36 @@ def check_uploads(session: Uploader, files: list[str]) -> None:
         session.uploads.add(str(path))
 
 
+def in_upload_dir(name: str) -> bool:
+    """Whether the path names a place inside Gradio's upload folder (resolved as Gradio resolves it)."""
+    try:
+        return upload_dir() in Path(name).resolve().parents
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
+def check_sent_files(files: list[str]) -> None:
+    """Files an event received from a client must be in Gradio's upload folder (or be the shipped
+    examples): a path anywhere else on the server is refused, whatever it names."""
+    for name in files:
+        try:
+            path = Path(name).resolve()
+        except (OSError, ValueError, RuntimeError):
+            path = None
+        if path is None or not (_in_upload_dir(path) or (ASSETS in path.parents and path.is_file())):
+            shown = os.path.basename(str(name))[:80] or "(no name)"
+            raise UserError(f"'{shown}' was not uploaded to this app: attach it from your computer.")
+
+
 def may_read(name: str, client: str | None) -> bool:
-    """Whether ``client`` may fetch the file at ``name`` through Gradio's file route: an upload only
-    by a client that uploaded it; anything else (the examples, what the app drew) as Gradio decides."""
-    path = Path(name).resolve()
+    """Whether ``client`` may fetch the file at ``name`` (a path, absolute or relative to the working
+    directory, as Gradio's file routes resolve it): an upload or a private file the app wrote
+    (:func:`save_private_images`) only by its client; anything else (the examples, what the app
+    drew) as Gradio decides."""
+    try:
+        path = Path(name).resolve()
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop: no file of ours
+        return True
     with _UPLOADS_LOCK:
         record = _UPLOADS.get(str(path))
     if record is None or not _in_upload_dir(path) or _public(path):
@@ -144,12 +180,119 @@ def forget_uploads(session: Uploader) -> None:
             if record.owners or record.awaited():
                 continue
             del _UPLOADS[path]
-            try:
-                os.unlink(path)
-                os.rmdir(os.path.dirname(path))  # Gradio's per-file folder, now empty
-            except OSError:
-                pass
+            _unlink_upload(path)
     session.uploads = set()
+
+
+# --- files the app writes for one session (overlays, drawn scenes) ------------------------------
+# They live in Gradio's upload folder, so Gradio serves them where they are (no copy in its cache),
+# under kv-arena/<kind>/<session id>/, and go with the session (:func:`drop_session_files`).
+PRIVATE_ROOT = "kv-arena"
+KEEP_PRIVATE = 48  # a session's newest private images kept (a gallery shows a few at a time)
+
+
+def session_folder(session_id: str, kind: str) -> Path:
+    """The folder for one session's files of one kind (made on first use)."""
+    if not re.fullmatch(r"[0-9a-f]{32}|anonymous", session_id) or not re.fullmatch(r"[a-z]+", kind):
+        raise ValueError("a session folder is named by a server-made session id and a kind")
+    folder = upload_dir() / PRIVATE_ROOT / kind / session_id
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def note_private(paths, client: str | None) -> None:
+    """Files the app wrote for ``client`` alone: served to that client only (to none without a client)."""
+    with _UPLOADS_LOCK:
+        for path in paths:
+            _UPLOADS[str(Path(path).resolve())] = _Upload(clients={client} if client else set())
+
+
+def save_private_images(session: Uploader, images, kind: str = "overlays") -> list[str]:
+    """PNG files of ``images`` in the session's folder, readable by its client only; the folder
+    keeps the newest :data:`KEEP_PRIVATE` (older ones go, and with them their URLs)."""
+    folder = session_folder(session.id, kind)
+    paths = []
+    for image in images:
+        path = folder / f"{uuid.uuid4().hex}.png"
+        image.save(path)
+        paths.append(str(path.resolve()))
+    note_private(paths, session.client)
+    trim_folder(folder, KEEP_PRIVATE)
+    return paths
+
+
+def trim_folder(folder: Path, keep: int) -> None:
+    """The folder's ``keep`` newest entries stay (files or folders)."""
+    entries = sorted(folder.iterdir(), key=_mtime)
+    for old in entries[:max(0, len(entries) - keep)]:
+        _remove(old)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile (a session closing)
+        return 0.0
+
+
+def _remove(path: Path) -> None:
+    with _UPLOADS_LOCK:
+        for name in [str(p.resolve()) for p in ([path] if path.is_file() else path.rglob("*"))]:
+            _UPLOADS.pop(name, None)
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def drop_session_files(session_id: str) -> None:
+    """The session ended: every file the app wrote for it goes."""
+    root = upload_dir() / PRIVATE_ROOT
+    for kind in (root.iterdir() if root.is_dir() else []):
+        folder = kind / session_id
+        if folder.is_dir():
+            _remove(folder)
+
+
+def sweep_private_folders() -> None:
+    """At start: no session of an earlier process is alive, so its private files go."""
+    shutil.rmtree(upload_dir() / PRIVATE_ROOT, ignore_errors=True)
+
+
+def cap_folders(parent: Path, keep: int) -> None:
+    """Keep the ``keep`` newest folders two levels under ``parent`` (<session>/<item>), oldest out."""
+    items = [item for session in list(parent.iterdir()) if session.is_dir() for item in _entries(session)]
+    items.sort(key=_mtime)
+    for old in items[:max(0, len(items) - keep)]:
+        _remove(old)
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
+def expire_unclaimed(max_age_s: float) -> None:
+    """Uploads no session has used for ``max_age_s`` seconds since they arrived (a client that
+    uploaded and never asked, or went away) leave Gradio's folder."""
+    now = time.monotonic()
+    with _UPLOADS_LOCK:
+        stale = [path for path, r in _UPLOADS.items() if not r.owners and now - r.noted > max_age_s
+                 and not Path(path).is_relative_to(upload_dir() / PRIVATE_ROOT)]
+        for path in stale:
+            del _UPLOADS[path]
+    for path in stale:
+        _unlink_upload(path)
+
+
+def _unlink_upload(path: str) -> None:
+    try:
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))  # Gradio's per-file folder, now empty
+    except OSError:
+        pass
 
 
 def file_hash(path: str) -> str:
