@@ -161,6 +161,14 @@ def with_own_files(history: list, session: service.Session) -> list:
     return out[::-1]
 
 
+def method_title(name: str) -> str:
+    """A method's title; its name when unknown (the turn then refuses it in one line)."""
+    try:
+        return service.method_spec(name)["title"]
+    except ValueError:
+        return name
+
+
 def switch_line(text: str) -> dict:
     return {"role": "assistant", "content": text, "metadata": {"title": SWITCHED}}
 
@@ -340,8 +348,7 @@ def respond(message, history: list, session: service.Session, settings: service.
         shown = shown + [{"role": "assistant", "content": WHY_NEW[fate], "metadata": {"title": NEW_CONVERSATION}}]
     switch_at = None
     if fate == "switches":  # said where it happens; its cost filled in once the re-read is done
-        switch_at, shown = len(shown), shown + [switch_line(f"{service.method_spec(settings.method)['title']} "
-                                                            "re-reads the conversation…")]
+        switch_at, shown = len(shown), shown + [switch_line(f"{method_title(settings.method)} re-reads the conversation…")]
     shown = shown + user_messages(text, files)
     answer = {"role": "assistant", "content": "…"}
     # the panels empty while it works (plain values: cheaper for Gradio than leaving them as they are)

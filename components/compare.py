@@ -231,8 +231,8 @@ def run(message, methods, follow_up: str | None = None, session=None, request: g
 def limit_methods(chosen: list[str]) -> tuple[list[str], str]:
     """At most MAX_COMPARE ticked: the later ticks are undone, and the note under the boxes says which
     (cleared by the next tick within the limit)."""
-    if len(chosen or []) <= service.MAX_COMPARE:
-        return chosen, ""
+    if len(chosen or []) <= service.MAX_COMPARE:  # left as ticked: sending it back raced the next tick
+        return gr.skip(), ""
     dropped = ", ".join(service.method_spec(n)["title"] for n in chosen[service.MAX_COMPARE:])
     return chosen[:service.MAX_COMPARE], (f"Compare runs at most {service.MAX_COMPARE} methods besides the full "
                                           f"cache: {dropped} not added. Untick one first.")
