@@ -365,6 +365,7 @@ class AttentionPackReport(Report):
 class AttentionPack(KVBackend):
     name = "attention_pack"
     title = "AttentionPack"
+    does = "low-rank"
     paper = "https://arxiv.org/abs/2603.23914"
     summary = ("Stores the image tokens' keys and values as low-rank factors (all heads together) and reads "
                "them from the factors at every step: full rank for the most-attended 25%, a quarter of it for the rest.")

@@ -238,6 +238,8 @@ class KVBackend:
     title: ClassVar[str] = "Full cache"
     paper: ClassVar[str] = ""  # URL
     summary: ClassVar[str] = "Keeps every key and value: the reference for every figure."
+    # what it does to the cache, in a word or two: keeps, drops, merges, quantises, low-rank, reuses
+    does: ClassVar[str] = "keeps"
     # True: cache held at budget x tokens seen while decoding; False: the prompt is compressed and
     # decoded tokens are appended.
     holds_budget_while_decoding: ClassVar[bool] = False

@@ -19,6 +19,8 @@ def describe(method: type[KVBackend]) -> dict[str, Any]:
         "title": method.title,
         "paper": method.paper,
         "summary": method.summary,
+        "does": method.does,
+        "is_reference": method.is_reference,
         "holds_budget_while_decoding": method.holds_budget_while_decoding,
         "uses_budget": method.uses_budget,
         "streams_under_cap": method.streams_under_cap,

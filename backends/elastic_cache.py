@@ -89,6 +89,7 @@ class ElasticReport(Report):
 class ElasticCache(KVBackend):
     name = "elastic_cache"
     title = "Elastic Cache"
+    does = "merges"
     paper = "https://arxiv.org/abs/2407.18121"
     summary = ("Merges every prompt token into its nearest important anchor (top attention received), "
                "then holds the cache at the budget while decoding by dropping the entry at a fixed point.")

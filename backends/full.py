@@ -9,6 +9,7 @@ from .base import KVBackend
 class FullCache(KVBackend):
     name = "full"
     title = "Full cache"
+    does = "keeps"
     summary = "Keeps every key and value; the reference every other method is measured against."
     uses_budget = False
     is_reference = True

@@ -80,6 +80,7 @@ class H2OReport(Report):
 class H2O(KVBackend):
     name = "h2o"
     title = "H2O (heavy hitters)"
+    does = "drops"
     paper = "https://arxiv.org/abs/2306.14048"
     summary = ("Keeps the tokens that received the most attention so far, updated at every generated token, "
                "plus the most recent ones; evicts the rest.")

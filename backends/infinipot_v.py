@@ -136,6 +136,7 @@ def tar_share(keep_video: int, tar_ratio: float) -> int:
 class InfiniPotV(KVBackend):
     name = "infinipot_v"
     title = "InfiniPot-V"
+    does = "drops"
     paper = "https://arxiv.org/abs/2506.15745"
     summary = ("Streams a video under a fixed memory cap: each time the cache reaches it, keeps the newest frames, "
                "the past tokens that changed most at their place (TaR) and those with the largest value norms (VaN); "

@@ -139,6 +139,7 @@ class MPICReport(Report):
 class MPIC(KVBackend, ReusesMedia):
     name = "mpic"
     title = "MPIC (position-independent media cache)"
+    does = "reuses"
     paper = "https://arxiv.org/abs/2502.01960"
     summary = ("Links each image's stored KV at its new position and recomputes only the text and the first k "
                "tokens of every image; prefix caching, full reuse, CacheBlend and full recompute as modes.")

@@ -56,6 +56,7 @@ class PyramidKV(SnapKV):
     name = "pyramidkv"
     streams_under_cap = False  # its pyramid is planned for one prompt's budget, not a cap per chunk
     title = "PyramidKV"
+    does = "drops"
     paper = "https://arxiv.org/abs/2406.02069"
     summary = ("SnapKV's choice of tokens with a pyramid of budgets: the first layers keep the most, the last "
                "layers the least, the same total.")

@@ -244,6 +244,7 @@ class ZipVL(KVBackend):
     name = "zipvl"
     overlay_meaning = "at high precision (the rest: fewer bits)"
     title = "ZipVL"
+    does = "drops, quantises"
     paper = "https://arxiv.org/abs/2410.08584"
     summary = ("Per layer, finds the fewest tokens holding tau (paper 0.975) of the probes' attention; prefill "
                "attends over those only, and the cache keeps them at 4 bits, the rest at 2 bits. No budget: the "

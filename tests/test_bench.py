@@ -282,3 +282,12 @@ def test_mpic_bench_rejects_bad_input(capsys):
     assert cli.main(["--mode", "mpic", "--model", "tiny-qwen2-vl", "--counts", "1", "--repeats", "0"]) == 2
     assert cli.main(["--mode", "mpic", "--model", "tiny-arena-vl", "--counts", "1", "--vision-layers", "1"]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_the_readmes_methods_table_is_the_registry():
+    from pathlib import Path
+
+    from engine.bench.methods import methods_markdown
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert methods_markdown() in readme, "regenerate it: python -m engine.bench --list --markdown"

@@ -62,6 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--list", action="store_true", help="list methods and models")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--markdown", action="store_true", help="with --list: the README's methods table")
     return p.parse_args(argv)
 
 
@@ -193,6 +194,20 @@ def table(rows: list[dict]) -> str:
     return "\n".join([head, SPREAD_NOTE] + lines)
 
 
+def methods_markdown() -> str:
+    """The README's methods table, from the registry (a test keeps the two the same): each method
+    with its paper, what it does to the cache, its knob and whether it streams under a KV cap."""
+    rows = ["| method | paper | does | knob | streams under a cap | in one line |", "|---|---|---|---|---|---|"]
+    for name in backends.available():
+        info = describe(backends.backend_class(name))
+        paper = f"[arXiv]({info['paper']})" if info["paper"] else ""
+        own = [p["name"] for p in info["params"][1:]]
+        knob = "budget" if info["uses_budget"] else (f"`{own[0]}`" if own else "none")  # the first is its main one
+        rows.append(f"| {info['title']} (`{name}`) | {paper} | {info['does']} | {knob} | "
+                    f"{'yes' if info['streams_under_cap'] else ''} | {info['summary']} |")
+    return "\n".join(rows)
+
+
 def listing(args) -> int | None:
     """``--list``: the methods and models (with ``--json``, everything the UI knows of them)."""
     if not args.list:
@@ -201,6 +216,8 @@ def listing(args) -> int | None:
              "models": list_models()}
     if args.json:
         print(json.dumps(found, indent=2))
+    elif args.markdown:
+        print(methods_markdown())
     else:
         print("methods:", ", ".join(backends.available()))
         print("models: ", ", ".join(m["name"] for m in found["models"]))
