@@ -251,6 +251,8 @@ class KVBackend:
     # True: the method can hold a streamed prefill under a byte cap (``AttentionCall.cap_bytes``),
     # evicting between chunks as the frames arrive; any method streams without a cap.
     streams_under_cap: ClassVar[bool] = False
+    # True: under a streaming cap the cap alone sets what it holds; the budget applies without one
+    cap_replaces_budget: ClassVar[bool] = False
     # True for the one method every other is measured against (the full cache): its answers are
     # the references, its own figures are 1.00x by definition
     is_reference: ClassVar[bool] = False

@@ -24,5 +24,6 @@ def describe(method: type[KVBackend]) -> dict[str, Any]:
         "holds_budget_while_decoding": method.holds_budget_while_decoding,
         "uses_budget": method.uses_budget,
         "streams_under_cap": method.streams_under_cap,
+        "cap_replaces_budget": method.cap_replaces_budget,
         "params": [BUDGET.to_dict()] + [p.to_dict() for p in method.param_specs()],
     }

@@ -142,6 +142,7 @@ class InfiniPotV(KVBackend):
                "the past tokens that changed most at their place (TaR) and those with the largest value norms (VaN); "
                "query-agnostic.")
     streams_under_cap = True
+    cap_replaces_budget = True  # |M| and |C| come from the cap; the budget is for one prompt without one
     target_ratio: float = param(0.75, "|C| / |M|: the share of the cap a compression keeps at least (the room it makes "
                                 "is whole chunks within the rest; less only for a chunk larger than the rest) "
                                 "(authors' scripts: 24 of 32 frames).",

@@ -226,13 +226,28 @@ def realised_note(method: str, fraction: float | None) -> str | None:
     return f"**Measured after the prompt:** {method} holds {fraction:.2f}x of the full cache's KV bytes."
 
 
-def on_method(name: str):
+BUDGET_INFO = "Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything)."
+
+
+def budget_slider(name: str, cap_mb) -> gr.Slider:
+    """The budget slider for method ``name`` with this streaming cap: hidden for a method without a
+    budget; greyed, saying why, where the cap alone sets what the method holds."""
+    try:
+        spec, cap = service.method_spec(name), checked("stream_cap_mb", cap_mb)
+    except (UserError, ValueError):
+        return gr.skip()
+    ruled = spec["uses_budget"] and cap > 0 and spec["cap_replaces_budget"]
+    info = (f"Not used while videos stream under a cap: the cap ({cap:g} MB) alone sets what {spec['title']} "
+            "holds. Set the cap to 0 to use the budget." if ruled else BUDGET_INFO)
+    return gr.Slider(visible=spec["uses_budget"], interactive=spec["uses_budget"] and not ruled, info=info)
+
+
+def on_method(name: str, cap_mb=0):
     """Method picked: its card, the budget slider (hidden for methods without a budget, a note
-    instead, later the fraction they really hold), its fold."""
+    instead, later the fraction they really hold; greyed where the cap rules), its fold."""
     spec = service.method_spec(name)
-    budget = gr.Slider(visible=spec["uses_budget"], interactive=spec["uses_budget"])
     groups = [gr.Group(visible=s["name"] == name) for s in service.method_specs() if own_params(s)]
-    return [method_card(name), budget, budget_note(spec), *groups]
+    return [method_card(name), budget_slider(name, cap_mb), budget_note(spec), *groups]
 
 
 def mpic_k_index() -> int | None:
@@ -289,7 +304,7 @@ def build_settings() -> SettingsPanel:
     budget = checked_controls.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=0.01, label="Budget",
                                      visible=service.method_spec(DEFAULT_METHOD)["uses_budget"], elem_id="budget",
                                      elem_classes=["range-said"],
-                                     info="Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything).")
+                                     info=BUDGET_INFO)
     realised = gr.Markdown(budget_note(service.method_spec(DEFAULT_METHOD)), elem_id="realised", label="Measured")
     groups, params = {}, []
     with gr.Accordion("Advanced: the method's own parameters", open=False):
@@ -330,7 +345,8 @@ def build_settings() -> SettingsPanel:
                           params)
     stream_cap.change(on_stream_cap, [stream_cap, frames], frames, api_visibility="private")
     loaded = gr.State(first)  # the last model that loaded, to fall back to
-    method.change(on_method, method, [info, budget, realised, *groups.values()], api_visibility="private")
+    method.change(on_method, [method, stream_cap], [info, budget, realised, *groups.values()], api_visibility="private")
+    stream_cap.change(budget_slider, [method, stream_cap], budget, api_visibility="private")
     # .input, not .change: falling back to the previous model must not trigger another load
     k_control = params[k] if k is not None else gr.State()  # without MPIC its value goes nowhere
     switch = ModelSwitch(model, loaded, card, k_control)

@@ -50,6 +50,16 @@ def test_a_method_without_budget_hides_the_slider_and_shows_what_it_holds(media)
     assert error is None and re.search(r"MPIC.* holds \d\.\d\dx of the full cache's KV bytes", realised)
 
 
+def test_a_budget_the_cap_overrules_is_greyed_with_the_reason():
+    ruled = settings.budget_slider("infinipot_v", 2)
+    assert ruled.interactive is False and "Not used while videos stream under a cap" in ruled.info
+    free = settings.budget_slider("infinipot_v", 0)
+    assert free.interactive is True and free.info == settings.BUDGET_INFO
+    snap = settings.budget_slider("snapkv", 2)  # SnapKV holds min(budget, cap): its budget still applies
+    assert snap.interactive is True
+    assert settings.on_method("infinipot_v", 2)[1].interactive is False
+
+
 def test_chat_turn_streams_text_panels_and_overlay(media, monkeypatch):
     monkeypatch.setattr(chat, "TEXT_EVERY_S", 0.0)  # every token sent (the app sends at most every 0.1 s)
     session = service.Session()
