@@ -43,6 +43,18 @@ class _Message(Message):
     content: list[Union[TextMessage, FileMessage, ReturnedFile, ComponentMessage]]
 
 
+def _kept_as_sent(cls, value: Any, handler, **marker):
+    """``value`` validated by ``handler``; one that does not fit the format is kept as sent (in the
+    model's ``__dict__["sent"]``), in a model built with ``marker`` fields the format never holds,
+    so ``preprocess`` hands it to the app, which refuses it in one line."""
+    try:
+        return handler(value)
+    except ValidationError:
+        kept = cls.model_construct(**marker)
+        kept.__dict__["sent"] = value
+        return kept
+
+
 class MalformedHistory(list):
     """A chat history that is not Gradio's messages format, handed over as sent (a list subclass,
     so :func:`components.chat.checked_history` refuses it by type, whatever it holds)."""
@@ -58,12 +70,7 @@ class _History(ChatbotDataMessages):
     @model_validator(mode="wrap")
     @classmethod
     def _keep_malformed(cls, value: Any, handler):
-        try:
-            return handler(value)
-        except ValidationError:
-            kept = cls.model_construct(root=None)
-            kept.__dict__["sent"] = value
-            return kept
+        return _kept_as_sent(cls, value, handler, root=None)
 
 
 class Chatbot(gr.Chatbot):
@@ -78,7 +85,8 @@ class Chatbot(gr.Chatbot):
 
     def _preprocess_content(self, chat_message):
         if isinstance(chat_message, ReturnedFile):  # never read: the chat maps it to its own copy
-            return {"type": "file", "file": {"path": chat_message.file}, "alt_text": chat_message.alt_text, RETURNED: True}
+            return {"type": "file", "file": {"path": chat_message.file}, "alt_text": chat_message.alt_text,
+                    RETURNED: True}
         return super()._preprocess_content(chat_message)
 
 
@@ -125,12 +133,7 @@ class _CheckedMultimodal(MultimodalData):
     @model_validator(mode="wrap")
     @classmethod
     def _keep_malformed(cls, value: Any, handler):
-        try:
-            return handler(value)
-        except ValidationError:
-            kept = cls.model_construct(text=None, files=[])
-            kept.__dict__["sent"] = value
-            return kept
+        return _kept_as_sent(cls, value, handler, text=None, files=[])
 
 
 class MultimodalTextbox(gr.MultimodalTextbox):

@@ -62,18 +62,23 @@ def update(optimizer, params, loss) -> float:
     return loss.detach().item()
 
 
-def save(model, out: Path, curve: list, optimizer, step: int) -> None:
-    """Weights (written aside, then moved: an interrupted save leaves the last one whole), config,
-    learning curve and optimiser state."""
+def save_weights(out: Path, name: str, state: dict, curve: list, optimizer, step: int) -> None:
+    """Weights ``state`` as ``name`` (written aside, then moved: an interrupted save leaves the last
+    one whole), the learning curve and the optimiser state, in ``out``."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / (WEIGHTS + ".tmp")), metadata={"step": str(step)})
-    (out / (WEIGHTS + ".tmp")).replace(out / WEIGHTS)
-    model.config.to_json_file(str(out / "config.json"))
+    state = {k: v.detach().contiguous() for k, v in state.items()}
+    save_file(state, str(out / (name + ".tmp")), metadata={"step": str(step)})
+    (out / (name + ".tmp")).replace(out / name)
     (out / "training_curve.json").write_text(json.dumps(curve, indent=1))
     torch.save({"optimizer": optimizer.state_dict(), "step": step}, out / "optimizer.pt")
+
+
+def save(model, out: Path, curve: list, optimizer, step: int) -> None:
+    """The model's weights and config, learning curve and optimiser state (:func:`save_weights`)."""
+    save_weights(out, WEIGHTS, model.state_dict(), curve, optimizer, step)
+    model.config.to_json_file(str(out / "config.json"))
 
 
 def record(model, out: Path, curve: list, optimizer, step: int, seen_loss: list, t0: float, acc: dict) -> None:
@@ -95,6 +100,12 @@ def resume(model, optimizer, out: Path, fresh: bool) -> tuple[int, list, float]:
     from engine.tiny.arena_model import load_arena_weights
 
     load_arena_weights(model, out)
+    return resume_progress(optimizer, out)
+
+
+def resume_progress(optimizer, out: Path) -> tuple[int, list, float]:
+    """What :func:`save_weights` wrote besides the weights, loaded: (step, learning curve, start
+    time moved back by the minutes trained so far), the optimiser's state into ``optimizer``."""
     state = torch.load(out / "optimizer.pt")
     optimizer.load_state_dict(state["optimizer"])
     print(f"resumed at step {state['step']}", flush=True)

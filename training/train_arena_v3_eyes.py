@@ -42,6 +42,7 @@ from engine.runtime.inputs import QwenVLAdapter  # noqa: E402
 from engine.runtime.vision_attention import VISION_ATTENTION_NAME  # noqa: E402
 from engine.tiny import drawn_scenes as scenes  # noqa: E402
 from engine.tiny.arena_model import arena_image_processor, build_arena_model, tokenizer  # noqa: E402
+import checkpoints  # noqa: E402  (beside this script)
 
 VERSION = 3
 BACKGROUND = 0  # class 0 of each head; shapes and colours follow in drawn_scenes' order
@@ -243,9 +244,8 @@ def build(args):
 
 
 def state_of(visual, heads) -> dict[str, torch.Tensor]:
-    state = {f"visual.{k}": v for k, v in visual.state_dict().items()}
-    state.update({f"heads.{k}": v for k, v in heads.state_dict().items()})
-    return {k: v.detach().contiguous() for k, v in state.items()}
+    return ({f"visual.{k}": v for k, v in visual.state_dict().items()}
+            | {f"heads.{k}": v for k, v in heads.state_dict().items()})
 
 
 def load_eyes(directory: Path) -> tuple[dict, dict]:
@@ -261,13 +261,7 @@ def load_eyes(directory: Path) -> tuple[dict, dict]:
 
 
 def save(out: Path, visual, heads, optimizer, step: int, curve: list) -> None:
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(state_of(visual, heads), str(out / (EYES + ".tmp")), metadata={"step": str(step)})
-    (out / (EYES + ".tmp")).replace(out / EYES)
-    (out / "training_curve.json").write_text(json.dumps(curve, indent=1))
-    torch.save({"optimizer": optimizer.state_dict(), "step": step}, out / "optimizer.pt")
+    checkpoints.save_weights(out, EYES, state_of(visual, heads), curve, optimizer, step)
 
 
 def resume(out: Path, visual, heads, optimizer, fresh: bool) -> tuple[int, list, float]:
@@ -276,11 +270,7 @@ def resume(out: Path, visual, heads, optimizer, fresh: bool) -> tuple[int, list,
     tower, head = load_eyes(out)
     visual.load_state_dict(tower)
     heads.load_state_dict(head)
-    state = torch.load(out / "optimizer.pt")
-    optimizer.load_state_dict(state["optimizer"])
-    curve = json.loads((out / "training_curve.json").read_text())
-    print(f"resumed at step {state['step']}", flush=True)
-    return state["step"], curve, time.time() - 60 * (curve[-1]["minutes"] if curve else 0.0)
+    return checkpoints.resume_progress(optimizer, out)
 
 
 def parse_args(argv=None):
@@ -296,7 +286,8 @@ def parse_args(argv=None):
     p.add_argument("--video-share", type=float, default=0.25, help="share of two-frame clips")
     p.add_argument("--background-weight", type=float, default=0.3)
     p.add_argument("--eval-every", type=int, default=400)
-    p.add_argument("--eval-items", type=int, default=60, help="held-out objects items (and a third as many dense pictures and clips)")
+    p.add_argument("--eval-items", type=int, default=60,
+                   help="held-out objects items (and a third as many dense pictures and clips)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --out")
     return p.parse_args(argv)

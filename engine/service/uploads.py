@@ -86,7 +86,8 @@ def _public_hashes() -> dict[int, set[str]]:
 
 
 def _in_upload_dir(path: Path) -> bool:
-    return upload_dir() in path.parents and path.is_file()
+    """A file inside Gradio's upload folder (:func:`in_upload_dir`, a file there)."""
+    return in_upload_dir(path) and path.is_file()
 
 
 _DRAWN_HASHES: OrderedDict[tuple[int, str], None] = OrderedDict()  # (size, content hash) of media the app drew
@@ -131,7 +132,7 @@ def check_uploads(session: Uploader, files: list[str]) -> None:
         session.uploads.add(str(path))
 
 
-def in_upload_dir(name: str) -> bool:
+def in_upload_dir(name: str | Path) -> bool:
     """Whether the path names a place inside Gradio's upload folder (resolved as Gradio resolves it)."""
     try:
         return upload_dir() in Path(name).resolve().parents
