@@ -90,17 +90,17 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: int = 8, crf: int = 30)
 
 
 def arena_examples() -> list[Path]:
-    """The bundled tiny-arena-vl's example of each question type (``examples()`` of its generation's
-    scenes, engine/tiny/arena_model.scenes), drawn as the model reads them; a video at its own frame rate."""
+    """The bundled tiny-arena-vl's example of each question type (``examples()`` of its scenes,
+    engine/tiny/arena_scenes.py), drawn as the model reads them; a video at its own frame rate."""
     import sys
 
     sys.path.insert(0, str(HERE.parent))
-    from engine.tiny.arena_model import bundled_version, scenes
+    from engine.tiny import arena_scenes
 
     written = []
-    for it, files in scenes(bundled_version()).examples().values():
+    for it, files in arena_scenes.examples().values():
         if it.video:
-            write_mp4(HERE / files[0], list(it.frames()), fps=getattr(it, "fps", 2), crf=0)
+            write_mp4(HERE / files[0], list(it.frames()), fps=round(it.fps), crf=0)
         else:
             for picture, name in zip(it.pictures, files):
                 picture.image().save(HERE / name, optimize=True)

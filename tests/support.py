@@ -94,3 +94,18 @@ def write_mjpeg_avi(path, frames: list[Image.Image], seconds_per_frame: int) -> 
         offset += 8 + len(j) + len(j) % 2
     body = b"AVI " + header + movi + chunk(b"idx1", index)
     Path(path).write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+
+
+def training_module(name: str):
+    """training/<name>.py, loaded by path once (training/ is scripts, not a package) and registered
+    under its own name, as the scripts import each other and their dataclasses look their module up."""
+    import importlib.util
+    import sys
+
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "training" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

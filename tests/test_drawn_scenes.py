@@ -1,12 +1,10 @@
-"""tiny-arena-vl v3's drawings (engine/tiny/drawn_scenes.py) and its training script: seeded, drawn
+"""tiny-arena-vl v3's drawings (training/drawn_scenes.py) and its training script: seeded, drawn
 off the token grid, every object's tokens named on the grid the image processor really makes,
 answers in the vocabulary, and the training chat exactly the app's."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,33 +14,21 @@ import backends
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import DEFAULT_SYSTEM, Message
 from engine.runtime.models import MODELS
-from engine.tiny import drawn_scenes as scenes
+from tests.support import training_module
+
+scenes = training_module("drawn_scenes")
 
 
 @pytest.fixture(scope="module")
 def v3():
     """A random-weight v3 model behind the app's own pieces (no trained weights needed)."""
     from engine.runtime.attention import ATTENTION_NAME  # importing it registers the runtime's attention function
-    from engine.runtime.inputs import QwenVLAdapter
     from engine.runtime.models import LoadedModel
     from engine.runtime.vision_attention import VISION_ATTENTION_NAME
-    from engine.tiny.arena_model import arena_image_processor, build_arena_model, tokenizer
 
-    model = build_arena_model(3, version=3).eval()
-    model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": VISION_ATTENTION_NAME})
-    adapter = QwenVLAdapter(model, tokenizer(3), arena_image_processor(3))
+    model, adapter = training_module("train_arena_v3").arena_v3_model.build(3)
+    model.eval().set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": VISION_ATTENTION_NAME})
     return LoadedModel(MODELS["tiny-arena-vl"], model, adapter, torch.float32, torch.device("cpu"))
-
-
-def _training_module():
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "training" / "train_arena_v3.py"
-    spec = importlib.util.spec_from_file_location("train_arena_v3", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_arena_v3"] = module  # its dataclasses (and the batch worker) look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("kind", scenes.QUESTION_TYPES)
@@ -123,7 +109,7 @@ def test_fresh_scenes_are_new_and_answered():
 def test_training_sees_exactly_the_apps_chat(v3, kind, monkeypatch):
     """Tokens and M-RoPE positions of a three-turn training chat are those a real Conversation
     feeds (whatever it answers); its pixels are the chunk's own (training calls encode_turn)."""
-    train = _training_module()
+    train = training_module("train_arena_v3")
     it = scenes.item(3, kind, 3)
     chunks = []
     encode = v3.adapter.encode_turn
@@ -146,9 +132,9 @@ def test_training_sees_exactly_the_apps_chat(v3, kind, monkeypatch):
 
 
 def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
-    from engine.tiny.arena_model import VERSION_KEY, build_arena_model, bundled_version, load_arena_weights
+    from engine.tiny.arena_model import VERSION_KEY, bundled_version, load_arena_weights
 
-    train = _training_module()
+    train = training_module("train_arena_v3")
     small = ["--out", str(tmp_path), "--tokens", "400", "--max-batch", "2", "--eval-every", "1", "--eval-items", "1",
              "--scale-from", "0.3", "--evict-from", "1", "--threads", "1"]
     assert train.main(small + ["--steps", "3", "--stop-at", "2"]) == 0  # the schedule of 3 steps, cut after 2
@@ -158,11 +144,11 @@ def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
     assert [p["step"] for p in curve] == [1, 2, 3]
     assert set(curve[-1]) >= {"loss", "colour", "objects_follow", "pair", "unknown"}
     assert json.loads((tmp_path / "config.json").read_text())[VERSION_KEY] == 3 == bundled_version(tmp_path)
-    load_arena_weights(build_arena_model(version=3), tmp_path)  # what the app loads
+    load_arena_weights(train.arena_v3_model.build()[0], tmp_path)  # what a resumed run loads
 
 
 def test_training_asks_the_types_begun_by_each_step():
-    train = _training_module()
+    train = training_module("train_arena_v3")
     args = train.parse_args(["--types-from", "colour=0,shape=2,images=2,moving=5,pair=5,objects=9",
                              "--tokens", "300", "--max-batch", "3"])
     assert train.types_at(0, args.types_from) == ["colour"]

@@ -4,7 +4,6 @@ scenes, tokenizer and training match the app's prompts; the accuracy benchmark r
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from engine.bench import cli
 from engine.runtime.generate import Conversation
 from engine.runtime.inputs import Message
 from engine.runtime.models import MODELS, load_model
+from tests.support import training_module
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -21,17 +21,6 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 @pytest.fixture(scope="module")
 def arena():
     return load_model("tiny-arena-vl", device="cpu")
-
-
-def _training_module(name: str = "train_arena"):
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "training" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_bundled_model_is_registered_and_shipped():
@@ -138,7 +127,7 @@ def test_training_sees_exactly_the_apps_chat(random_arena, kind, monkeypatch):
     from engine.runtime.attention import ATTENTION_NAME
     from engine.tiny.arena_scenes import item
 
-    train = _training_module()
+    train = training_module("train_arena")
     batcher = train.Batcher(random_arena.model, random_arena.adapter)
     it = item(11, kind, 3)
     batcher.check(it)
@@ -175,7 +164,7 @@ def test_training_sees_exactly_the_apps_chat(random_arena, kind, monkeypatch):
 def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
     from engine.tiny.arena_model import VERSION_KEY, build_arena_model, load_arena_weights
 
-    train = _training_module()
+    train = training_module("train_arena")
     small = ["--out", str(tmp_path), "--batch", "4", "--eval-every", "1", "--eval-items", "2", "--reveal", "1,1,2",
              "--evict-from", "1", "--completion-until", "1"]
     assert train.main(small + ["--steps", "3", "--stop-at", "2"]) == 0  # the schedule of 3 steps, cut after 2
@@ -189,6 +178,17 @@ def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
     load_arena_weights(build_arena_model(), tmp_path)  # what the app loads
     assert train.reveal(0, (10, 20, 40)) == (1.0, 1.0) and train.reveal(15, (10, 20, 40)) == (0.5, 1.0)
     assert train.reveal(30, (10, 20, 40)) == (0.0, 0.5) and train.reveal(50, (10, 20, 40)) == (0.0, 0.0)
+
+
+def test_a_folder_of_another_generation_is_refused(tmp_path, monkeypatch):
+    """A run of a generation in training (v3's, in KV_ARENA_TINY_DIR) is not served: an error says so."""
+    from engine.errors import UserError
+    from engine.tiny.arena_model import VERSION_KEY
+
+    (tmp_path / "config.json").write_text(json.dumps({VERSION_KEY: 3}))
+    monkeypatch.setenv("KV_ARENA_TINY_DIR", str(tmp_path))
+    with pytest.raises(UserError, match="generation 3; this app serves generation 2 only"):
+        load_model("tiny-arena-vl", device="cpu")
 
 
 def test_accuracy_bench_smoke(tmp_path, capsys):

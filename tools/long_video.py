@@ -64,9 +64,9 @@ def draw_video(path: Path, minutes: float, fps: int, seed: int) -> tuple[str, st
     import numpy as np
 
     from engine.media import write_avi
-    from engine.tiny.arena_model import bundled_version, scenes
+    from engine.tiny import arena_scenes
 
-    item = scenes(bundled_version()).held_out("moving", seed + 1)[seed]
+    item = arena_scenes.held_out("moving", seed + 1)[seed]
     drawn = item.frames()
     count = round(minutes * 60 * fps)
     frames = drawn[np.arange(count) * len(drawn) // count]  # each drawn frame held an equal share of the time

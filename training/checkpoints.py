@@ -29,16 +29,21 @@ def lr_at(step: int, end: int, peak: float, warmup: int = 200) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, end - warmup)))))
 
 
-def setup(args, version: int = 2, vision_parts: tuple[str, ...] = ("merger",), vision_lr_scale: float | None = None):
-    """The model of generation ``version`` to train (seeded), its chat adapter, the trained parameters
-    and their optimizer: the vision blocks frozen at their random init (trained at this size they
-    collapse), the vision tower's ``vision_parts`` learning at ``vision_lr_scale`` of the rate
-    (default ``--merger-lr-scale``), the decoder at the full rate."""
+def build_v2(seed: int = 0) -> tuple:
+    """The random-initialised model of the bundled generation (seeded) and its chat adapter."""
+    model = build_arena_model(seed)
+    return model, QwenVLAdapter(model, tokenizer(), arena_image_processor())
+
+
+def setup(args, build=build_v2, vision_parts: tuple[str, ...] = ("merger",), vision_lr_scale: float | None = None):
+    """The model ``build(seed)`` makes with its chat adapter (default: generation 2's), the trained
+    parameters and their optimizer: the vision blocks frozen at their random init (trained at this
+    size they collapse), the vision tower's ``vision_parts`` learning at ``vision_lr_scale`` of the
+    rate (default ``--merger-lr-scale``), the decoder at the full rate."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = build_arena_model(args.seed, version)
+    model, adapter = build(args.seed)
     model.set_attn_implementation({"text_config": "sdpa", "vision_config": VISION_ATTENTION_NAME})
-    adapter = QwenVLAdapter(model, tokenizer(version), arena_image_processor(version))
     visual = model.model.visual
     for param in visual.parameters():
         param.requires_grad_(False)
@@ -76,7 +81,8 @@ def save_weights(out: Path, name: str, state: dict, curve: list, optimizer, step
 
 
 def save(model, out: Path, curve: list, optimizer, step: int) -> None:
-    """The model's weights and config, learning curve and optimiser state (:func:`save_weights`)."""
+    """The model's weights and config (its ``arena_version`` with it), learning curve and optimiser
+    state (:func:`save_weights`)."""
     save_weights(out, WEIGHTS, model.state_dict(), curve, optimizer, step)
     model.config.to_json_file(str(out / "config.json"))
 

@@ -44,8 +44,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "training"))
 
-from engine.tiny.arena_scenes import CELL, MAX_TURNS, QUESTION_TYPES, SMALL, Item, held_out, item  # noqa: E402
+from engine.tiny.arena_scenes import CELL, MAX_TURNS, QUESTION_TYPES, SMALL, held_out, item  # noqa: E402
+from engine.tiny.scene_items import Item  # noqa: E402
 from engine.runtime.inputs import DEFAULT_SYSTEM, QwenVLAdapter  # noqa: E402
+from answer_loss import answer_loss, hidden_mask, padded  # noqa: E402
 from checkpoints import lr_at, record, resume, setup, update  # noqa: E402
 from curriculum import add_reveal_arg, hide_for_training, reveal  # noqa: E402
 
@@ -185,46 +187,19 @@ class Batcher:
 
     # --- batches --------------------------------------------------------------------------------
     def batch(self, seqs: list[Sequence]):
-        n, width = len(seqs), max(len(s.ids) for s in seqs)
-        ids = torch.full((n, width), self.pad, dtype=torch.long)
-        pos = torch.zeros(3, n, width, dtype=torch.long)
-        labels = torch.full((n, width), -100, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s.ids)] = torch.tensor(s.ids)
-            p = self.positions(s)
-            pos[:, i, : len(s.ids)] = p
-            pos[:, i, len(s.ids):] = p.max() + 1 + torch.arange(width - len(s.ids))  # padding: never attended
-            for turn in s.answers:
-                for at, token in turn:
-                    labels[i, at] = token
-        mask = None
-        if any(s.hidden for s in seqs):
-            mask = torch.ones(width, width, dtype=torch.bool).tril().expand(n, 1, width, width).clone()
-            for i, s in enumerate(seqs):
-                if s.hidden:
-                    mask[i, 0, s.after:, torch.tensor(s.hidden)] = False
-        return ids, pos, labels, mask
+        ids, pos, labels = padded(seqs, [self.positions(s) for s in seqs], self.pad)
+        return ids, pos, labels, hidden_mask(seqs, ids.shape[1])
 
 
 def forward(model, batcher: Batcher, seqs: list[Sequence]):
     """Loss; per sequence and turn whether greedy decoding gets the answer and its end right; and the
     logits at every answered position (in sequence order)."""
     ids, pos, labels, mask = batcher.batch(seqs)
-    inner = model.model
-    embeds = inner.get_input_embeddings()(ids)
+    embeds = model.model.get_input_embeddings()(ids)
     visual = batcher.visuals([c for s in seqs for c in s.cells]).to(embeds.dtype)
     rows = torch.tensor([i for i, s in enumerate(seqs) for _ in s.visual_at])
     cols = torch.tensor([j for s in seqs for j in s.visual_at])
-    embeds = embeds.index_put((rows, cols), visual)
-    hidden = inner.language_model(inputs_embeds=embeds, position_ids=pos, attention_mask=mask,
-                                  use_cache=False).last_hidden_state
-    answer = labels != -100
-    logits = model.lm_head(hidden[answer])
-    loss = torch.nn.functional.cross_entropy(logits, labels[answer])
-    right = torch.ones_like(labels, dtype=torch.bool)
-    right[answer] = logits.argmax(-1) == labels[answer]
-    hits = [[all(bool(right[i, at]) for at, _ in turn) for turn in s.answers] for i, s in enumerate(seqs)]
-    return loss, hits, logits
+    return answer_loss(model, seqs, embeds.index_put((rows, cols), visual), pos, labels, mask)
 
 
 PROBES = {

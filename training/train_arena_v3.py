@@ -1,4 +1,4 @@
-"""Train tiny-arena-vl v3 on the drawings of engine/tiny/drawn_scenes.py.
+"""Train tiny-arena-vl v3 on the drawings of training/drawn_scenes.py.
 
     python training/train_arena_v3.py --threads 1          # writes runs/tiny-arena-vl-v3
 
@@ -54,14 +54,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "training"))
 
 from engine.runtime.inputs import DEFAULT_SYSTEM, Message, QwenVLAdapter  # noqa: E402
-from engine.tiny import drawn_scenes as scenes  # noqa: E402
-from engine.tiny.arena_model import arena_image_processor, build_arena_model, tokenizer  # noqa: E402
+from engine.tiny.scene_items import Item  # noqa: E402
+import arena_v3_model  # noqa: E402
 import checkpoints  # noqa: E402
+import drawn_scenes as scenes  # noqa: E402
+from answer_loss import answer_loss, hidden_mask, padded  # noqa: E402
 from checkpoints import lr_at, record, resume, update  # noqa: E402
 from curriculum import add_reveal_arg, hide_for_training, reveal  # noqa: E402
-
-VERSION = 3
-
 
 @dataclass
 class Sequence:
@@ -74,11 +73,11 @@ class Sequence:
     visual_at: list[int]  # sequence index of each visual token, in order
     after: int  # first index after the media: hidden keys are hidden from here on
     system: tuple[int, int]
-    item: scenes.Item
+    item: Item
     hidden: list[int] = field(default_factory=list)
 
 
-def encode(adapter: QwenVLAdapter, it: scenes.Item, completion: bool = False) -> Sequence:
+def encode(adapter: QwenVLAdapter, it: Item, completion: bool = False) -> Sequence:
     """The conversation exactly as the app feeds it: the first turn with its media, each answer,
     then each follow-up turn opened by the previous answer's end-of-turn token. ``completion``: the
     first question alone, without "?" and the chat template after it, its answer right after its
@@ -127,17 +126,7 @@ def visual_features(model, seqs: list[Sequence]) -> tuple[torch.Tensor | None, t
 def forward(model, seqs: list[Sequence], pad: int):
     """Loss, and per sequence and turn whether every answer token and the end of turn is the argmax
     (teacher forced: the same as greedy decoding getting the whole answer right)."""
-    n, width = len(seqs), max(len(s.ids) for s in seqs)
-    ids = torch.full((n, width), pad, dtype=torch.long)
-    pos = torch.zeros(3, n, width, dtype=torch.long)
-    labels = torch.full((n, width), -100, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s.ids)] = torch.tensor(s.ids)
-        pos[:, i, : len(s.ids)] = s.positions
-        pos[:, i, len(s.ids):] = int(s.positions.max()) + 1 + torch.arange(width - len(s.ids))
-        for turn in s.answers:
-            for at, token in turn:
-                labels[i, at] = token
+    ids, pos, labels = padded(seqs, [s.positions for s in seqs], pad)
     cfg = model.config
     embeds = model.model.get_input_embeddings()(ids)
     images, videos = visual_features(model, seqs)
@@ -145,21 +134,7 @@ def forward(model, seqs: list[Sequence], pad: int):
         embeds = embeds.masked_scatter((ids == cfg.image_token_id)[..., None], images.to(embeds.dtype))
     if videos is not None:
         embeds = embeds.masked_scatter((ids == cfg.video_token_id)[..., None], videos.to(embeds.dtype))
-    mask = None
-    if any(s.hidden for s in seqs):
-        mask = torch.ones(width, width, dtype=torch.bool).tril().expand(n, 1, width, width).clone()
-        for i, s in enumerate(seqs):
-            if s.hidden:
-                mask[i, 0, s.after:, torch.tensor(s.hidden)] = False
-    hidden = model.model.language_model(inputs_embeds=embeds, position_ids=pos, attention_mask=mask,
-                                        use_cache=False).last_hidden_state
-    answer = labels != -100
-    logits = model.lm_head(hidden[answer])
-    loss = torch.nn.functional.cross_entropy(logits, labels[answer])
-    right = torch.ones_like(labels, dtype=torch.bool)
-    right[answer] = logits.argmax(-1) == labels[answer]
-    hits = [[all(bool(right[i, at]) for at, _ in turn) for turn in s.answers] for i, s in enumerate(seqs)]
-    return loss, hits
+    return answer_loss(model, seqs, embeds, pos, labels, hidden_mask(seqs, ids.shape[1]))[:2]
 
 
 def scale_at(step: int, args) -> float:
@@ -235,10 +210,10 @@ def setup(args):
     and the vision tower's patch embedding and merger at --vision-lr-scale of the rate. With
     --eyes (stage 2): the tower trained by train_arena_v3_eyes.py, loaded and frozen whole."""
     if not args.eyes:
-        return checkpoints.setup(args, VERSION, ("merger", "patch_embed"), args.vision_lr_scale)
+        return checkpoints.setup(args, arena_v3_model.build, ("merger", "patch_embed"), args.vision_lr_scale)
     from train_arena_v3_eyes import load_eyes
 
-    model, adapter, params, optimizer = checkpoints.setup(args, VERSION, (), 0.0)
+    model, adapter, params, optimizer = checkpoints.setup(args, arena_v3_model.build, (), 0.0)
     tower, _ = load_eyes(Path(args.eyes))
     model.model.visual.load_state_dict(tower)
     return model, adapter, params, optimizer
@@ -285,8 +260,7 @@ def _draw_in_worker(step: int, args) -> list[Sequence]:
     code and processor); what it draws depends on ``step`` only, so the run stays seeded."""
     if "adapter" not in _worker:
         torch.set_num_threads(1)
-        model = build_arena_model(args.seed, VERSION)
-        _worker["adapter"] = QwenVLAdapter(model, tokenizer(VERSION), arena_image_processor(VERSION))
+        _worker["adapter"] = arena_v3_model.build(args.seed)[1]
     return draw(step, args, _worker["adapter"])
 
 

@@ -11,7 +11,7 @@ merger's output; the loss is the cross-entropy averaged over object tokens plus 
 times the average over background tokens.
 
 Pictures are dense (--objects per picture, any shape and colour, repeats allowed) and drawn with
-every shift the scenes use (engine/tiny/drawn_scenes.py's ``background``, ``place`` and
+every shift the scenes use (drawn_scenes.py's ``background``, ``place`` and
 ``_render``: off-grid positions, sizes 0.6-2.2 cells, textures, resizes, blur, JPEG); --video-share
 of them are two-frame video clips (one temporal patch) where some objects move about a cell.
 
@@ -40,11 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 from engine.runtime.inputs import QwenVLAdapter  # noqa: E402
 from engine.runtime.vision_attention import VISION_ATTENTION_NAME  # noqa: E402
-from engine.tiny import drawn_scenes as scenes  # noqa: E402
-from engine.tiny.arena_model import arena_image_processor, build_arena_model, tokenizer  # noqa: E402
-import checkpoints  # noqa: E402  (beside this script)
-
-VERSION = 3
+import arena_v3_model  # noqa: E402  (this and the next two: beside this script)
+import checkpoints  # noqa: E402
+import drawn_scenes as scenes  # noqa: E402
 BACKGROUND = 0  # class 0 of each head; shapes and colours follow in drawn_scenes' order
 SHAPES, COLOURS = scenes.SHAPES, tuple(scenes.COLOURS)
 SIZE_BINS = ((0.0, 1.0, "under 1 cell"), (1.0, 1.5, "1-1.5 cells"), (1.5, 99.0, "1.5 cells and up"))
@@ -235,9 +233,8 @@ def evaluate(visual, heads: Heads, sets: dict[str, list[Sample]]) -> dict[str, f
 def build(args):
     """The seeded v3 model's vision tower (trained whole) and the heads."""
     torch.manual_seed(args.seed)
-    model = build_arena_model(args.seed, VERSION)
+    model, adapter = arena_v3_model.build(args.seed)
     model.set_attn_implementation({"text_config": "sdpa", "vision_config": VISION_ATTENTION_NAME})
-    adapter = QwenVLAdapter(model, tokenizer(VERSION), arena_image_processor(VERSION))
     visual = model.model.visual
     heads = Heads(model.config.vision_config.out_hidden_size)
     return visual, heads, adapter
@@ -299,7 +296,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     visual, heads, adapter = build(args)
-    processor = arena_image_processor(VERSION)
+    processor = arena_v3_model.image_processor()
     params = list(visual.parameters()) + list(heads.parameters())
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     start, curve, t0 = resume(out, visual, heads, optimizer, args.fresh)
@@ -310,11 +307,7 @@ def main(argv=None) -> int:
     for step in range(start, end):
         samples = draw_step(step, args, adapter, processor)
         loss = dense_loss(heads, features(visual, samples), samples, args.background_weight)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        seen.append(loss.item())
+        seen.append(checkpoints.update(optimizer, params, loss))
         done = step + 1
         if done % 50 == 0:
             print(f"step {done} loss {np.mean(seen[-50:]):.4f}", flush=True)

@@ -2,7 +2,7 @@
 
     python -m engine.bench --mode accuracy --per-type 200 --budgets 0.1,0.2,0.5
 
-Held-out chats of the bundled tiny-arena-vl's scenes (engine/tiny/arena_model.scenes: the question
+Held-out chats of the bundled tiny-arena-vl's scenes (engine/tiny/arena_scenes.py: the question
 types of its generation; hub models take the same questions). Each item is a two-turn chat, and
 every method at every value of its knob answers it three ways:
   with      the media and the first question in one message: the method compresses that prompt
@@ -22,7 +22,6 @@ knob is ZipVL's threshold ``tau``; methods without a knob run once.
 Three probes check the regime (full cache, media prefilled, visual KV removed by hand before the
 first question): keep only the object tokens (should cost nothing), drop exactly the tokens the
 answer needs (should fall to chance), drop a random 75% of the visual tokens (should cost a lot).
-For a generation with out-of-scope pictures (v3), the share of them answered "unknown" is reported.
 Prints a table; writes JSON and a Plotly figure (HTML, and PNG when kaleido and a Chrome are installed).
 """
 
@@ -45,7 +44,8 @@ from ..errors import UserError
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import ARENA, load_model
-from ..tiny.arena_model import bundled_version, scenes
+from ..tiny import arena_scenes
+from ..tiny.arena_model import GENERATION
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 PROBES = ("keep only the object tokens", "drop exactly the needed tokens", "drop a random 75% of visual tokens")
@@ -55,7 +55,7 @@ PROTOCOL_TITLES = {"with": "first question, compressed with it", "before": "firs
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    kinds = scenes(bundled_version()).QUESTION_TYPES
+    kinds = arena_scenes.QUESTION_TYPES
     p = argparse.ArgumentParser(prog="python -m engine.bench --mode accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=ARENA)
     p.add_argument("--methods", default="all", help="comma-separated method names, or 'all'")
@@ -208,12 +208,10 @@ def run(args) -> dict:
     methods = backends.available() if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         backends.backend_class(m)
-    version = bundled_version()
-    sc = scenes(version)
     kinds = [k.strip() for k in args.types.split(",") if k.strip()]
     for k in kinds:
-        if k not in sc.QUESTION_TYPES:
-            raise UserError(f"unknown question type '{k}'; choose from: {', '.join(sc.QUESTION_TYPES)}")
+        if k not in arena_scenes.QUESTION_TYPES:
+            raise UserError(f"unknown question type '{k}'; choose from: {', '.join(arena_scenes.QUESTION_TYPES)}")
     if args.per_type < 1:
         raise UserError(f"--per-type must be at least 1; got {args.per_type}")
     loaded = load_model(args.model)
@@ -222,7 +220,7 @@ def run(args) -> dict:
     probes: dict[str, dict[str, float]] = {}
     rng = np.random.default_rng(args.seed)
     for kind in kinds:
-        items = sc.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
+        items = arena_scenes.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
         full_bytes = [chat(loaded, backends.make_backend("full"), it)[1] for it in items]
         points[kind] = {}
         for method in ["full"] + [m for m in methods if m != "full"]:
@@ -231,14 +229,11 @@ def run(args) -> dict:
             for p in points[kind][method]:
                 print(_line(kind, method, p), flush=True)
         if not args.no_probe:
-            probes[kind] = probe(loaded, sc.held_out(kind, probe_items, turns=1), rng)
-    report = {"model": args.model, "generation": version, "per_type": args.per_type, "probe_items": probe_items,
+            probes[kind] = probe(loaded, arena_scenes.held_out(kind, probe_items, turns=1), rng)
+    report = {"model": args.model, "generation": GENERATION, "per_type": args.per_type, "probe_items": probe_items,
               "protocols": PROTOCOL_TITLES, "scoring": "whole answer, normalised exact match",
               "x": "realised KV fraction (bytes after the first prompt / full cache's bytes)",
               "points": points, "probe": probes}
-    if hasattr(sc, "out_of_scope") and not args.no_probe:
-        odd = sc.held_out("unknown", args.per_type, turns=1)
-        report["unknown"] = float(np.mean([chat(loaded, backends.make_backend("full"), it)[0][0].right for it in odd]))
     return report
 
 
@@ -266,8 +261,6 @@ def table(report: dict) -> str:
                 lines.append("    " + _line(kind, method, p).split(None, 1)[1])
         for name, acc in report["probe"].get(kind, {}).items():
             lines.append(f"    probe: {name}: {acc:.2f}")
-    if "unknown" in report:
-        lines.append(f"\nout-of-scope pictures answered 'unknown' (full cache): {report['unknown']:.2f}")
     return "\n".join(lines)
 
 

@@ -6,8 +6,8 @@ streamed without a cap (which equals the one-prompt prefill).
     python -m engine.bench --mode stream --accuracy --items 200 --caps 0.1,0.25,0.5 \\
         --methods full,infinipot_v,streamingllm,snapkv
 
-The items are the "moving" video questions of the generation ``engine.tiny.arena_model`` bundles
-("Which shape moves?"), one question each, asked once the whole video has streamed (the method
+The items are the "moving" video questions of the bundled generation (engine/tiny/arena_scenes.py:
+"Which shape moves?"), one question each, asked once the whole video has streamed (the method
 never sees it: a streamed video is compressed before anyone asks). Chunks of ``--frames-per-chunk``
 frames (default 2: one temporal group of Qwen2.5-VL), so a cap bites while the video streams in.
 An answer counts when it is the expected answer whole, as in ``--mode accuracy``
@@ -29,7 +29,8 @@ from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import ARENA, load_model
 from ..runtime.streaming import feed_streaming
-from ..tiny.arena_model import bundled_version, scenes
+from ..tiny import arena_scenes
+from ..tiny.arena_model import GENERATION
 from .accuracy import Verdict, answer_budget, judge, wilson
 from .common import aligned
 
@@ -81,11 +82,10 @@ def run(args, methods: list[str]) -> list[dict]:
         raise UserError(f"--items must be at least 1; got {args.items}")
     caps = caps_of(args.caps)
     chunk = args.frames_per_chunk or DEFAULT_FRAMES_PER_CHUNK
-    version = bundled_version()
-    items = scenes(version).held_out(KIND, args.items)
+    items = arena_scenes.held_out(KIND, args.items)
     loaded = load_model(args.model or ARENA)
     full = [streamed_answer(loaded, "full", it, None, chunk) for it in items]
-    rows = [summary("full", None, full, full) | {"model": args.model or ARENA, "generation": version}]
+    rows = [summary("full", None, full, full) | {"model": args.model or ARENA, "generation": GENERATION}]
     for method in (m for m in methods if m != "full"):
         for fraction in caps:
             runs = [streamed_answer(loaded, method, it, int(fraction * f["video_bytes"]), chunk)

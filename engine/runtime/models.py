@@ -263,16 +263,16 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
 
 def _load_arena(dev, dtype):
     """The trained tiny model: its config and tokenizer are made in code, its weights are in
-    assets/tiny-arena-vl, or in ``KV_ARENA_TINY_DIR`` (a training run's folder); the generation is
-    the one the folder's config.json names."""
-    from ..tiny.arena_model import (arena_dir, arena_image_processor, build_arena_model, bundled_version,
+    assets/tiny-arena-vl, or in ``KV_ARENA_TINY_DIR`` (a training run's folder, of the bundled
+    generation: another is refused)."""
+    from ..tiny.arena_model import (arena_dir, arena_image_processor, build_arena_model, check_generation,
                                     load_arena_weights, tokenizer)
 
     directory = arena_dir()
-    version = bundled_version(directory)
-    model = build_arena_model(version=version)
+    check_generation(directory)
+    model = build_arena_model()
     load_arena_weights(model, directory)
-    return model.to(device=dev, dtype=dtype), tokenizer(version), arena_image_processor(version), None
+    return model.to(device=dev, dtype=dtype), tokenizer(), arena_image_processor(), None
 
 
 def random_model(cls, config, dev, dtype, seed: int):

@@ -22,7 +22,6 @@ from pathlib import Path
 from ..errors import UserError
 from ..media import write_avi
 from ..tiny import arena_scenes
-from ..tiny.arena_model import bundled_version, scenes
 from .inputs import Prepared
 from .model_picker import is_trained_here
 from .uploads import ASSETS, cap_folders, file_hash, make_public, session_folder, trim_folder
@@ -50,11 +49,6 @@ class Scene:
     files: tuple[str, ...]
 
 
-def generator():
-    """The scene module of the bundled model's generation (its QUESTION_TYPES, fresh(), Item)."""
-    return scenes(bundled_version())
-
-
 def normalised(text: str) -> str:
     return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
@@ -71,18 +65,13 @@ _DRAWN: OrderedDict[str, Scene] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def _objects(picture) -> list:
-    things = picture.things
-    return list(things.values() if isinstance(things, dict) else things)
-
-
 def _follow_up(item) -> tuple[str, str] | None:
     """A colour question about an object the first question is not about (the generator's own
     follow-ups are of this kind); None when the scene has no other object."""
     first = normalised(f"{item.turns[0].text} {item.turns[0].answer}").split()
     seen = set()
     for picture in item.pictures:
-        for thing in _objects(picture):
+        for thing in picture.things.values():
             if (thing.shape, thing.colour) in seen or thing.shape in first or thing.colour in first:
                 continue
             seen.add((thing.shape, thing.colour))
@@ -92,11 +81,10 @@ def _follow_up(item) -> tuple[str, str] | None:
 
 @lru_cache(maxsize=1)
 def examples() -> tuple[Scene, ...]:
-    """The generator's clickable examples (files in assets/), each with a follow-up; none when the
-    bundled generation has no examples drawn."""
-    found = getattr(generator(), "examples", None)
+    """The generator's clickable examples whose files assets/make_examples.py drew (in assets/),
+    each with a follow-up."""
     out = []
-    for kind, (item, files) in (found() if found else {}).items():
+    for kind, (item, files) in arena_scenes.examples().items():
         paths = tuple(str(ASSETS / f) for f in files)
         if not all(Path(p).is_file() for p in paths):
             continue
@@ -111,7 +99,7 @@ def _example_digests() -> dict[str, Scene]:
 
 
 def scene_types() -> tuple[str, ...]:
-    return tuple(generator().QUESTION_TYPES)
+    return tuple(arena_scenes.QUESTION_TYPES)
 
 
 def draw_scene(kind: str, seed: int | None = None, owner: str = "anonymous") -> Scene:
@@ -120,16 +108,16 @@ def draw_scene(kind: str, seed: int | None = None, owner: str = "anonymous") -> 
     video as an uncompressed AVI, read back pixel for pixel), which keeps a session's newest
     :data:`SCENES_PER_SESSION` and :func:`max_scenes` in all, and goes with the session; any
     session may use them, as the examples."""
-    sc = generator()
-    if not isinstance(kind, str) or kind not in sc.QUESTION_TYPES:
-        raise UserError(f"The scene type must be one of {', '.join(sc.QUESTION_TYPES)}; got {str(kind)[:60]!r}.")
-    item = sc.fresh(kind, turns=2, seed=seed)
+    kinds = arena_scenes.QUESTION_TYPES
+    if not isinstance(kind, str) or kind not in kinds:
+        raise UserError(f"The scene type must be one of {', '.join(kinds)}; got {str(kind)[:60]!r}.")
+    item = arena_scenes.fresh(kind, turns=2, seed=seed)
     mine = session_folder(owner, "scenes")
     folder = mine / uuid.uuid4().hex[:12]
     folder.mkdir()
     if item.video:
         paths = [folder / f"{kind}.avi"]
-        write_avi(paths[0], item.frames(), fps=int(getattr(item, "fps", 2)))
+        write_avi(paths[0], item.frames(), fps=int(item.fps))
     else:
         paths = [folder / f"{kind}_{i}.png" for i in range(1, len(item.pictures) + 1)]
         for picture, path in zip(item.pictures, paths):

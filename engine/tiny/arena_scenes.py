@@ -25,11 +25,13 @@ the prompt's visual tokens in order), and every item names all its object tokens
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from .scene_items import Item, Question
 
 CELL = 28
 BIG, SMALL = 10, 8  # cells a side: one image alone, several images or video frames
@@ -96,44 +98,9 @@ class Picture:
     def image(self) -> Image.Image:
         return Image.fromarray(self.pixels())
 
-
-@dataclass(frozen=True)
-class Question:
-    kind: str  # colour / shape (what is asked)
-    text: str
-    answer: str
-    tokens: tuple[int, ...]  # visual tokens the answer depends on
-
-
-@dataclass
-class Item:
-    """Media and a conversation about them: ``turns`` are asked one after another in one chat."""
-
-    kind: str
-    turns: list[Question]
-    pictures: list[Picture] = field(default_factory=list)  # images, or the frames of one video
-    video: bool = False
-    informative: tuple[int, ...] = ()  # every object token
-
     @property
-    def question(self) -> Question:
-        return self.turns[0]
-
-    def frames(self) -> np.ndarray:
-        return np.stack([p.pixels() for p in self.pictures])
-
-    def media(self) -> dict:
-        """Keyword arguments for :class:`engine.runtime.inputs.Message`."""
-        if self.video:
-            from ..media import Video
-
-            frames = self.frames()
-            return {"videos": [Video(frames, [i / 2 for i in range(len(frames))], fps=2.0)], "num_frames": len(frames)}
-        return {"images": [p.image() for p in self.pictures]}
-
-    def visual_tokens(self) -> int:
-        per = [p.side * p.side for p in self.pictures]
-        return sum(per) // 2 if self.video else sum(per)
+    def token_count(self) -> int:
+        return self.side * self.side
 
 
 def colour_question(thing: Thing, tokens) -> Question:

@@ -21,8 +21,9 @@ Follow-up turns ask colour or shape questions about other objects of the same me
 Out of scope (``out_of_scope``): noise, blank or gradient images, photo-like blobs and bar charts,
 asked any of the questions, are answered UNKNOWN.
 
-``Item`` and ``Question`` keep v2's fields (``turns``, ``tokens``, ``informative``, ``media()``),
-so the accuracy benchmark and the app read both generations alike.
+``Item`` and ``Question`` are engine/tiny/scene_items.py's, v2's own, so the accuracy benchmark and
+the app will read this generation as they read v2 once it ships (until then it lives here, with its
+training: training/train_arena_v3.py, training/train_arena_v3_eyes.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
+
+from engine.tiny.scene_items import Item, Question
 
 CELL = 28  # px of one visual token (14 px patches merged 2x2) at the processed resolution
 COLOURS = {"red": (215, 35, 35), "green": (30, 160, 50), "blue": (35, 75, 215), "yellow": (240, 200, 20),
@@ -81,56 +84,16 @@ class Picture:
     def image(self) -> Image.Image:
         return draw(self)
 
+    @property
+    def token_count(self) -> int:
+        return self.rows * self.cols
+
 
 def _span(lo: float, hi: float, n: int) -> tuple[int, int]:
     """Cells [a, b) that the interval [lo, hi] (fractions) overlaps by more than 5% of a cell."""
     a = max(0, int(math.floor(lo * n + 0.05)))
     b = min(n, int(math.ceil(hi * n - 0.05)))
     return a, max(a + 1, b)
-
-
-@dataclass(frozen=True)
-class Question:
-    kind: str  # colour / shape / objects / pair / unknown (what is asked)
-    text: str
-    answer: str
-    tokens: tuple[int, ...]  # visual tokens the answer depends on
-
-
-@dataclass
-class Item:
-    """Media and a conversation about them: ``turns`` are asked one after another in one chat."""
-
-    kind: str
-    turns: list[Question]
-    pictures: list[Picture] = field(default_factory=list)  # images, or the frames of one video
-    video: bool = False
-    informative: tuple[int, ...] = ()  # every object token
-    fps: float = 2.0
-
-    @property
-    def question(self) -> Question:
-        return self.turns[0]
-
-    def images(self) -> list[Image.Image]:
-        return [p.image() for p in self.pictures]
-
-    def frames(self) -> np.ndarray:
-        return np.stack([np.asarray(im) for im in self.images()])
-
-    def media(self) -> dict:
-        """Keyword arguments for :class:`engine.runtime.inputs.Message`."""
-        if self.video:
-            from ..media import Video
-
-            frames = self.frames()
-            return {"videos": [Video(frames, [i / self.fps for i in range(len(frames))], fps=self.fps)],
-                    "num_frames": len(frames)}
-        return {"images": self.images()}
-
-    def visual_tokens(self) -> int:
-        per = [p.rows * p.cols for p in self.pictures]
-        return sum(per) // 2 if self.video else sum(per)
 
 
 # --- drawing ----------------------------------------------------------------------------------------
