@@ -97,11 +97,6 @@ def settings_from_named(controls: dict) -> service.Settings:
     return settings_from([controls.get(name, defaults[name]) for name in control_names()])
 
 
-def control_kwargs(*args, **kwargs) -> dict:
-    """:func:`control_values` by name, as the API takes them."""
-    return dict(zip(control_names(), control_values(*args, **kwargs)))
-
-
 def settings_from(values: Sequence) -> service.Settings:
     """Controls' values (in ``SettingsPanel.inputs`` order) -> Settings."""
     base = dict(zip(BASE_CONTROLS, values))

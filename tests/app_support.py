@@ -13,6 +13,11 @@ def config(method="streamingllm", **kw):
                                                           max_new_tokens=kw.pop("max_new_tokens", 5), **kw))
 
 
+def control_kwargs(*args, **kwargs) -> dict:
+    """``settings.control_values`` by name (``settings.control_names``), as the API takes them."""
+    return dict(zip(settings.control_names(), settings.control_values(*args, **kwargs)))
+
+
 def turn(session, message, history=(), method="streamingllm", **kw):
     """All outputs of one chat event (``chat.ChatOutputs``), and the message it refused with (or None)."""
     outputs = list(chat.respond(message, list(history), session, config(method, **kw)))

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.app_support import control_kwargs
 from tests.support import make_image
 import gradio_client.client
 from gradio_client import Client, handle_file
 
 from components.chat import NEW_CONVERSATION, NOT_ANSWERED
-from components.settings import control_kwargs
 from engine import service
 from engine.service import sessions
 
