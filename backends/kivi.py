@@ -193,8 +193,8 @@ class KIVI(KVBackend):
     does = "quantises"
     paper = "https://arxiv.org/abs/2402.02750"
     summary = ("Keeps every token but stores keys and values in 2 bits (keys per channel, values per token, in "
-               "groups of 32); the newest 128 tokens stay exact until a whole group can be quantised. No budget: "
-               "the bits set the memory.")
+               "groups of 32 sharing a scale); the newest tokens, up to 128, stay exact. No budget: the bits set "
+               "the memory.")
     overlay_meaning = "in full precision (the rest: fewer bits)"
     bits: int = param(2, "Bits per key and value: 2 (KIVI-2, the paper's main setting), 4 (KIVI-4), 8, or 16 "
                       "(= not quantised).", 2, 16, 1)
