@@ -55,7 +55,9 @@ PANELS = """
   per layer show their plan as markers on the same scale (ZipVL: the bytes its split plans).
 - **Kept visual tokens**: each cell of the picture is one visual token; dark red cells were dropped.
   AttentionPack keeps every token as low-rank factors: its clear cells are those held at full rank.
-  ZipVL keeps every token in fewer bits: its clear cells are those at high precision.
+  ZipVL keeps every token in fewer bits: its clear cells are those at high precision. KIVI keeps every
+  token in 2 bits: its clear cells are the newest ones, still exact. AdaKV's heads keep different
+  numbers of tokens: a cell's shade is the share of heads that dropped it.
 - **Same tokens as full**: how many answer tokens match the full cache's answer, position by
   position (the end-of-turn token is not counted). **Right / wrong**: on the offline model's scenes
   (the examples, "New scene") the app knows the true answer and marks each one.

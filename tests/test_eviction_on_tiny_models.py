@@ -26,7 +26,9 @@ PROMPT_TIME = ["vl_cache", "snapkv", "pyramidkv"]  # compress each prompt, then 
                                       ("h2o", {"recent_share": 1.5}), ("h2o", {"window": 4}),
                                       ("snapkv", {"pooling": "median"}), ("snapkv", {"kernel_size": 0}),
                                       ("snapkv", {"window_size": 0}), ("pyramidkv", {"beta": 0.5}),
-                                      ("vl_cache", {"threshold": 0.9}), ("vl_cache", {"window_size": 32})])
+                                      ("vl_cache", {"threshold": 0.9}), ("vl_cache", {"window_size": 32}),
+                                      ("adakv", {"alpha": -0.1}), ("kivi", {"bits": 3}),
+                                      ("kivi", {"residual": 100})])
 def test_bad_parameters_are_refused(name, bad):
     with pytest.raises(ValueError):
         backends.make_backend(name, budget=0.5, **bad)

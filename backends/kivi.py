@@ -1,0 +1,242 @@
+"""KIVI (Liu et al., "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache", ICML 2024,
+arXiv 2402.02750): keys have a few outlier channels and values none, so keys are quantised per
+channel and values per token, asymmetrically, at 2 (or 4) bits; the newest tokens stay in full
+precision until a whole group of them can be quantised together.
+
+* Keys (Sec. 3.2-3.3, Algorithm 1 ``KeyQuant``): one scale and zero point per channel over a group
+  of ``group_size`` tokens (G = 32, Sec. 4). The key residual holds ``l mod R`` full-precision
+  tokens: once it reaches R (``residual`` = 128, Sec. 4) its R tokens are quantised at once, as
+  R / G groups, and it empties.
+* Values (Algorithm 1 ``GroupQuant`` along the channels): one scale and zero point per token over a
+  group of G channels. The value residual is always the newest R tokens: a token is quantised as
+  soon as it is R + 1 from the end (one per decode step). A head dimension that G does not divide
+  is grouped by its largest divisor below G (the authors' kernels require G | D).
+* When (Algorithm 1): a prefill attends over its own keys and values in full precision and is
+  quantised afterwards; a decode step adds its token, quantises what left the residual, then
+  attends over the quantised cache. A later turn's prefill is appended like many decode tokens at
+  once (the paper has one prompt): the same rule, one flush after its attention.
+* Asymmetric min-max quantisation and bit packing are :mod:`backends.quant`'s (codes in uint8,
+  four 2-bit or two 4-bit codes per byte; scales and zero points in the cache's dtype). The paper's
+  authors store the same three tensors; transformers' ``QuantizedCache`` quantises keys and values
+  along one axis and re-quantises the whole cache at every flush, which is not KIVI's scheme.
+* Bytes held = key and value codes + scales + zero points + both full-precision residuals.
+
+No budget: KIVI keeps every token and its knob is ``bits`` (2: "KIVI-2", the paper's main
+setting; 4: "KIVI-4"); the method sits on the comparison axis at the fraction of the full cache's
+bytes it realises (``realised_fraction``), like ZipVL. 16 bits keeps the cache dense
+(``lossless_params``).
+
+A read is dense: ``append`` returns the dequantised cache and the runtime's exact attention runs
+over it (transiently; nothing dequantised is kept). Reading a decode query from the codes, as ZipVL
+does, would save that rebuild and is left for later.
+
+Report (:class:`KIVIReport`), per layer: ``bytes`` (codes, scales, residual), ``layer_budgets``
+(bytes held / the same tokens in full precision) and ``overlay`` (the tokens whose key and value
+are both still in full precision); ``realised_fraction`` over all layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .base import KVBackend, KVLayer, Report
+from .params import param
+from .quant import FULL_BITS, QuantTensor, check_bits, quantize
+
+
+# ---------------------------------------------------------------------------------------------
+# The two groupings (Algorithm 1's KeyQuant and GroupQuant)
+# ---------------------------------------------------------------------------------------------
+
+
+def channel_group(head_dim: int, group_size: int) -> int:
+    """Channels per value group: ``group_size``, or its largest divisor of ``head_dim`` below it."""
+    return max(d for d in range(1, min(group_size, head_dim) + 1) if head_dim % d == 0)
+
+
+def quantize_keys(keys: torch.Tensor, bits: int, group_size: int) -> QuantTensor:
+    """Keys (1, H, n, D), n a multiple of ``group_size``: per channel over each group of tokens.
+    Held as (1, H, n / G, G, D) with one scale per (group, channel)."""
+    one, heads, n, dim = keys.shape
+    return quantize(keys.reshape(one, heads, n // group_size, group_size, dim), bits, reduce_dim=3)
+
+
+def quantize_values(values: torch.Tensor, bits: int, group_size: int) -> QuantTensor:
+    """Values (1, H, n, D): per token over each group of channels. Held as (1, H, n, D / g, g)."""
+    one, heads, n, dim = values.shape
+    g = channel_group(dim, group_size)
+    return quantize(values.reshape(one, heads, n, dim // g, g), bits, reduce_dim=4)
+
+
+def dequantize_tokens(q: QuantTensor | None, like: torch.Tensor) -> torch.Tensor:
+    """A grouped key or value tensor back as (1, H, n, D) in ``like``'s dtype (empty if ``q`` is None)."""
+    if q is None:
+        return like[:, :, :0]
+    one, heads = q.shape[:2]
+    return q.dequantize().reshape(one, heads, -1, like.shape[-1])
+
+
+def concat_tokens(first: QuantTensor | None, second: QuantTensor) -> QuantTensor:
+    """Two quantised blocks of the same grouping, one after the other along dim 2."""
+    if first is None:
+        return second
+    shape = first.shape[:2] + (first.shape[2] + second.shape[2],) + first.shape[3:]
+    return QuantTensor(shape, first.bits, first.dtype, codes=torch.cat([first.codes, second.codes], dim=2),
+                       scale=torch.cat([first.scale, second.scale], dim=2), zero=torch.cat([first.zero, second.zero], dim=2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage
+# ---------------------------------------------------------------------------------------------
+
+
+class KIVILayer(KVLayer):
+    """Quantised keys and values, then each one's full-precision residual (``keys`` / ``values``:
+    the key residual holds ``l mod R`` tokens, the value residual the newest R)."""
+
+    def __init__(self, bits: int, group_size: int, residual: int) -> None:
+        super().__init__()
+        self.bits, self.group_size, self.residual = bits, group_size, residual
+        self.quant_keys: QuantTensor | None = None
+        self.quant_values: QuantTensor | None = None
+
+    def dense(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every token's key and value, dequantised where quantised, in token order."""
+        keys = torch.cat([dequantize_tokens(self.quant_keys, self.keys), self.keys], dim=2)
+        values = torch.cat([dequantize_tokens(self.quant_values, self.values), self.values], dim=2)
+        return keys, values
+
+    def append(self, keys, values, positions):
+        """Prefill: attention reads the new tokens in full precision, then they are flushed."""
+        self._store(keys, values, positions)
+        out = self.dense()
+        self.flush()
+        return out
+
+    def append_decode(self, keys, values, positions):
+        """Decode (Algorithm 1): add the token, flush, then attend over the quantised cache."""
+        self._store(keys, values, positions)
+        self.flush()
+        return self.dense()
+
+    def _store(self, keys, values, positions) -> None:
+        KVLayer.append(self, keys, values, positions)
+
+    def flush(self) -> None:
+        """Quantise what left the residuals: whole multiples of R keys, values beyond the newest R."""
+        ready = self.keys.shape[2] // self.residual * self.residual
+        if ready:
+            block = quantize_keys(self.keys[:, :, :ready], self.bits, self.group_size)
+            self.quant_keys = concat_tokens(self.quant_keys, block)
+            self.keys = self.keys[:, :, ready:].clone()  # a copy: a view would keep the whole old tensor alive
+        aged = self.values.shape[2] - self.residual
+        if aged > 0:
+            block = quantize_values(self.values[:, :, :aged], self.bits, self.group_size)
+            self.quant_values = concat_tokens(self.quant_values, block)
+            self.values = self.values[:, :, aged:].clone()
+
+    # --- what it holds -------------------------------------------------------------------------
+    def quant_tensors(self) -> list[QuantTensor]:
+        return [q for q in (self.quant_keys, self.quant_values) if q is not None]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return super().tensors() + [t for q in self.quant_tensors() for t in q.tensors()]
+
+    def byte_parts(self) -> dict[str, int]:
+        codes = sum(_nbytes(q.codes) for q in self.quant_tensors())
+        scales = sum(_nbytes(q.scale) + _nbytes(q.zero) for q in self.quant_tensors())
+        return {"codes": codes, "scales": scales, "residual": _nbytes(self.keys) + _nbytes(self.values)}
+
+    def full_precision_positions(self) -> torch.Tensor:
+        """Tokens whose key and value are both in full precision (the key residual's)."""
+        return self.positions[0, self.positions.shape[1] - self.keys.shape[2]:]
+
+    def keep(self, index: torch.Tensor) -> None:
+        raise NotImplementedError("KIVI keeps every token (in fewer bits); it never evicts")
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def full_precision_bytes(layer: KVLayer) -> int:
+    """What ``layer``'s tokens would hold as dense keys and values in the cache's dtype."""
+    if layer.keys is None:
+        return 0
+    heads, dim = layer.keys.shape[1], layer.keys.shape[3]
+    return 2 * layer.get_seq_length() * heads * dim * layer.keys.element_size()
+
+
+# ---------------------------------------------------------------------------------------------
+# The method
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class KIVIReport(Report):
+    """KIVI's bytes per layer; ``layer_budgets`` is the share of the same tokens' full-precision bytes
+    a layer holds, ``overlay`` its (1, n) tokens still in full precision."""
+
+    # per layer: bytes held, {"codes": int, "scales": int, "residual": int}
+    bytes: list[dict[str, int] | None] | None = None
+    # the bit width the cache was quantised with
+    bits: int | None = None
+
+
+@dataclass(eq=False)
+class KIVI(KVBackend):
+    name = "kivi"
+    title = "KIVI"
+    does = "quantises"
+    paper = "https://arxiv.org/abs/2402.02750"
+    summary = ("Keeps every token but stores keys and values in 2 bits (keys per channel, values per token, in "
+               "groups of 32 sharing a scale); the newest tokens, up to 128, stay exact. No budget: the bits set "
+               "the memory.")
+    overlay_meaning = "in full precision (the rest: fewer bits)"
+    bits: int = param(2, "Bits per key and value: 2 (KIVI-2, the paper's main setting), 4 (KIVI-4), 8, or 16 "
+                      "(= not quantised).", 2, 16, 1)
+    group_size: int = param(32, "Tokens per key group and channels per value group sharing a scale and zero "
+                            "point (Sec. 4: 32).", 1, 1024, 1)
+    residual: int = param(128, "Newest tokens kept in full precision; a multiple of the group size "
+                          "(Sec. 4: 128).", 1, 1_000_000, 1)
+    uses_budget = False
+    lossless_params: ClassVar[dict] = {"bits": FULL_BITS}
+    report_type: ClassVar[type[Report]] = KIVIReport
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            check_bits(self.bits)
+        except ValueError as exc:
+            raise ValueError(f"parameter 'bits': {exc}") from None
+        if self.residual % self.group_size:
+            raise ValueError(f"residual ({self.residual}) must be a multiple of group_size ({self.group_size}): "
+                             "keys are quantised a whole number of groups at a time")
+
+    def new_layer(self, layer_idx: int) -> KVLayer:
+        if self.bits == FULL_BITS:
+            return KVLayer()
+        return KIVILayer(self.bits, self.group_size, self.residual)
+
+    def after_forward(self, cache, call) -> None:
+        layers = cache.layers
+        report = self.report
+        report.ensure_layers(len(layers), "bytes", "layer_budgets", "overlay")
+        for i, layer in enumerate(layers):
+            full = full_precision_bytes(layer)
+            report.layer_budgets[i] = layer.nbytes() / full if full else None
+            if isinstance(layer, KIVILayer):
+                report.bytes[i] = layer.byte_parts()
+                report.overlay[i] = layer.full_precision_positions().view(1, -1)
+            else:
+                report.bytes[i] = {"codes": 0, "scales": 0, "residual": layer.nbytes()}
+                report.overlay[i] = layer.kept_positions()[:1]
+        full = sum(full_precision_bytes(layer) for layer in layers)
+        report.realised_fraction = sum(layer.nbytes() for layer in layers) / full if full else None
+        report.bits = self.bits
+
+
+__all__ = ["KIVI", "KIVILayer", "KIVIReport", "channel_group", "quantize_keys", "quantize_values"]
