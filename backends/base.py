@@ -13,6 +13,11 @@ runtime (``engine/``) calls; it never imports the runtime or the UI:
 * ``after_forward(cache, call)`` -> once all layers ran: decisions that need every layer
   (per-layer budgets), and decode-time eviction.
 
+A method may also shorten the prefill itself: with ``narrows_prefill`` the runtime asks
+``prefill_rows(call)`` before each decoder layer of a prefill, and the rows it returns (indices
+among the new tokens still going) are the only ones that layer and every later one compute and
+cache (FastV: the visual tokens kept after layer K). Their positions stay the original ones.
+
 ``before_forward(cache, call)`` opens each forward pass (before the first layer reads the cache):
 what a method needs from the runtime for one pass only, such as ``call.rotary``, is taken there
 and dropped in ``after_forward``, so a cache between passes holds tensors, never the model.
@@ -301,6 +306,12 @@ class KVBackend:
         return False
 
     @property
+    def narrows_prefill(self) -> bool:
+        """True when the prefill runs on fewer tokens from some layer on: the runtime then asks
+        :meth:`prefill_rows` before each decoder layer."""
+        return False
+
+    @property
     def config(self) -> dict[str, Any]:
         """The parameters' values by name (``budget`` aside)."""
         return {p.name: getattr(self, p.name) for p in self.param_specs()}
@@ -314,6 +325,12 @@ class KVBackend:
 
     def after_attention(self, call: AttentionCall, layer: KVLayer, query, key, scaling: float, attn_row=None) -> None:
         """``attn_row``: (H, 1, S) float32 softmax of the decode query if ``needs_decode_attention``."""
+
+    def prefill_rows(self, call: AttentionCall) -> torch.Tensor | None:
+        """Before decoder layer ``call.layer_idx`` of a prefill (``narrows_prefill`` only): the
+        (q',) ascending indices, among the ``call.positions`` still going, of the rows this layer
+        and the later ones run on; None keeps them all."""
+        return None
 
     def before_forward(self, cache, call: AttentionCall) -> None:
         """A forward pass starts; nothing taken here may outlive it (see the module's docstring)."""

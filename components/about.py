@@ -67,7 +67,8 @@ PANELS = """
 ### When do the methods differ?
 - **Not on a one-word first answer** with the cache compressed *with the question*: that word comes
   from the prefill's own logits, computed from the whole prompt before anything is evicted. Only the
-  methods that are sparse *during* the prefill (ZipVL) can change it.
+  methods that are sparse *during* the prefill (ZipVL; FastV, whose later layers no longer see the
+  visual tokens it dropped) can change it.
 - **On a follow-up** (Compare's "Then ask", or a second message in Chat): it is answered from what the
   method kept for the *first* question. A method that scored tokens by that question's attention
   (SnapKV, PyramidKV) may have dropped the object the follow-up asks about.

@@ -20,7 +20,9 @@ What it uses of transformers, nothing patched:
 * two PyTorch forward hooks, on the model (the prompt's token ids, where the media sit) and on its
   language model (the rotary ids the model computed, the new tokens' count; the method's
   once-per-forward step afterwards), describe each forward pass to the method as the app's runtime
-  describes it, so both give the same tokens (``tests/test_hf_entry_point.py``).
+  describes it, so both give the same tokens (``tests/test_hf_entry_point.py``); for a method
+  that runs later layers on fewer rows (FastV) the runtime's pre-hooks on the decoder layers
+  (``engine.runtime.narrowing``) shorten them, as in the app.
 
 Batch 1, as in the app. A method that only acts on media KV the app's runtime stored
 (a :class:`~backends.media_reuse.ReusesMedia`: MPIC) is refused: inside ``generate`` it would be the full cache.
@@ -42,6 +44,7 @@ from .runtime.cache import KVCache
 from .runtime.forward import cache_keyword, position_ids
 from .runtime.inputs import ADAPTERS, DEFAULT_SYSTEM, Message
 from .runtime.models import load_model
+from .runtime.narrowing import narrowing
 
 
 class GenerateCache(KVCache):
@@ -130,7 +133,7 @@ class Press:
             return
         (run, context), self._run = self._run, None
         try:
-            self.cache.seen += run.call.positions.shape[0]
+            self.cache.seen = run.call.seen  # every token fed, rows a method dropped between layers included
             run.timed(self.backend.after_forward, self.cache, run.call)
         finally:
             context.__exit__(None, None, None)
@@ -181,7 +184,7 @@ def compress(model, method: str, budget: float = 1.0, **params):
                          "model.generate there is nothing stored and it would be the full cache. Use "
                          "engine.runtime.generate.Conversation with an engine.mpic.linking.Linker instead.")
     press = Press(model, backends.make_backend(method, budget=budget, **params))
-    with attention_of(model, ATTENTION_NAME):
+    with attention_of(model, ATTENTION_NAME), narrowing(model, press.backend):
         handles = [model.register_forward_pre_hook(press.before_model, with_kwargs=True),
                    press.decoder.register_forward_pre_hook(press.before_decoder, with_kwargs=True),
                    press.decoder.register_forward_hook(press.after_decoder, with_kwargs=True, always_call=True)]

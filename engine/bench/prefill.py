@@ -1,8 +1,16 @@
-"""ZipVL's token-sparse prefill against the full cache: language-model prefill time at growing
-numbers of visual tokens, both methods in one run, same weights, same inputs.
+"""The methods whose prefill itself runs on fewer tokens against the full cache: ZipVL's token-sparse
+attention and FastV's layers after K on the kept rows. Language-model prefill time at growing
+numbers of visual tokens, every method in one run, same weights, same inputs.
 
     python -m engine.bench --mode prefill --model random:Qwen/Qwen2-VL-2B-Instruct --num-layers 2 \\
         --visual-tokens 2048,8192 --repeats 3 --json
+    python -m engine.bench --mode prefill --methods fastv --num-layers 8 --visual-tokens 4096
+
+FastV (``--methods fastv``, K and R from ``--set fastv.k_layer=...``): its rows are the first K
+layers at every token and the later ones at the text plus the kept visual tokens; ``ideal`` is that
+share of the full prefill's rows (1 / ideal is the speed-up if a layer cost what its rows do: at
+K = 2, R = 50% on 8 layers and 4,096 visual tokens, 0.63, i.e. 1.6x). Its scoring (the last token's
+attention row in layer K) runs inside the clock.
 
 What is timed: one prefill forward pass of the decoder (every layer at its real width, the
 attention through the runtime's seam, so ZipVL's probes, split, sparse attention and quantisation
@@ -19,8 +27,9 @@ prints the time against the realised important ratio: where sparse prefill start
 model whose attention is that sparse.
 
 Warm-up: one pass per method; then ``--repeats`` rounds of one pass each, in an order rotated per
-round. Printed per size and tau: both times (medians), their ratio (ZipVL / full of the same round:
+round. Printed per size and method (ZipVL: per tau): both times (medians), their ratio (method / full of the same round:
 < 1 means sparse prefill pays; the median with the min-max over rounds, marked where it crosses 1),
+its inverse (``speedup``, full / method, with its range),
 the realised important ratio (mean over layers), ZipVL's KV bytes against the full cache's, and:
 
 * ``attn``: attention's share of the full prefill, measured in the same passes (the full cache's
@@ -76,6 +85,7 @@ from .common import (
 from .methods import method_params
 
 PREFIX, QUESTION = 16, 32  # text tokens before and after the image (system prompt, question)
+SPARSE_PREFILL = ("zipvl", "fastv")  # the methods whose prefill itself runs on fewer tokens
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -85,7 +95,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-layers", type=int, default=None, help="decoder depth (e.g. 2 for short CPU runs)")
     p.add_argument("--tau", "--budget", dest="budget", default="0.975",
                    help="ZipVL's tau, comma-separated for a sweep (paper: 0.975); --budget is the old name")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="ZipVL parameter (repeatable)")
+    p.add_argument("--methods", default="zipvl", help="comma-separated: zipvl (its token-sparse attention), fastv "
+                   "(its layers after K on the kept rows), or both")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a method's parameter, e.g. fastv.k_layer=3 (repeatable)")
     add_repeats_arg(p)
     add_run_args(p)
     return p.parse_args(argv)
@@ -157,28 +170,51 @@ def prefill(model, backend, num_layers: int, embeds, rope, layout, sync: bool) -
     return time.perf_counter() - start, run.settle(), cache
 
 
+def variants(args: argparse.Namespace) -> dict:
+    """Label -> (method, parameters) of every prefill compared with the full cache: ZipVL once per
+    ``--tau``, FastV once; bad names and parameters fail here, before the model is built."""
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in SPARSE_PREFILL]
+    if unknown or not methods:
+        raise UserError(f"--methods takes {', '.join(SPARSE_PREFILL)} (the methods whose prefill runs on fewer "
+                        f"tokens), got '{args.methods}'")
+    try:
+        taus = [float(t) for t in str(args.budget).split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"--tau expects comma-separated values, got '{args.budget}'") from None
+    if not taus and "zipvl" in methods:
+        raise UserError("--tau needs at least one value")
+    params = method_params(methods, args.set)
+    found = {}
+    for method in methods:
+        for value in (taus if method == "zipvl" else [None]):
+            chosen = params[method] | ({} if value is None else {"tau": value})
+            backends.make_backend(method, **chosen)
+            found[value if method == "zipvl" else method] = (method, chosen)
+    return found
+
+
+def fastv_rows_share(cache: KVCache, layers: int) -> float:
+    """FastV's prefill rows over the full cache's, all layers: the share of the token-layer work left
+    (the first K layers run every row, the later ones the kept rows: what each layer's cache got)."""
+    return sum(cache.tokens_per_layer()) / (layers * cache.tokens_per_layer()[0])
+
+
 def run(args: argparse.Namespace) -> list[dict]:
     check_repeats(args.repeats)
     device = pick_device(args.device)
     sync = device.type == "cuda"
     dtype_name, dtype = pick_dtype(args.dtype, device)
     sizes = visual_sizes(args.visual_tokens or ("2048,8192,32768" if sync else "2048,8192"))
-    try:
-        taus = [float(t) for t in str(args.budget).split(",") if t.strip()]
-    except ValueError:
-        raise UserError(f"--tau expects comma-separated values, got '{args.budget}'") from None
-    if not taus:
-        raise UserError("--tau needs at least one value")
-    params = method_params(["zipvl"], args.set)["zipvl"]
-    for tau in taus:  # bad parameters fail before the model is built
-        backends.make_backend("zipvl", **(params | {"tau": tau}))
+    chosen = variants(args)
     model, text, rope_dims = build_decoder(args.model, args.num_layers, device, dtype, args.seed)
     layers = text.num_hidden_layers
     rows = []
     for visual in sizes:
         embeds, rope, layout = synthetic_prompt(visual, rope_dims, text.hidden_size, device, dtype, args.seed)
         make = {"full": AttentionTimedFull}
-        make |= {tau: (lambda tau=tau: backends.make_backend("zipvl", **(params | {"tau": tau}))) for tau in taus}
+        make |= {label: (lambda m=method, p=params: backends.make_backend(m, **p))
+                 for label, (method, params) in chosen.items()}
         for m in make.values():  # warm-up
             prefill(model, m(), layers, embeds, rope, layout, sync)
         times = {name: [] for name in make}
@@ -190,38 +226,50 @@ def run(args: argparse.Namespace) -> list[dict]:
                 times[name].append(seconds)
                 if name == "full":
                     attention_s.append(hooks_s)
-                last[name] = (backend, cache.nbytes())
+                last[name] = (backend, cache.nbytes(), fastv_rows_share(cache, layers))
                 del cache
         share = Spread.paired(attention_s, times["full"])
-        for tau in taus:
-            zipvl, zip_bytes = last[tau]
-            ratios = zipvl.report.important_ratio or [1.0] * layers
-            skipped = 1 - sum(r * r for r in ratios) / len(ratios)  # of the causal attention's pairs
-            ratio = Spread.paired(times[tau], times["full"])
-            ideal = Spread.of(1 - a / f * skipped for a, f in zip(attention_s, times["full"]))
-            rows.append({"model": args.model, "layers": layers, "hidden_size": text.hidden_size, "device": str(device),
-                         "dtype": dtype_name, "threads": torch.get_num_threads(), "visual_tokens": visual,
-                         "prompt_tokens": embeds.shape[1], "tau": tau, "params": zipvl.config, "repeats": args.repeats,
-                         "full_s": statistics.median(times["full"]), "zipvl_s": statistics.median(times[tau]),
-                         **ratio.fields("prefill_ratio"), "speedup": 1 / ratio.median,
-                         **share.fields("attention_share"), **ideal.fields("ideal"),
-                         "important_ratio": sum(ratios) / len(ratios), "important_ratio_per_layer": ratios,
-                         "kv_ratio": zip_bytes / last["full"][1]})
+        for label, (method, _) in chosen.items():
+            backend, held, rows_share = last[label]
+            row = {"model": args.model, "layers": layers, "hidden_size": text.hidden_size, "device": str(device),
+                   "dtype": dtype_name, "threads": torch.get_num_threads(), "visual_tokens": visual,
+                   "prompt_tokens": embeds.shape[1], "method": method, "params": backend.config,
+                   "repeats": args.repeats, "full_s": statistics.median(times["full"]),
+                   "method_s": statistics.median(times[label]),
+                   **Spread.paired(times[label], times["full"]).fields("prefill_ratio"),
+                   **Spread.paired(times["full"], times[label]).fields("speedup"),
+                   **share.fields("attention_share"), "kv_ratio": held / last["full"][1]}
+            if method == "zipvl":
+                ratios = backend.report.important_ratio or [1.0] * layers
+                skipped = 1 - sum(r * r for r in ratios) / len(ratios)  # of the causal attention's pairs
+                ideal = Spread.of(1 - a / f * skipped for a, f in zip(attention_s, times["full"]))
+                row |= {"tau": label, "zipvl_s": row["method_s"], **ideal.fields("ideal"),
+                        "important_ratio": sum(ratios) / len(ratios), "important_ratio_per_layer": ratios}
+            else:  # FastV: the layers after K run on the kept rows; the rest of the work is per row
+                row |= {"rows_share": rows_share, "ideal": rows_share, "ideal_range": [rows_share, rows_share]}
+            rows.append(row)
     return rows
 
 
 def table(rows: list[dict]) -> str:
     r0 = rows[0]
     head = (f"{r0['model']}, {r0['layers']} layers x {r0['hidden_size']}, {r0['device']} {r0['dtype']}, "
-            f"{r0['threads']} thread(s), {r0['repeats']} rounds; ratio = ZipVL / full (< 1: sparse prefill pays); "
-            "attn: attention's share of the full prefill; ideal: the ratio if the skipped attention were free")
-    cells = [["visual", "prompt", "tau", "important", "full_s", "zipvl_s", "ratio", "attn", "ideal", "kv_ratio"]]
+            f"{r0['threads']} thread(s), {r0['repeats']} rounds; ratio = method / full (< 1: its prefill pays), "
+            "speedup = full / method; attn: attention's share of the full prefill; ideal: the ratio if the skipped "
+            "work were free (ZipVL: the attention among unimportant tokens; FastV: the rows after layer K); "
+            "kept: ZipVL's important ratio, FastV's rows over all layers")
+    cells = [["method", "visual", "prompt", "setting", "kept", "full_s", "method_s", "ratio", "speedup", "attn",
+              "ideal", "kv_ratio"]]
     for r in rows:
         spread = {name: Spread(r[name], *r[f"{name}_range"], r["repeats"])
-                  for name in ("prefill_ratio", "attention_share", "ideal")}
-        cells.append([str(r["visual_tokens"]), str(r["prompt_tokens"]), f"{r['tau']}", f"{r['important_ratio']:.3f}",
-                      f"{r['full_s']:.3f}", f"{r['zipvl_s']:.3f}", spread["prefill_ratio"].cell(),
-                      spread["attention_share"].cell(), spread["ideal"].cell(), f"{r['kv_ratio']:.3f}"])
+                  for name in ("prefill_ratio", "speedup", "attention_share", "ideal")}
+        zipvl = r["method"] == "zipvl"
+        setting = f"tau {r['tau']}" if zipvl else f"K {r['params']['k_layer']}, R {r['params']['prune_ratio']}"
+        cells.append([r["method"], str(r["visual_tokens"]), str(r["prompt_tokens"]), setting,
+                      f"{r['important_ratio'] if zipvl else r['rows_share']:.3f}", f"{r['full_s']:.3f}",
+                      f"{r['method_s']:.3f}", spread["prefill_ratio"].cell(), spread["speedup"].cell(),
+                      spread["attention_share"].cell(), spread["ideal"].cell() if zipvl else f"{r['ideal']:.3f}",
+                      f"{r['kv_ratio']:.3f}"])
     return "\n".join([head, SPREAD_NOTE] + aligned(cells))
 
 

@@ -13,6 +13,7 @@ from backends.base import AttentionCall
 
 from .attention import ForwardRun, forward_run
 from .cache import KVCache
+from .narrowing import narrowing
 
 
 def position_ids(rope_ids: torch.Tensor) -> torch.Tensor:
@@ -36,14 +37,14 @@ def cache_keyword(model) -> str:
 def run_forward(model, cache: KVCache, call: AttentionCall, sync: bool = False, **inputs):
     """``model(**inputs)`` on ``cache`` for the new tokens ``call`` describes (their token indices,
     rotary ids, layout): the cache learns which tokens the new keys belong to, the backend opens
-    and closes the pass, its ``after_forward`` is timed with its other hooks. The inputs and
+    and closes the pass (and, if it ``narrows_prefill``, drops rows between layers), its ``after_forward`` is timed with its other hooks. The inputs and
     ``call.positions`` are on the model's device (``call.rope_ids`` may be on the CPU); ``sync``:
     CUDA, where hooks are timed with events. Returns (the model's output, the :class:`ForwardRun`),
     whose ``settle()`` gives the seconds spent in the backend's hooks, read when the caller chooses
     (a timed caller reads it after its own clock)."""
     cache.pending_positions = call.positions
     run = ForwardRun(cache, call, sync=sync)
-    with forward_run(run):
+    with forward_run(run), narrowing(model, cache.backend):  # a method may run later layers on fewer rows
         out = model(position_ids=position_ids(call.rope_ids.to(call.positions.device)), use_cache=True,
                     **{cache_keyword(model): cache}, **inputs)
         run.timed(cache.backend.after_forward, cache, call)
