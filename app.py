@@ -9,7 +9,9 @@ network, else the offline ``tiny-arena-vl``), ``KV_ARENA_PRELOAD=0`` (load it on
 ``KV_ARENA_SESSION_IDLE_S`` (a session without a heartbeat ends after this long idle),
 ``KV_ARENA_MAX_SCENES`` (drawn scenes kept on disk), ``KV_ARENA_RANDOM_MODELS=1`` /
 ``KV_ARENA_RANDOM_MAX_PARAMS`` (offer ``random:`` architectures, under that size),
-``KV_ARENA_MONITORING=1`` (Gradio's ``/monitoring``; off otherwise). See README.md.
+``KV_ARENA_MONITORING=1`` (Gradio's ``/monitoring``; off otherwise), ``KV_ARENA_MCP=1`` (``/chat`` and
+``/compare`` also as MCP tools at ``/gradio_api/mcp/``; off otherwise, docs/mcp.md says why). See
+README.md and docs/.
 """
 
 from __future__ import annotations
@@ -112,7 +114,10 @@ def launch_options() -> dict:
     """What ``launch()`` takes besides the address (the tests launch with the same look and limits)."""
     return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS,
             "enable_monitoring": os.environ.get("KV_ARENA_MONITORING") == "1",  # its traffic is no visitor's business
-            **clients.LAUNCH}
+            # off by default: Gradio's MCP bridge sends every tool call through one client of its own, so
+            # all MCP callers would share one session and one upload owner (docs/mcp.md)
+            "mcp_server": os.environ.get("KV_ARENA_MCP") == "1",
+            **clients.launch_kwargs()}
 
 
 def configure_logging() -> None:

@@ -20,7 +20,7 @@ import gradio as gr
 from engine import service
 from engine.errors import UserError
 
-from . import at_scale, checked_controls, clients, media_library, overlay, plots
+from . import api_docs, at_scale, checked_controls, clients, media_library, overlay, plots
 from .outputs import KEEP, Outputs, by_component, components_of
 from .plots import Drawn, fmt_bytes
 from .settings import SettingsPanel, realised_note, settings_from_named
@@ -325,6 +325,12 @@ class ChatOutputs(Outputs):
     realised: Any = KEEP
 
 
+# what /chat returns, in order (the API's outputs are named by these components' labels)
+CHAT_RETURNS = ("the conversation with the answer last (Chat), the message box (Message), the status line: the "
+                "method, the fraction of the full cache's KV it held and its speed against the full cache (Status), "
+                "then the panels' figures and the kept-token overlays.")
+
+
 def respond(message, history: list, session: service.Session, settings: service.Settings,
             progress=None) -> Iterator[ChatOutputs]:
     """Answer one message: the chat, the panels, the kept-token overlay and the notes as it streams.
@@ -387,8 +393,14 @@ def respond(message, history: list, session: service.Session, settings: service.
 
 
 def submit(message, history, session, request: gr.Request, progress=gr.Progress(), **controls) -> Iterator[ChatOutputs]:
-    """The Chat event (the API's ``/chat``): settings from the column's controls, by name
-    (``settings.control_names()``), then :func:`respond`."""
+    """Ask a vision-language model about images or a video while a KV-cache method decides what its cache keeps; the answer comes with what the method held, saved and cost against the full cache on the same input.
+
+    Args:
+        message: the user's message, {"text": the question, "files": images or one video this client uploaded (gradio_client's handle_file)}; through MCP, text only ("files": []).
+        history: the conversation as the previous /chat call returned it (its first output), or [] to start a new one, which frees this session's cache.
+    """
+    # The Chat event (the API's /chat, documented by api_docs.documented): settings from the
+    # column's controls, by name (settings.control_names()), then respond().
     session_hash = getattr(request, "session_hash", None)
     service.track(session, session_hash, clients.client_of(request))
     with service.active(session_hash):  # a session answering is not idle, however long it takes
@@ -500,7 +512,8 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
     tab = ChatTab(chatbot, textbox, status, memory, speed, layers, picker, gallery, scale, settings.realised)
     settings.model.change(show_examples, settings.model, example_sets, api_visibility="private")
 
-    textbox.submit(by_component(tab, submit), [textbox, chatbot, session], tab.outputs, inputs_kwargs=settings.named,
+    event = api_docs.documented(by_component(tab, submit), "chat", CHAT_RETURNS)
+    textbox.submit(event, [textbox, chatbot, session], tab.outputs, inputs_kwargs=settings.named,
                    api_name="chat", concurrency_id="gpu", concurrency_limit=1).success(
         by_component(panels, media_library.after_turn), [session, settings.method],
         components_of(panels, media_library.PanelOutputs), concurrency_id="gpu",

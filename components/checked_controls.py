@@ -73,9 +73,31 @@ class _History(ChatbotDataMessages):
         return _kept_as_sent(cls, value, handler, root=None)
 
 
+def self_contained(schema: dict) -> dict:
+    """``schema`` with each ``#/$defs/`` reference replaced by its definition. Gradio nests a
+    component's ``$defs`` inside its parameter's schema, where a validator that resolves references
+    from the root (an MCP server's, checking a tool's arguments) cannot find them."""
+    defs = schema.get("$defs", {})
+
+    def inline(node):
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref", "")
+        if ref.startswith("#/$defs/"):  # the definition, with what the reference adds (a default)
+            return inline(defs[ref.removeprefix("#/$defs/")] | {k: v for k, v in node.items() if k != "$ref"})
+        return {key: inline(value) for key, value in node.items() if key != "$defs"}
+
+    return inline(schema)
+
+
 class Chatbot(gr.Chatbot):
     is_template = True
     data_model = _History
+
+    def api_info(self) -> dict:
+        return self_contained(super().api_info())
 
     def preprocess(self, payload):
         if payload is not None and payload.root is None:  # malformed: the app says so in one line
@@ -139,6 +161,9 @@ class _CheckedMultimodal(MultimodalData):
 class MultimodalTextbox(gr.MultimodalTextbox):
     is_template = True
     data_model = _CheckedMultimodal
+
+    def api_info(self) -> dict:
+        return self_contained(super().api_info())
 
     def preprocess(self, payload):
         if payload is None:

@@ -265,7 +265,11 @@ class ClientCookie:
         await self.app(scope, receive_noted, send_with_cookie)
 
 
-LAUNCH = {"app_kwargs": {"middleware": [Middleware(ClientCookie)]}}  # pass to ``launch`` (app.launch_options)
+def launch_kwargs() -> dict:
+    """What ``launch`` takes for this middleware (app.launch_options): new dicts each call, since
+    Gradio writes its MCP server's lifespan into the ``app_kwargs`` it is given, and a later launch
+    handed the same dict would run that lifespan again (and fail to start)."""
+    return {"app_kwargs": {"middleware": [Middleware(ClientCookie)]}}
 
 
 def client_of(request: gr.Request | None) -> str | None:

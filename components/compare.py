@@ -19,7 +19,7 @@ import gradio as gr
 from engine import service
 from engine.errors import UserError
 
-from . import at_scale, checked_controls, clients, overlay, plots
+from . import api_docs, at_scale, checked_controls, clients, overlay, plots
 from .outputs import KEEP, Outputs, by_component, components_of
 from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
 from .settings import RANGES, SettingsPanel, control, own_params, quoted, settings_from_named
@@ -146,6 +146,12 @@ class CompareOutputs(Outputs):
     textbox: Any = KEEP
 
 
+# what /compare returns, in order
+COMPARE_RETURNS = ("one answer column per method (the full cache first; each says the fraction of the full KV it "
+                   "held), the table (KV, time to first token, decode speed and agreement against the full cache, per "
+                   "turn), the status line, then the panels' figures.")
+
+
 def respond(message, methods: list[str], session: service.Session, settings: service.Settings,
             progress=None, follow_up: str | None = "") -> Iterator[CompareOutputs]:
     """The answer columns, the table, the status and, once every method has run, the panels.
@@ -212,8 +218,15 @@ def refused(exc: UserError, box=KEEP) -> CompareOutputs:
 
 def run(message, methods, follow_up: str | None = None, session=None, request: gr.Request = None, progress=gr.Progress(),
         **controls) -> Iterator[CompareOutputs]:
-    """The Compare event (the API's ``/compare``): settings by name (the budget and the methods'
-    knobs from the Compare tab's own controls), then :func:`respond`."""
+    """Run the full cache and 1 to 4 KV-cache methods, one after another, on the same question and optional follow-up; each method answers on its own compressed cache, and a table sets its KV bytes, speed and agreement against the full cache's.
+
+    Args:
+        message: the first question, {"text": the question, "files": images or one video this client uploaded (gradio_client's handle_file)}; through MCP, text only ("files": []).
+        methods: the methods to compare with the full cache, 1 to 4 registry names (`python -m engine.bench --list`).
+        follow_up: an optional second question, answered by each method on the cache it kept for the first ("" for none).
+    """
+    # The Compare event (the API's /compare, documented by api_docs.documented): settings by name
+    # (the budget and the methods' knobs from the Compare tab's own controls), then respond().
     session_hash = getattr(request, "session_hash", None)
     service.track(session, session_hash, clients.client_of(request))
     with service.active(session_hash):  # a session comparing is not idle, however long it takes
@@ -382,7 +395,9 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     scene_button.click(by_component(tab, new_scene), [scene_kind, session], components_of(tab, SceneOutputs),
                        concurrency_id="scenes", concurrency_limit=1, api_visibility="private")
     own = {"budget": budget} | {f"{m}_{p['name']}": knob for (m, p), knob in zip(knob_specs(), knobs)}
-    button.click(by_component(tab, run), [textbox, methods, follow_up, session], tab.outputs,
+    lines = api_docs.control_lines() | {"budget": "the budget of every method compared: " + api_docs.BASE["budget"]}
+    event = api_docs.documented(by_component(tab, run), "compare", COMPARE_RETURNS, lines)
+    button.click(event, [textbox, methods, follow_up, session], tab.outputs,
                  inputs_kwargs=settings.named | own,
                  api_name="compare", concurrency_id="gpu", concurrency_limit=1)
     return tab

@@ -265,7 +265,7 @@ def table(report: dict) -> str:
 
 
 def markdown(report: dict) -> str:
-    """The README's tables: per method and knob value, the realised KV fraction and the three
+    """docs/benchmarks.md's tables: per method and knob value, the realised KV fraction and the three
     protocols' rates over all types, each with its 95% interval, and the largest run-on share."""
     kinds = list(report["points"])
     methods = list(dict.fromkeys(m for per in report["points"].values() for m in per))

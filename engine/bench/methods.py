@@ -194,17 +194,30 @@ def table(rows: list[dict]) -> str:
     return "\n".join([head, SPREAD_NOTE] + lines)
 
 
+def _paper_cell(url: str | None) -> str:
+    """A paper's link, named by its arXiv id where it has one."""
+    if not url:
+        return ""
+    return f"[{url.rstrip('/').rsplit('/', 1)[-1]}]({url})" if "arxiv.org/abs/" in url else f"[paper]({url})"
+
+
+def _knob_cell(info: dict) -> str:
+    """What sets how much a method holds: the budget, else its first own parameter (its main one)
+    with its default, else nothing."""
+    if info["uses_budget"]:
+        return "budget"
+    own = info["params"][1:]
+    return f"`{own[0]['name']}` ({own[0]['default']})" if own else "none"
+
+
 def methods_markdown() -> str:
     """The README's methods table, from the registry (a test keeps the two the same): each method
     with its paper, what it does to the cache, its knob and whether it streams under a KV cap."""
     rows = ["| method | paper | does | knob | streams under a cap | in one line |", "|---|---|---|---|---|---|"]
     for name in backends.available():
         info = describe(backends.backend_class(name))
-        paper = f"[arXiv]({info['paper']})" if info["paper"] else ""
-        own = [p["name"] for p in info["params"][1:]]
-        knob = "budget" if info["uses_budget"] else (f"`{own[0]}`" if own else "none")  # the first is its main one
-        rows.append(f"| {info['title']} (`{name}`) | {paper} | {info['does']} | {knob} | "
-                    f"{'yes' if info['streams_under_cap'] else ''} | {info['summary']} |")
+        rows.append(f"| {info['title']} (`{name}`) | {_paper_cell(info['paper'])} | {info['does']} | "
+                    f"{_knob_cell(info)} | {'yes' if info['streams_under_cap'] else ''} | {info['summary']} |")
     return "\n".join(rows)
 
 

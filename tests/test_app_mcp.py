@@ -1,0 +1,86 @@
+"""The app's named endpoints as MCP tools (Gradio's MCP server, on with ``KV_ARENA_MCP=1``): an MCP
+client lists ``chat`` and ``compare`` with every parameter described, and asks ``/chat`` a question
+through the streamable HTTP transport on an offline model."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+from pathlib import Path
+
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from components.settings import control_names
+from tests.test_app_client import free_port
+
+MODEL = "tiny-qwen2-vl"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def mcp_url():
+    from app import build_demo, launch_options
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KV_ARENA_MCP", "1")
+        options = launch_options()
+    demo = build_demo()
+    with pytest.warns(UserWarning, match="gr.State input"):  # the tab's Session: see docs/mcp.md
+        _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                                      quiet=True, **options)
+    yield f"{local_url}gradio_api/mcp/"
+    demo.close()
+
+
+def with_session(url: str, work):
+    """``work(session)`` on an initialised MCP client session to ``url``, run to its end."""
+    async def run():
+        async with streamable_http_client(url) as (read, write, _), ClientSession(read, write) as session:
+            await session.initialize()
+            return await work(session)
+    return asyncio.run(run())
+
+
+def test_mcp_is_off_unless_asked(monkeypatch):
+    from app import launch_options
+
+    monkeypatch.delenv("KV_ARENA_MCP", raising=False)
+    assert launch_options()["mcp_server"] is False
+
+
+def test_the_tools_are_the_named_endpoints_with_every_parameter_described(mcp_url):
+    tools = {tool.name: tool for tool in with_session(mcp_url, lambda s: s.list_tools()).tools}
+    assert set(tools) == {"chat", "compare"}
+    chat, compare = tools["chat"].inputSchema["properties"], tools["compare"].inputSchema["properties"]
+    assert list(chat) == ["message", "history", *control_names()]
+    assert list(compare) == ["message", "methods", "follow_up", *control_names()]
+    for name, schema in {**chat, **compare}.items():
+        assert schema.get("description"), f"{name} has no description"
+    assert "KV-cache method" in tools["chat"].description and "Returns:" in tools["chat"].description
+    assert "budget of every method compared" in compare["budget"]["description"]
+
+
+def test_chat_through_mcp_answers(mcp_url):
+    arguments = {"message": {"text": "What is in the picture?", "files": []}, "history": [], "model": MODEL,
+                 "method": "snapkv", "budget": 0.5, "max_new_tokens": 5}
+    result = with_session(mcp_url, lambda s: s.call_tool("chat", arguments))
+    assert not result.isError, result.content
+    (block,) = result.content  # every output in one text block, as Python writes a list (Gradio's bridge)
+    (question, answer), _, status, *_ = ast.literal_eval(block.text)
+    assert question["content"][0]["text"] == "What is in the picture?"
+    assert answer["role"] == "assistant" and answer["content"][-1]["text"].strip()
+    assert status.startswith("**SnapKV**") and "saved" in status
+    # the conversation goes on: its chat sent back as the history
+    arguments |= {"message": {"text": "And then?", "files": []}, "history": [question, answer]}
+    (block,) = with_session(mcp_url, lambda s: s.call_tool("chat", arguments)).content
+    assert len(ast.literal_eval(block.text)[0]) == 4  # continued: no "New conversation" line
+
+
+def test_the_client_in_docs_mcp_md_runs_as_pasted(mcp_url, capsys):
+    page = (ROOT / "docs" / "mcp.md").read_text()
+    snippet = page.split("```python\n", 1)[1].split("```")[0]
+    exec(compile(snippet.replace("http://127.0.0.1:7860/gradio_api/mcp/", mcp_url), "docs/mcp.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "['chat', 'compare']" and printed[-1].startswith("**SnapKV**")
