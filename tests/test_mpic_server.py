@@ -255,3 +255,18 @@ def test_a_server_killed_mid_turn_leaves_the_answer_correct(models, tmp_path, me
     finally:
         service_store._STORE = before
     assert error is None and "the shared media store is unavailable (ConnectionError)" in outputs[-1].status
+
+
+def test_the_mpic_bench_times_images_stored_on_the_server_by_another_process(server, capsys):
+    from engine.bench import cli
+
+    code = cli.main(["--mode", "mpic", "--model", "tiny-qwen2-vl", "--counts", "1", "--k", "4", "--image-size", "224",
+                     "--repeats", "2", "--vision-layers", "1", "--store-url", server.url, "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    (row,) = json.loads(out.out)
+    assert row["server_linked"] == ["linked"] and row["parts"]["server"]["vision_s"] == 0
+    low, high = row["server_ratio_range"]
+    assert low <= row["server_ratio"] <= high
+    assert row["parts"]["server"]["new_kv_tokens"] == row["parts"]["mpic"]["new_kv_tokens"]
+    assert row["server_same_first_token"] == row["mpic_same_first_token"]  # the same KV as this process's own
