@@ -20,13 +20,13 @@ from . import plots
 from .outputs import KEEP, Outputs
 
 log = logging.getLogger(__name__)
-COLUMNS = ["media", "kind", "tokens", "stored (MB)", "in memory", "on disk", "model"]
+COLUMNS = ["media", "kind", "tokens", "stored (MB)", "in memory", "on disk", "on server", "model"]
 
 
 def library_rows(session: service.Session) -> list[list]:
     """The session's stored media as table rows, oldest first."""
     return [[row.label or row.key[:12], row.kind, row.tokens, round(row.nbytes / 2**20, 2),
-             "yes" if row.in_memory else "no", "yes" if row.on_disk else "no", row.model]
+             "yes" if row.in_memory else "no", "yes" if row.on_disk else "no", "yes" if row.on_server else "no", row.model]
             for row in service.media_library(session)]
 
 

@@ -22,14 +22,24 @@ long. Cutting both by about the same factor (2 of 32 blocks, 2 of 28 layers) kee
 model's balance between the two per image: about 2 : 1 in multiply-adds (encoder : decoder's
 matrices over the image's 256 tokens), 655 G : 335 G at full size, 50 G : 24 G cut. Exit code 2
 on bad input.
+
+``--store-url redis://host:port/db`` (or ``auto``: a throwaway local ``valkey-server`` or
+``redis-server``; default ``KV_ARENA_KV_STORE_URL``) adds the row ``server``: MPIC-k on images
+that another process stored on that Valkey/Redis server, read by a replica whose local tier is
+empty (a new one per round), so its TTFT holds the lookups and the layer-by-layer loads the
+forward pass overlaps (:class:`~engine.mpic.server_store.ServerStore`).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
+import shutil
 import statistics
 import sys
 import tempfile
+from contextlib import contextmanager
 
 import torch
 
@@ -38,6 +48,7 @@ import backends
 from ..errors import UserError
 from ..mpic.kv_store import KVStore
 from ..mpic.linking import ingest
+from ..mpic.store_api import MediaStore
 from ..mpic.ttft import time_prompt
 from ..runtime.inputs import Message
 from ..runtime.models import load_model
@@ -45,7 +56,8 @@ from .common import SPREAD_NOTE, Spread, add_repeats_arg, add_run_args, check_re
 from .methods import synthetic_images
 
 MODES = ("recompute", "prefix", "full_reuse", "cacheblend", "mpic")
-LINKING = ("full_reuse", "cacheblend", "mpic")  # their language-model passes recompute part of a linked cache
+SERVER = "server"  # MPIC-k on images another process stored on a shared server (--store-url)
+LINKING = ("full_reuse", "cacheblend", "mpic", SERVER)  # their language-model passes recompute part of a linked cache
 PARTS = ("vision_s", "linking_s", "lm_s", "other_s", "new_kv_tokens")
 EARLIER = "Describe these pictures one by one."
 QUESTION = "Which of these pictures is the brightest, and why?"
@@ -62,6 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--image-size", type=int, default=448, help="side of the synthetic images in pixels")
     add_repeats_arg(p)
     p.add_argument("--store", default=None, help="store directory (default: a temporary one)")
+    p.add_argument("--store-url", default=os.environ.get("KV_ARENA_KV_STORE_URL") or None,
+                   help="a Valkey/Redis server (redis://host:port/db), or 'auto' to start a throwaway one: "
+                        "adds the row 'server' (images stored there by another process)")
     p.add_argument("--num-layers", type=int, default=None, help="override the decoder depth (random/tiny models)")
     p.add_argument("--vision-layers", type=int, default=None,
                    help="cut the vision encoder to this many blocks (random/tiny models; e.g. 2 on a CPU)")
@@ -79,9 +94,13 @@ def image_counts(args: argparse.Namespace) -> list[int]:
     return counts
 
 
-def time_mode(loaded, store: KVStore, message: Message, mode: str, params: dict, tag: str) -> dict:
+def time_mode(loaded, store: MediaStore, message: Message, mode: str, params: dict, tag: str,
+              url: str | None = None) -> dict:
     """One timed answer token of ``mode``; prefix caching runs in a fresh session whose only earlier
-    request asked something else (text only: the prefix it shares with the question is the same)."""
+    request asked something else (text only: the prefix it shares with the question is the same);
+    ``server`` reads the server at ``url`` through a new replica's store (an empty local tier)."""
+    if mode == SERVER:
+        return time_on_replica(loaded, url, message, params)
     if mode != "prefix":
         return time_prompt(loaded, store, SESSION, message, mode, **params)
     session = f"{SESSION}-{tag}"
@@ -90,6 +109,63 @@ def time_mode(loaded, store: KVStore, message: Message, mode: str, params: dict,
         return time_prompt(loaded, store, session, message, mode, **params)
     finally:
         store.drop_session(session)
+
+
+def time_on_replica(loaded, url: str, message: Message, params: dict) -> dict:
+    """MPIC-k as a new replica answers: nothing local, everything from the server."""
+    from ..mpic.server_store import ServerStore  # the client library is needed only with a server
+
+    local = tempfile.mkdtemp(prefix="kv-arena-replica-")
+    try:
+        store = ServerStore(url, KVStore(local))  # connects now, before the clock runs
+        if store.health_note():
+            raise UserError(f"--store-url {url}: {store.health_note()}")
+        return time_prompt(loaded, store, SESSION, message, "mpic", **params)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+def fill_server(url: str, model_args: dict, count: int, size: int) -> None:
+    """The other process: loads the same model and stores the images' KV on the server."""
+    from ..mpic.server_store import ServerStore
+
+    loaded = load_model(**model_args)
+    local = tempfile.mkdtemp(prefix="kv-arena-writer-")
+    store = ServerStore(url, KVStore(local))
+    for i, image in enumerate(synthetic_images(count, size)):
+        ingest(loaded, store, SESSION, image, label=f"image {i + 1}")
+    store.flush()
+    shutil.rmtree(local, ignore_errors=True)
+    if store.health_note():
+        raise SystemExit(store.health_note())
+
+
+@contextmanager
+def shared_server(args: argparse.Namespace, model_args: dict, count: int):
+    """The server's URL with the images stored there by another process (None without --store-url)."""
+    if not args.store_url:
+        yield None
+        return
+    local = None
+    if args.store_url == "auto":
+        from .valkey_server import LocalServer
+
+        try:
+            local = LocalServer()
+        except FileNotFoundError as exc:
+            raise UserError(f"--store-url auto: {exc}") from None
+    url = local.url if local else args.store_url
+    try:
+        writer = multiprocessing.get_context("spawn").Process(target=fill_server,
+                                                              args=(url, model_args, count, args.image_size))
+        writer.start()
+        writer.join()
+        if writer.exitcode != 0:
+            raise UserError(f"--store-url: the process storing the images on {url} failed (exit {writer.exitcode})")
+        yield url
+    finally:
+        if local:
+            local.stop()
 
 
 def vision_depth(loaded) -> int:
@@ -103,27 +179,30 @@ def run(args: argparse.Namespace):
     check_repeats(args.repeats)
     params = {"k": args.k, "recompute_ratio": args.ratio}
     backends.make_backend("mpic", **params)  # bad values fail before the model loads
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype, num_layers=args.num_layers, seed=args.seed,
-                        vision_layers=args.vision_layers)
-    store = KVStore(args.store or tempfile.mkdtemp(prefix="kv-arena-mpic-"))
-    images = synthetic_images(max(counts), args.image_size)
-    for i, image in enumerate(images):  # the uploads: stored before any question
-        ingest(loaded, store, SESSION, image, label=f"image {i + 1}")
-    store.flush()  # no disk writes in the background of the timings
-    warm_up = Message(QUESTION, images=images[:1], media_first=False)
-    for mode in MODES:
-        time_mode(loaded, store, warm_up, mode, params, "warm-up")
-    setup = {"model": args.model, "layers": loaded.num_layers, "vision_layers": vision_depth(loaded),
-             "vision_cut": bool(args.vision_layers), "device": str(loaded.device),
-             "dtype": str(loaded.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
-             "k": args.k, "ratio": args.ratio, "repeats": args.repeats}
-    for n in counts:
-        message = Message(QUESTION, images=images[:n], media_first=False)
-        runs: dict[str, list[dict]] = {m: [] for m in MODES}
-        for r in range(args.repeats):  # every mode once per round, so drift hits them alike
-            for mode in rotated(MODES, r):
-                runs[mode].append(time_mode(loaded, store, message, mode, params, f"{n}-{r}"))
-        yield count_row(n, runs) | setup
+    model_args = {"name": args.model, "device": args.device, "dtype": args.dtype, "num_layers": args.num_layers,
+                  "seed": args.seed, "vision_layers": args.vision_layers}
+    with shared_server(args, model_args, max(counts)) as url:
+        loaded = load_model(**model_args)
+        store = KVStore(args.store or tempfile.mkdtemp(prefix="kv-arena-mpic-"))
+        images = synthetic_images(max(counts), args.image_size)
+        for i, image in enumerate(images):  # the uploads: stored before any question
+            ingest(loaded, store, SESSION, image, label=f"image {i + 1}")
+        store.flush()  # no disk writes in the background of the timings
+        modes = MODES + ((SERVER,) if url else ())
+        warm_up = Message(QUESTION, images=images[:1], media_first=False)
+        for mode in modes:
+            time_mode(loaded, store, warm_up, mode, params, "warm-up", url)
+        setup = {"model": args.model, "layers": loaded.num_layers, "vision_layers": vision_depth(loaded),
+                 "vision_cut": bool(args.vision_layers), "device": str(loaded.device),
+                 "dtype": str(loaded.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
+                 "k": args.k, "ratio": args.ratio, "repeats": args.repeats, "modes": list(modes)}
+        for n in counts:
+            message = Message(QUESTION, images=images[:n], media_first=False)
+            runs: dict[str, list[dict]] = {m: [] for m in modes}
+            for r in range(args.repeats):  # every mode once per round, so drift hits them alike
+                for mode in rotated(modes, r):
+                    runs[mode].append(time_mode(loaded, store, message, mode, params, f"{n}-{r}", url))
+            yield count_row(n, runs) | setup
 
 
 def count_row(n: int, runs: dict[str, list[dict]]) -> dict:
@@ -134,7 +213,9 @@ def count_row(n: int, runs: dict[str, list[dict]]) -> dict:
            "ttft_s": {m: statistics.median(f["ttft_s"] for f in fs) for m, fs in runs.items()},
            "parts": {m: {p: statistics.median(f[p] for f in fs) for p in PARTS} for m, fs in runs.items()},
            "linked": runs["mpic"][-1]["status"]}
-    for m in MODES[1:]:
+    if SERVER in runs:
+        row["server_linked"] = runs[SERVER][-1]["status"]
+    for m in list(runs)[1:]:
         row |= Spread.paired([f["ttft_s"] for f in runs[m]], base).fields(f"{m}_ratio")
         row[f"{m}_same_first_token"] = runs[m][-1]["first_token"] == first["first_token"]
     return row
@@ -156,7 +237,10 @@ def live(row: dict, first: bool) -> str:
                   f"{SPREAD_NOTE}; parts in seconds (medians); new kv: prompt tokens whose KV this prompt "
                   "computed (mean over layers; the rest reused); * first token differs from full recompute's",
                   "  ".join(name.rjust(width) for name, width in COLUMNS)]
-    for m in MODES:
+        if SERVER in row["modes"]:
+            lines.insert(-1, f"{SERVER}: MPIC-{row['k']} on images stored on the server by another process, read by "
+                             "a replica with an empty local tier (a new one per round)")
+    for m in row["modes"]:
         part = row["parts"][m]
         ratio = "-" if m == "recompute" else (
             Spread(row[f"{m}_ratio"], *row[f"{m}_ratio_range"], row["repeats"]).cell()

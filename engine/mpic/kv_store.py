@@ -92,7 +92,7 @@ class Entry:
                 return self._tensors[name]
             raise CorruptEntry(f"stored entry {self.key[:12]} is damaged: {self._error}")
 
-    def _deliver(self, name: str, value: torch.Tensor | None = None, error: Exception | None = None) -> None:
+    def deliver(self, name: str, value: torch.Tensor | None = None, error: Exception | None = None) -> None:
         with self._arrived:
             if error is not None:
                 self._error = error
@@ -214,9 +214,9 @@ class KVStore:
                     tensor = f.get_tensor(name)
                     if _crc(tensor) != entry.meta["crc"][name]:
                         raise CorruptEntry(f"checksum mismatch in '{name}'")
-                    entry._deliver(name, tensor)
+                    entry.deliver(name, tensor)
         except Exception as exc:  # noqa: BLE001 - any failure means: do not use this file
-            entry._deliver("", error=exc)
+            entry.deliver("", error=exc)
             path.unlink(missing_ok=True)
             return
         with self._lock:
@@ -248,6 +248,14 @@ class KVStore:
         return best, found
 
     # --- housekeeping --------------------------------------------------------------------------
+    def remember(self, session: str, model: str, key: str, entry: Entry) -> None:
+        """Keep an entry loaded from elsewhere (a shared server) in the memory tier."""
+        with self._lock:
+            self._remember((self.namespace(session), model, key), entry)
+
+    def health_note(self) -> str:
+        return ""  # memory and local disk: nothing to degrade to
+
     def _remember(self, mem_key, entry: Entry) -> None:
         if entry.nbytes > self.memory_bytes:
             return  # larger than the whole memory tier: disk only
@@ -297,7 +305,7 @@ class KVStore:
                     rows.setdefault((model, key), dict(e.meta, key=key, on_disk=False))["in_memory"] = True
         return [{"key": r["key"], "kind": r.get("kind"), "model": r["model"], "label": r.get("label", ""),
                  "tokens": r.get("tokens"), "bytes": r["bytes"], "in_memory": r["in_memory"],
-                 "on_disk": r["on_disk"], "age_s": now - r["created"]}
+                 "on_disk": r["on_disk"], "on_server": False, "age_s": now - r["created"]}
                 for r in sorted(rows.values(), key=lambda r: r["created"])]
 
     def sweep_namespaces(self) -> None:

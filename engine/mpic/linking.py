@@ -2,7 +2,7 @@
 
 * :func:`ingest` is the upload step (MPIC Fig. 5, step 1): an image or a video goes through the
   vision encoder and the language model once, after a fixed prefix (system prompt, user header),
-  and its visual embeddings, rotary ids and per-layer KV go to the session's :class:`KVStore`.
+  and its visual embeddings, rotary ids and per-layer KV go to the session's media store (:class:`~.store_api.MediaStore`).
 * :class:`Linker` sits in a :class:`~engine.runtime.generate.Conversation` (``linker=``) and drives
   a backend that is a :class:`~backends.media_reuse.ReusesMedia`. For ``reuse == "media"`` it looks
   up every image and video of a prompt by content hash (disk loads start at once and run while the
@@ -32,7 +32,8 @@ from ..runtime.forward import position_ids
 from ..runtime.generate import Conversation
 from ..runtime.inputs import DEFAULT_SYSTEM, Chunk, Message
 from ..runtime.models import LoadedModel
-from .kv_store import CorruptEntry, Entry, KVStore
+from .kv_store import CorruptEntry, Entry
+from .store_api import MediaStore
 
 # stored first, so a disk load delivers them before any layer
 EMBEDS, ROPE, DEEPSTACK = "embeds", "rope", "deepstack"
@@ -110,7 +111,7 @@ def encode_chunk(conv: Conversation, chunk: Chunk) -> LanguageInputs:
 
 
 @torch.inference_mode()
-def ingest(loaded: LoadedModel, store: KVStore, session: str, media, *, video: bool | None = None,
+def ingest(loaded: LoadedModel, store: MediaStore, session: str, media, *, video: bool | None = None,
            num_frames: int = 8, system_prompt: str | None = DEFAULT_SYSTEM, label: str = "") -> str:
     """Compute and store one image's or video's KV after the fixed prefix; returns its key.
     ``media``: a path, a PIL image or a :class:`Video`; pass ``video=True`` for a video path."""
@@ -138,7 +139,7 @@ def ingest(loaded: LoadedModel, store: KVStore, session: str, media, *, video: b
 class Linker:
     """One session's view of the store, for the prompts of one conversation."""
 
-    def __init__(self, store: KVStore, session: str):
+    def __init__(self, store: MediaStore, session: str):
         self.store, self.session = store, session
         self.keys: list[str] = []  # content keys of the message being encoded, in layout order
         self.status: list[str] = []  # per visual of the last prompt: "linked" or why it was recomputed

@@ -20,7 +20,7 @@ import backends
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import LoadedModel
-from .kv_store import KVStore
+from .store_api import MediaStore
 from .linking import Linker
 
 
@@ -64,7 +64,7 @@ class StageClock:
         return hook
 
 
-def time_prompt(loaded: LoadedModel, store: KVStore, session: str, message: Message, mode: str, **params) -> dict:
+def time_prompt(loaded: LoadedModel, store: MediaStore, session: str, message: Message, mode: str, **params) -> dict:
     """One answer token under ``mode``: its TTFT and its parts (module docstring), the token, what
     the linker did per visual, and how many prompt tokens' KV this prompt computed (mean over
     layers; the rest were reused). CacheBlend still runs a layer's projections and MLP over every
@@ -87,7 +87,7 @@ def time_prompt(loaded: LoadedModel, store: KVStore, session: str, message: Mess
 PANEL_MODES = ("recompute", "prefix", "mpic")
 
 
-def measure_ttft(loaded, store: KVStore, session: str, message: Message, modes=PANEL_MODES,
+def measure_ttft(loaded, store: MediaStore, session: str, message: Message, modes=PANEL_MODES,
                  **params) -> dict[str, dict]:
     """TTFT of this prompt under each mode, in the session's current store state (the app's
     "prefix caching vs MPIC" panel): mode -> :func:`time_prompt`'s figures, with ``label``, the

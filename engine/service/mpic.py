@@ -68,6 +68,7 @@ def reuse_summary(state: ChatState, conv: Conversation, prompt_tokens: int, note
     for layer, positions in zip(state.reused, reused):
         layer.update(int(p) for p in positions.flatten())
     count = round(sum(len(p) for p in reused) / len(reused)) if reused else 0
+    note = "; ".join(n for n in (note, media_store().health_note()) if n)  # a shared store's fault, in one line
     return ReuseSummary(conv.backend.reuse_label, count, prompt_tokens - count,
                         list(conv.linker.status) if conv.linker else [], note)
 
@@ -77,7 +78,7 @@ def media_library(session: Session) -> list[LibraryEntry]:
     if session.media_model is None:
         return []
     return [LibraryEntry(row["key"], row["label"], row["kind"], row["model"], row["tokens"], row["bytes"],
-                        row["in_memory"], row["on_disk"]) for row in media_store().library(session.id)]
+                        row["in_memory"], row["on_disk"], row["on_server"]) for row in media_store().library(session.id)]
 
 
 def mpic_ttft(session: Session) -> TtftView | None:

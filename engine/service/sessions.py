@@ -15,7 +15,7 @@ from ..runtime.generate import Conversation, ConversationState
 from .inputs import Prepared, Settings
 from .model_pool import free_memory
 from .state import ChatState
-from .store import media_store
+from .store import bind_tenant, media_store
 from .uploads import drop_session_files, expire_unclaimed, forget_uploads, sweep_private_folders
 from .view_types import KeptVisual
 
@@ -125,6 +125,7 @@ def track(session: Session, session_hash: str | None, client: str | None = None)
         start_sweeper()
     if client:
         session.client = client
+        bind_tenant(session.id, client)  # its media on a shared store are its client's, on any replica
 
 
 def release(session_hash: str | None, free: bool = True) -> None:
@@ -133,6 +134,7 @@ def release(session_hash: str | None, free: bool = True) -> None:
         _LAST_SEEN.pop(session_hash, None)
     if isinstance(session, Session):
         session.close(free)
+        bind_tenant(session.id, None)
 
 
 # --- sessions whose client went away without a word ----------------------------------------------

@@ -85,7 +85,7 @@ class ReuseSummary:
     reused: int
     recomputed: int
     visuals: list[str]  # each image's and video's fate: "linked", "recomputed (not stored)"...
-    note: str = ""  # media that could not be stored, said to the user
+    note: str = ""  # media that could not be stored, or the shared store's fault: said to the user
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,7 @@ class LibraryEntry:
     nbytes: int
     in_memory: bool
     on_disk: bool
+    on_server: bool = False  # on the shared Valkey/Redis server (KV_ARENA_KV_STORE_URL)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,272 @@
+"""MPIC's media KV on a shared Valkey/Redis server (issue #41), against a real server each test
+module starts itself (skipped only where no ``valkey-server`` or ``redis-server`` is installed):
+entries round-trip per tenant with their checks, a damaged or foreign entry is a miss, the server's
+own expiry and memory cap, every fault degrading to the local store, two app processes on one
+server, and a server killed mid-turn."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tests.app_support import MODEL, ask, turn
+from tests.support import make_image
+
+import backends
+from engine import service
+from engine.media import load_image
+from engine.bench.valkey_server import LocalServer, free_port, server_binary
+from engine.mpic.kv_store import CorruptEntry, KVStore
+from engine.mpic.linking import Linker, ingest, media_key
+from engine.mpic.server_store import META, PUBLIC_SALT, ServerStore
+from engine.mpic.store_api import MediaStore
+from engine.mpic.ttft import time_prompt
+from engine.runtime.generate import Conversation
+from engine.runtime.inputs import Message
+from engine.service import store as service_store
+
+pytestmark = pytest.mark.skipif(server_binary() is None, reason="no valkey-server or redis-server installed "
+                                "(apt-get install redis-server; .ci/run installs it)")
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = [f"{i:064x}" for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with LocalServer() as running:
+        yield running
+
+
+@pytest.fixture
+def fresh(server, tmp_path):
+    """A store as a new replica has it: an empty local tier, the shared server behind it."""
+    server.client().flushall()
+    made = []
+
+    def make(url=None, **kw):
+        store = ServerStore(url or server.url, KVStore(tmp_path / f"local{len(made)}"), retry_s=0.0, **kw)
+        made.append(store)
+        return store
+    yield make
+    for store in made:
+        store.flush()
+
+
+def tensors(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"embeds": torch.randn(6, 8, generator=g).to(torch.bfloat16), "rope": torch.arange(18).reshape(3, 6),
+            "k.0": torch.randn(1, 2, 6, 4, generator=g), "v.0": torch.randn(1, 2, 6, 4, generator=g)}
+
+
+def test_an_entry_round_trips_through_the_server_to_its_tenant_only(fresh):
+    writer, reader = fresh(), fresh()
+    assert isinstance(writer, MediaStore) and isinstance(KVStore("/nonexistent"), MediaStore)
+    writer.put("alice", "m", KEYS[0], tensors(), {"kind": "image", "tokens": 6, "label": "a.png"})
+    writer.flush()
+    entry = reader.get("alice", "m", KEYS[0])  # nothing local: from the server, in the background
+    for name, value in tensors().items():
+        got = entry.tensor(name)
+        assert got.dtype == value.dtype and got.shape == value.shape and torch.equal(got, value)
+    assert reader.get("bob", "m", KEYS[0]) is None  # another tenant, by the same content hash
+    assert reader.get("alice", "other-model", KEYS[0]) is None
+    rows = reader.library("alice")
+    assert [(r["label"], r["on_server"]) for r in rows] == [("a.png", True)] and reader.library("bob") == []
+    assert reader.health_note() == ""
+    deadline = time.monotonic() + 5
+    while reader.local.get("alice", "m", KEYS[0]) is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # the loaded entry joins the memory tier in front
+    assert reader.local.get("alice", "m", KEYS[0]) is not None
+
+
+def test_a_damaged_or_foreign_entry_is_a_miss_and_goes(server, fresh):
+    writer = fresh()
+    for key in KEYS[:3]:
+        writer.put("alice", "m", key, tensors(), {"kind": "image"})
+    writer.flush()
+    raw = server.client()
+    damaged, foreign, typed = (writer.name(writer.salt("alice"), "m", key) for key in KEYS[:3])
+    value = bytearray(raw.hget(damaged, "k.0"))
+    value[5] ^= 0xFF  # same size: only the checksum can tell
+    raw.hset(damaged, "k.0", bytes(value))
+    meta = json.loads(raw.hget(foreign, META))
+    raw.hset(foreign, META, json.dumps(dict(meta, format=99)))  # another version's (or anyone's) entry
+    raw.delete(typed)
+    raw.set(typed, b"not a hash")
+    reader = fresh()
+    entry = reader.get("alice", "m", KEYS[0])
+    with pytest.raises(CorruptEntry):
+        entry.tensor("v.0")
+    assert reader.get("alice", "m", KEYS[1]) is None and reader.get("alice", "m", KEYS[2]) is None
+    time.sleep(0.2)
+    assert not any(raw.exists(n) for n in (damaged, foreign, typed))  # recomputed and stored anew, never read
+    with pytest.raises(ValueError):
+        reader.get("alice", "m", "../../etc")
+
+
+def test_expiry_and_the_memory_cap_are_the_servers(fresh, tmp_path):
+    store = fresh(ttl_s=120)
+    store.put("alice", "m", KEYS[0], tensors(), {"kind": "image"})
+    store.flush()
+    name = store.name(store.salt("alice"), "m", KEYS[0])
+    assert 0 < store.server.ttl(name) <= 120
+    with LocalServer(["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"]) as small:
+        full = fresh(small.url)
+        big = {"k.0": torch.randn(1, 2, 4096, 128)}  # 4 MB: past the cap
+        full.put("alice", "m", KEYS[1], big, {"kind": "image"})
+        full.flush()
+        assert "full" in full.health_note()
+        assert torch.equal(full.get("alice", "m", KEYS[1]).tensor("k.0"), big["k.0"])  # the local tier holds it
+
+
+def test_a_server_down_at_start_or_slow_degrades_to_the_local_store(server, fresh):
+    down = fresh(f"redis://127.0.0.1:{free_port()}/0")
+    assert "unavailable" in down.health_note()
+    down.put("alice", "m", KEYS[0], tensors(), {"kind": "image"})
+    assert down.get("alice", "m", KEYS[0]) is not None  # the local store serves
+    slow = fresh(timeout_s=0.2)
+    pauser = server.client()
+    pauser.execute_command("CLIENT", "PAUSE", "1500", "ALL")
+    try:
+        started = time.monotonic()
+        assert slow.get("alice", "m", KEYS[1]) is None  # one timeout, then a miss (recomputed)
+        assert time.monotonic() - started < 1.0 and "unavailable (TimeoutError)" in slow.health_note()
+    finally:
+        pauser.execute_command("CLIENT", "UNPAUSE")
+    slow.put("alice", "m", KEYS[1], tensors(), {"kind": "image"})  # back (retry_s=0): written again
+    slow.flush()
+    assert slow.health_note() == "" and fresh().get("alice", "m", KEYS[1]) is not None
+
+
+def test_public_examples_are_shared_across_tenants_only_when_enabled(fresh):
+    public = media_key(make_image(9))
+    writer = fresh(public_keys={public})
+    writer.put("alice", "m", public, tensors(), {"kind": "image"})
+    writer.put("alice", "m", KEYS[0], tensors(), {"kind": "image"})
+    writer.flush()
+    assert writer.server.exists(writer.name(PUBLIC_SALT, "m", public))
+    assert fresh(public_keys={public}).get("bob", "m", public) is not None
+    assert fresh(public_keys={public}).get("bob", "m", KEYS[0]) is None  # only the named content is public
+    assert fresh().get("bob", "m", public) is None  # not shared by a replica that does not opt in
+
+
+# --- with the model -------------------------------------------------------------------------
+
+
+FIRST_APP = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from engine import service
+    from engine.service.store import media_store
+    from tests.app_support import ask, turn
+    session = service.Session()
+    service.track(session, None, "alice")  # the browser's cookie: the same on every replica
+    _, error = turn(session, ask("Stored.", {image!r}), method="mpic", params={{"mpic": {{"k": 4}}}})
+    assert error is None, error
+    media_store().flush()
+    print([row.on_server for row in service.media_library(session)])
+""")
+
+
+@pytest.fixture(scope="module")
+def stored_by_another_process(server, media, tmp_path_factory):
+    """A first app process, its own local store, stored the image on the server for client alice."""
+    server.client().flushall()
+    env = dict(os.environ, KV_ARENA_KV_STORE_URL=server.url, KV_ARENA_KV_STORE=str(tmp_path_factory.mktemp("first")))
+    done = subprocess.run([sys.executable, "-c", FIRST_APP.format(root=str(ROOT), image=media["image"])],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[True]"
+    return media["image"]
+
+
+@pytest.fixture
+def app_store(server, tmp_path, monkeypatch):
+    """This process as the second replica: the app's store from the environment, as it makes it."""
+    monkeypatch.setenv("KV_ARENA_KV_STORE_URL", server.url)
+    monkeypatch.setenv("KV_ARENA_KV_STORE", str(tmp_path / "second"))
+    store = service_store.make_store()
+    monkeypatch.setattr(service_store, "_STORE", store)
+    return store
+
+
+def test_a_second_app_process_links_what_the_first_stored_without_the_vision_tower(
+        stored_by_another_process, app_store, models):
+    loaded = models(MODEL)
+    message = Message("Which colour?", images=[make_image(1, (112, 112))], media_first=False)
+    assert media_key(message.images[0]) == media_key(load_image(stored_by_another_process))
+    service_store.bind_tenant("tab-of-alice", "alice")  # another tab of alice's browser, on this replica
+    mpic = time_prompt(loaded, app_store, "tab-of-alice", message, "mpic", k=4)
+    assert mpic["status"] == ["linked"] and mpic["vision_s"] == 0
+    service_store.bind_tenant("tab-of-bob", "bob")
+    other = time_prompt(loaded, app_store, "tab-of-bob", message, "mpic", k=4)
+    assert other["status"] == ["recomputed (not stored)"] and other["vision_s"] > 0
+    # the same in the app: alice's next tab reuses it, bob's sees and links nothing of hers
+    alice, bob = service.Session(), service.Session()
+    service.track(alice, None, "alice")
+    service.track(bob, None, "bob")
+    assert [r.on_server for r in service.media_library(alice)] == []  # no model used yet in this tab
+    outputs, error = turn(alice, ask("Again?", stored_by_another_process), method="mpic", params={"mpic": {"k": 4}})
+    assert error is None and "reused from the media store" in outputs[-1].status
+    assert "recomputed (" not in outputs[-1].status and "shared media store" not in outputs[-1].status
+    assert service.media_library(bob) == []
+    for tab in (alice, bob):
+        tab.close()
+        service_store.bind_tenant(tab.id, None)
+
+
+def test_a_server_killed_mid_turn_leaves_the_answer_correct(models, tmp_path, media):
+    loaded, image = models(MODEL), make_image(1, (112, 112))
+    message = Message("Which colour?", images=[image], media_first=False)
+    reference = Conversation(loaded, backends.make_backend("full")).ask(message, max_new_tokens=3)
+    with LocalServer() as doomed:
+        first = ServerStore(doomed.url, KVStore(tmp_path / "first"))
+        ingest(loaded, first, "alice", image)
+        first.flush()
+        store = ServerStore(doomed.url, KVStore(tmp_path / "second"), retry_s=60)
+        release = threading.Event()
+        for _ in range(store._io._max_workers):  # hold the loaders: the kill lands between lookup and load
+            store._io.submit(release.wait)
+        done = {}
+        conv = Conversation(loaded, backends.make_backend("mpic", k=4), linker=Linker(store, "alice"))
+        answering = threading.Thread(target=lambda: done.update(update=conv.ask(message, max_new_tokens=3)))
+        answering.start()
+        watcher = doomed.client()
+        while not watcher.info("commandstats").get("cmdstat_hget"):  # the entry was found on the server
+            time.sleep(0.005)
+        doomed.kill()
+        release.set()
+        answering.join(120)
+    assert conv.linker.status[0].startswith("recomputed")
+    assert done["update"].token_ids == reference.token_ids  # computed as without a cache
+    assert "unavailable" in store.health_note()
+    # the app says it in one line and answers
+    app_side = ServerStore(doomed.url, KVStore(tmp_path / "app"))
+    service_store._STORE, before = app_side, service_store._STORE
+    try:
+        outputs, error = turn(service.Session(), ask("Still?", media["image"]), method="mpic")
+    finally:
+        service_store._STORE = before
+    assert error is None and "the shared media store is unavailable (ConnectionError)" in outputs[-1].status
+
+
+def test_the_mpic_bench_times_images_stored_on_the_server_by_another_process(server, capsys):
+    from engine.bench import cli
+
+    code = cli.main(["--mode", "mpic", "--model", "tiny-qwen2-vl", "--counts", "1", "--k", "4", "--image-size", "224",
+                     "--repeats", "2", "--vision-layers", "1", "--store-url", server.url, "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    (row,) = json.loads(out.out)
+    assert row["server_linked"] == ["linked"] and row["parts"]["server"]["vision_s"] == 0
+    low, high = row["server_ratio_range"]
+    assert low <= row["server_ratio"] <= high
+    assert row["parts"]["server"]["new_kv_tokens"] == row["parts"]["mpic"]["new_kv_tokens"]
+    assert row["server_same_first_token"] == row["mpic_same_first_token"]  # the same KV as this process's own
