@@ -38,7 +38,7 @@ import backends
 from ..errors import UserError
 from ..mpic.kv_store import KVStore
 from ..mpic.linking import ingest
-from ..mpic.ttft import time_prompt
+from ..mpic.ttft import reuse_method, time_prompt
 from ..runtime.inputs import Message
 from ..runtime.models import load_model
 from .common import SPREAD_NOTE, Spread, add_repeats_arg, add_run_args, check_repeats, rotated, run_main
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace):
     counts = image_counts(args)
     check_repeats(args.repeats)
     params = {"k": args.k, "recompute_ratio": args.ratio}
-    backends.make_backend("mpic", **params)  # bad values fail before the model loads
+    reuse_method(**params)  # bad values fail before the model loads
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, num_layers=args.num_layers, seed=args.seed,
                         vision_layers=args.vision_layers)
     store = KVStore(args.store or tempfile.mkdtemp(prefix="kv-arena-mpic-"))
