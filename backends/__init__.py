@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 
 from .base import KVBackend
 
@@ -51,11 +52,39 @@ def backend_class(name: str) -> type[KVBackend]:
     return registry[name]
 
 
+def reference_name() -> str:
+    """The method every figure is measured against: the one class flagged ``is_reference``."""
+    names = [n for n in available() if _discover()[n].is_reference]
+    if len(names) != 1:
+        raise ImportError(f"exactly one method must be the reference (is_reference); found {names or 'none'}")
+    return names[0]
+
+
+def is_reference(name: str) -> bool:
+    """Whether ``name`` is the reference method (False for a name that is no method)."""
+    cls = _discover().get(name)
+    return bool(cls and cls.is_reference)
+
+
+def names_where(wanted: Callable[[type[KVBackend]], bool]) -> list[str]:
+    """The registered methods whose class has a capability, in :func:`available`'s order: the
+    engine finds a method by what it can do, never by its name."""
+    return [n for n in available() if wanted(_discover()[n])]
+
+
 def make_backend(name: str, budget: float = 1.0, **params) -> KVBackend:
-    """Build a method by name; raises ValueError with a readable message on bad input."""
+    """Build a method by name; raises ValueError with a readable message on bad input. A method
+    without a budget (``uses_budget`` False: the full cache, MPIC...) gets 1.0 whatever is asked:
+    its own parameters decide what it holds."""
     cls = backend_class(name)
     cls.check_params(params)  # before the dataclass __init__, which would raise a bare TypeError
-    return cls(budget=budget, **params)
+    return cls(budget=budget if cls.uses_budget else 1.0, **params)
 
 
-__all__ = ["available", "backend_class", "make_backend"]
+def make_reference() -> KVBackend:
+    """The reference method (the full cache), built."""
+    return make_backend(reference_name())
+
+
+__all__ = ["available", "backend_class", "is_reference", "make_backend", "make_reference", "names_where",
+           "reference_name"]

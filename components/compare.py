@@ -94,8 +94,8 @@ def answer_text(run: service.CompareRun, full: service.CompareRun) -> str:
 
 def column_titles(methods: list[str]) -> list[str]:
     """The answer columns' titles, known before anything runs: the full cache, then each method."""
-    chosen = [m for m in dict.fromkeys(methods or []) if m != "full"]
-    return (["Full cache"] + [service.method_spec(m)["title"] for m in chosen] + [""] * SLOTS)[:SLOTS]
+    chosen = [m for m in dict.fromkeys(methods or []) if not service.is_reference(m)]
+    return ([service.reference_spec()["title"]] + [service.method_spec(m)["title"] for m in chosen] + [""] * SLOTS)[:SLOTS]
 
 
 def answer_boxes(runs: tuple[service.CompareRun, ...], titles: list[str], first: bool) -> list:
@@ -252,14 +252,14 @@ def limit_methods(chosen: list[str]) -> tuple[list[str], str]:
 
 
 def choices() -> list[tuple[str, str]]:
-    return [(spec["title"], spec["name"]) for spec in service.method_specs() if spec["name"] != "full"]
+    return [(spec["title"], spec["name"]) for spec in service.method_specs() if not spec["is_reference"]]
 
 
 def knob_specs() -> list[tuple[str, dict]]:
     """(method, parameter) of each method that takes no budget: the one knob that sets what it holds
     (ZipVL's tau, MPIC's mode), shown on the tab when the method is ticked."""
     return [(spec["name"], own_params(spec)[0]) for spec in service.method_specs()
-            if not spec["uses_budget"] and spec["name"] != "full" and own_params(spec)]
+            if not spec["uses_budget"] and not spec["is_reference"] and own_params(spec)]
 
 
 def show_knobs(chosen: list[str]) -> list:

@@ -32,7 +32,7 @@ DEFAULTS = {"budget": 0.3, "max_new_tokens": 48, "num_frames": 8, "compress": "w
 COMPRESS = [("With the question (the method sees what you ask)", "with_question"),
             ("Before the question (the media are cached first, as a stored picture is)", "before_question")]
 # the controls' ranges; a video streamed under a cap may have more frames (STREAMED_FRAMES)
-RANGES = {"budget": (0.01, 1.0), "max_new_tokens": (1, 512), "num_frames": (1, service.MAX_FRAMES),
+RANGES = {"budget": (service.budget_spec()["minimum"], service.budget_spec()["maximum"]), "max_new_tokens": (1, 512), "num_frames": (1, service.MAX_FRAMES),
           "stream_cap_mb": (0, 65536)}
 STREAMED_FRAMES = (1, service.MAX_STREAMED_FRAMES)
 LABELS = {"budget": "The budget", "max_new_tokens": "Max new tokens", "num_frames": "Video frames",
@@ -207,7 +207,7 @@ class SettingsPanel:
 def budget_note(spec: dict) -> str:
     if spec["uses_budget"]:
         return ""
-    if spec["name"] == "full":
+    if spec["is_reference"]:
         return "The full cache keeps everything: no budget."
     return (f"{spec['title']} takes no budget: its own parameters (Advanced) decide what it holds. The fraction of "
             "the full cache it really holds is measured after your message and shown here.")
@@ -221,7 +221,7 @@ def realised_note(method: str, fraction: float | None) -> str | None:
     return f"**Measured after the prompt:** {method} holds {fraction:.2f}x of the full cache's KV bytes."
 
 
-BUDGET_INFO = "Fraction of the full cache's KV bytes the method may hold (1.0 keeps everything)."
+BUDGET_INFO = service.budget_spec()["help"]
 
 
 def budget_slider(name: str, cap_mb) -> gr.Slider:
@@ -296,7 +296,7 @@ def build_settings() -> SettingsPanel:
     method = checked_controls.Dropdown(choices=[(s["title"], s["name"]) for s in specs], value=DEFAULT_METHOD,
                                        label="Method", elem_id="method")
     info = gr.Markdown(method_card(DEFAULT_METHOD))
-    budget = checked_controls.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=0.01, label="Budget",
+    budget = checked_controls.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=service.budget_spec()["step"], label="Budget",
                                      visible=service.method_spec(DEFAULT_METHOD)["uses_budget"], elem_id="budget",
                                      elem_classes=["range-said"],
                                      info=BUDGET_INFO)

@@ -32,7 +32,7 @@ def test_settings_round_trip_every_registered_method():
     s = settings.settings_from(values)
     assert (s.model, s.method, s.budget) == (MODEL, "streamingllm", 0.3)
     assert s.method_params("streamingllm") == {"sink_tokens": 2}
-    assert s.backend().sink_tokens == 2
+    assert service.plan_turn(s).backend.sink_tokens == 2
     with gr.Blocks():  # one control per parameter of every method, and a fold per method that has any
         panel = settings.build_settings()
     assert len(panel.params) == len(settings.param_order())
@@ -391,3 +391,25 @@ def test_a_right_first_answer_with_part_of_the_picture_dropped_says_why_beside_i
     assert "Why right although SnapKV dropped part of the picture" in status and "Before the question" in status
     full, _ = turn(service.Session(), ask("What colour is the circle?", scene), method="full", model="tiny-arena-vl")
     assert "Why" not in full[-1].status  # nothing dropped, nothing to explain
+
+
+def test_each_turn_builds_its_method_once(media, monkeypatch):
+    """One plan per turn: the chat builds the picked method once per message (whether the message
+    starts the conversation, continues it or switches it), a comparison once per method compared."""
+    built: list[str] = []
+    for name in ("snapkv", "h2o", "streamingllm"):
+        cls = backends.backend_class(name)
+        original = cls.__post_init__
+        monkeypatch.setattr(cls, "__post_init__", lambda self, original=original: (built.append(self.name), original(self))[1])
+    session = service.Session()
+    outputs, error = turn(session, ask("What is this?", media["image"]), method="snapkv", budget=0.5)
+    assert error is None and built == ["snapkv"]
+    history = outputs[-1].chatbot
+    outputs, error = turn(session, ask("And then?"), history, method="snapkv", budget=0.5)  # continued
+    assert error is None and built == ["snapkv"] * 2
+    _, error = turn(session, ask("Again?"), outputs[-1].chatbot, method="h2o", budget=0.5)  # switched: re-read
+    assert error is None and built == ["snapkv"] * 2 + ["h2o"]
+    built.clear()
+    views = list(service.compare(service.Session(), config("snapkv"), ["h2o", "streamingllm"],
+                                 service.prepare("What is this?", [media["image"]])))
+    assert views[-1].done and sorted(built) == ["h2o", "streamingllm"]

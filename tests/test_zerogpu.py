@@ -141,7 +141,7 @@ def test_two_turns_continue_the_compressed_cache_across_fresh_workers(zero_gpu, 
 
     # the same two turns in this process give the same tokens
     loaded = service.get_model(MODEL)
-    conv = Conversation(loaded, config.backend())
+    conv = Conversation(loaded, service.plan_turn(config).backend)
     plain = [conv.ask(p.message, max_new_tokens=6).text for p in session.history]
     assert [first.text, second.text] == plain
     assert first.reference is not None and second.agreement is not None
@@ -224,7 +224,8 @@ def test_compare_keeps_its_reference_and_asks_for_more_time_per_method(zero_gpu,
 def test_duration_grows_with_frames_images_and_tokens(picture):
     base = service.prepare("hi", [])
     image = service.prepare("hi", [picture])
-    short, long = settings("full"), service.Settings.make(model=MODEL, max_new_tokens=200)
+    short = service.plan_turn(settings("full"))
+    long = service.plan_turn(service.Settings.make(model=MODEL, max_new_tokens=200))
     seconds = service.chat_on_gpu.duration
     empty = service.ChatState()
     assert seconds(empty, short, base, "s") < seconds(empty, short, image, "s") < seconds(empty, long, image, "s")

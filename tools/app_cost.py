@@ -95,9 +95,11 @@ def switch_once(url: str, model: str, method: str, budget: float, text: str, the
     full cache, in a fresh session: the conversation switched, re-read by ``method`` first."""
     from gradio_client import Client, handle_file
 
+    from engine import service
+
     client = Client(url, verbose=False, download_files=False)
     first = client.predict(message={"text": text, "files": [handle_file(f) for f in files]}, history=[],
-                           model=model, method="full", api_name="/chat")
+                           model=model, method=service.reference_spec()["name"], api_name="/chat")
     start = time.perf_counter()
     result = client.predict(message={"text": then, "files": []}, history=first[0], model=model, method=method,
                             budget=budget, api_name="/chat")
@@ -165,11 +167,11 @@ def main(argv=None) -> int:
             chat_once(url, args.model, method, args.budget, text, files)  # warm-up
             rows.append(median_row(f"/chat {method}", [chat_once(url, args.model, method, args.budget, text, files)
                                                        for _ in range(args.repeats)]))
-        for method in [m for m in methods if m != "full"]:
+        for method in [m for m in methods if not service.is_reference(m)]:
             rows.append(median_row(f"/chat switch full -> {method}", [switch_once(url, args.model, method, args.budget,
                                                                                   text, then, files)
                                                                       for _ in range(args.repeats)]))
-        compared = [m for m in methods if m != "full"][:service.MAX_COMPARE]
+        compared = [m for m in methods if not service.is_reference(m)][:service.MAX_COMPARE]
         compare_once(url, args.model, compared, args.budget, text, then, files)  # warm-up
         rows.append(median_row(f"/compare {','.join(compared)} (2 turns)",
                                [compare_once(url, args.model, compared, args.budget, text, then, files)

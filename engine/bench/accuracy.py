@@ -46,6 +46,7 @@ from ..runtime.inputs import Message
 from ..runtime.models import ARENA, load_model
 from ..tiny import arena_scenes
 from ..tiny.arena_model import GENERATION
+from .common import REFERENCE
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 PROBES = ("keep only the object tokens", "drop exactly the needed tokens", "drop a random 75% of visual tokens")
@@ -142,7 +143,7 @@ def drop_visual(conv: Conversation, dropped: list[int]) -> None:
 
 def probed(loaded, it, dropped: list[int]) -> bool:
     """Full cache; the media prefilled, the given visual tokens removed, then the first question."""
-    conv = Conversation(loaded, backends.make_backend("full"))
+    conv = Conversation(loaded, backends.make_reference())
     conv.feed(Message("", **it.media()))
     drop_visual(conv, dropped)
     q = it.question
@@ -221,11 +222,11 @@ def run(args) -> dict:
     rng = np.random.default_rng(args.seed)
     for kind in kinds:
         items = arena_scenes.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
-        full_bytes = [chat(loaded, backends.make_backend("full"), it)[1] for it in items]
+        full_bytes = [chat(loaded, backends.make_reference(), it)[1] for it in items]
         points[kind] = {}
-        for method in ["full"] + [m for m in methods if m != "full"]:
-            points[kind][method] = ([{"knob": None, "value": None} | point(loaded, "full", {}, items, full_bytes)]
-                                    if method == "full" else sweep(loaded, method, values, items, full_bytes))
+        for method in [REFERENCE] + [m for m in methods if m != REFERENCE]:
+            points[kind][method] = ([{"knob": None, "value": None} | point(loaded, REFERENCE, {}, items, full_bytes)]
+                                    if method == REFERENCE else sweep(loaded, method, values, items, full_bytes))
             for p in points[kind][method]:
                 print(_line(kind, method, p), flush=True)
         if not args.no_probe:
@@ -312,7 +313,7 @@ def figure(report: dict, out: Path) -> list[str]:
                                      showlegend=col == 1, mode="lines+markers", text=[r[4] for r in rows],
                                      error_y={"type": "data", "symmetric": False, "array": [r[3] - r[1] for r in rows],
                                               "arrayminus": [r[1] - r[2] for r in rows]},
-                                     marker={"symbol": "star" if method == "full" else "circle", "size": 9},
+                                     marker={"symbol": "star" if method == REFERENCE else "circle", "size": 9},
                                      line={"color": palette[i % len(palette)]}), row=1, col=col)
         fig.update_xaxes(type="log", title_text="realised KV fraction", row=1, col=col)
     fig.update_yaxes(title_text="whole answers right (all types)", range=[0, 1.02], row=1, col=1)

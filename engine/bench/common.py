@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import backends
+
 from ..errors import UserError
 
 
@@ -39,6 +41,7 @@ def visual_sizes(text: str) -> list[int]:
     return sizes
 
 
+REFERENCE = backends.reference_name()  # the method every ratio is measured against (the full cache)
 UNSURE = "~"  # marks a ratio whose repeats do not tell it from 1
 SPREAD_NOTE = (f"ratios: median (min-max) of per-repeat ratios; {UNSURE} the range crosses 1 "
                "(or one repeat): not told apart from 1")

@@ -41,6 +41,7 @@ from ..runtime.cache import KVCache
 from ..runtime.forward import cache_keyword, position_ids, run_forward
 from ..runtime.models import pick_device, pick_dtype
 from .common import (
+    REFERENCE,
     SPREAD_NOTE,
     Spread,
     add_repeats_arg,
@@ -149,9 +150,7 @@ class Decoding:
 
 
 def make_backend(name: str, budget: float, params: dict):
-    """The method at ``budget``; one with its own knob instead (ZipVL's tau) runs at that knob."""
-    if not backends.backend_class(name).uses_budget:
-        return backends.make_backend(name, **params)
+    """The method at ``budget`` (one with its own knob instead, ZipVL's tau, runs at that knob)."""
     return backends.make_backend(name, budget=budget, **params)
 
 
@@ -168,7 +167,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     methods = args.methods.split(",") if args.methods else backends.available()
     for m in methods:
         backends.backend_class(m)  # unknown names fail before the model is built
-    methods = ["full"] + [m for m in methods if m != "full"]
+    methods = [REFERENCE] + [m for m in methods if m != REFERENCE]
     params = method_params(methods, args.set)
     for m in methods:
         make_backend(m, args.budget, params[m])
@@ -203,11 +202,11 @@ def run(args: argparse.Namespace) -> list[dict]:
                 runs[name].append(figures)
         med = {name: {k: statistics.median(x[k] for x in runs[name]) for k in runs[name][0]} for name in names}
 
-        def ratio(name: str, key: str, ref: str = "full", by: str | None = None) -> Spread:
+        def ratio(name: str, key: str, ref: str = REFERENCE, by: str | None = None) -> Spread:
             """``key`` of ``name`` / ``by`` (default: ``key``) of ``ref``, per repeat."""
             return Spread.paired([x[key] for x in runs[name]], [x[by or key] for x in runs[ref]])
 
-        full = med["full"]
+        full = med[REFERENCE]
         common = {"model": args.model, "layers": text.num_hidden_layers, "hidden_size": text.hidden_size,
                   "device": str(device), "dtype": dtype_name, "threads": torch.get_num_threads(),
                   "visual_tokens": visual, "budget": args.budget, "repeats": args.repeats, "steps": args.steps,
@@ -222,7 +221,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 "ideal": (weight_bytes + m["kv_bytes"]) / (weight_bytes + full["kv_bytes"]),
                 "params": params.get(name, {}),
             })
-            if name == "full":  # the seam: runtime's full cache / stock sdpa
+            if name == REFERENCE:  # the seam: runtime's full cache / stock sdpa
                 rows[-1] |= {**ratio(name, "prefill_s", STOCK).fields("vs_sdpa_prefill"),
                              **ratio(name, "step_s", STOCK).fields("vs_sdpa_decode")}
     return rows
@@ -240,7 +239,7 @@ def table(rows: list[dict]) -> str:
              SPREAD_NOTE]
     for visual in dict.fromkeys(r["visual_tokens"] for r in rows):
         group = [r for r in rows if r["visual_tokens"] == visual]
-        full = next(r for r in group if r["method"] == "full")
+        full = next(r for r in group if r["method"] == REFERENCE)
         cells = [["visual", "method", "kv", "scoring", "prefill", "decode", "ideal", "full_prefill_s", "full_step_ms"]]
         for r in group:
             if r["method"] == STOCK:

@@ -35,7 +35,7 @@ from ..media import load_image, load_video
 from ..runtime.generate import Conversation, agreement
 from ..runtime.inputs import Message
 from ..runtime.models import DEFAULT_MODEL, list_models, load_model
-from .common import SPREAD_NOTE, Spread, add_repeats_arg, aligned, check_repeats, rotated, run_main
+from .common import REFERENCE, SPREAD_NOTE, Spread, add_repeats_arg, aligned, check_repeats, rotated, run_main
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     if not 0 < args.budget <= 1:
         raise UserError(f"--budget must lie in (0, 1]; got {args.budget}")
     check_repeats(args.repeats)
-    methods = ["full"] + [m for m in methods if m != "full"]
+    methods = [REFERENCE] + [m for m in methods if m != REFERENCE]
     params = method_params(methods, args.set)
     for m in methods:  # parameter values are checked before any work
         backends.make_backend(m, budget=args.budget, **params[m])
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     media = {"images": images, "videos": videos, "num_frames": args.frames}
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, num_layers=args.num_layers,
                         quantization=args.quantization, seed=args.seed, vision_layers=args.vision_layers)
-    run_method(loaded, "full", 1.0, {}, media, args.prompt, 2, args.question_after)  # warm-up
+    run_method(loaded, REFERENCE, 1.0, {}, media, args.prompt, 2, args.question_after)  # warm-up
 
     runs: dict[str, list] = {name: [] for name in methods}  # per round: (update, backend)
     for r in range(args.repeats):
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             update, backend, _ = run_method(loaded, name, args.budget, params[name], media, args.prompt,
                                             args.max_new_tokens, args.question_after, args.ignore_eos)
             runs[name].append((update, backend))
-    full_update, _ = runs["full"][-1]
+    full_update, _ = runs[REFERENCE][-1]
     full = full_update.metrics
     rows = []
     for name in methods:
@@ -155,13 +155,13 @@ def run(args: argparse.Namespace) -> list[dict]:
         median = {key: statistics.median(getattr(u.metrics, key) for u, _ in runs[name])
                   for key in ("ttft_s", "prefill_s", "overhead_s", "decode_tok_s")}
         scoring = Spread.paired([u.metrics.overhead_s for u, _ in runs[name]],
-                                [u.metrics.prefill_s for u, _ in runs["full"]])
+                                [u.metrics.prefill_s for u, _ in runs[REFERENCE]])
         rows.append(_jsonable({
-            "method": name, "budget": args.budget if backend.uses_budget else 1.0, "model": args.model,
+            "method": name, "budget": backend.budget, "model": args.model,
             "uses_budget": backend.uses_budget, "realised_fraction": realised, "params": backend.config, "prompt_tokens": m.prompt_tokens, "visual_tokens": m.visual_tokens,
             "new_tokens": m.new_tokens, "text": update.text, "repeats": args.repeats, **median,
             **scoring.fields("overhead_ratio"),  # method's hooks / full prefill
-            **_ratio(runs[name], runs["full"], "prefill_s"), **_ratio(runs[name], runs["full"], "decode_tok_s"),
+            **_ratio(runs[name], runs[REFERENCE], "prefill_s"), **_ratio(runs[name], runs[REFERENCE], "decode_tok_s"),
             "kv_bytes_prefill": m.kv_bytes_prefill, "kv_bytes": m.kv_bytes,
             "kv_bytes_full_prefill": full.kv_bytes_prefill, "kv_bytes_full": full.kv_bytes,
             "kv_ratio": m.kv_bytes / full.kv_bytes if full.kv_bytes else None,

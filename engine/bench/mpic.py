@@ -49,7 +49,7 @@ from ..errors import UserError
 from ..mpic.kv_store import KVStore
 from ..mpic.linking import ingest
 from ..mpic.store_api import MediaStore
-from ..mpic.ttft import time_prompt
+from ..mpic.ttft import reuse_method, time_prompt
 from ..runtime.inputs import Message
 from ..runtime.models import load_model
 from .common import SPREAD_NOTE, Spread, add_repeats_arg, add_run_args, check_repeats, rotated, run_main
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace):
     counts = image_counts(args)
     check_repeats(args.repeats)
     params = {"k": args.k, "recompute_ratio": args.ratio}
-    backends.make_backend("mpic", **params)  # bad values fail before the model loads
+    reuse_method(**params)  # bad values fail before the model loads
     model_args = {"name": args.model, "device": args.device, "dtype": args.dtype, "num_layers": args.num_layers,
                   "seed": args.seed, "vision_layers": args.vision_layers}
     with shared_server(args, model_args, max(counts)) as url:

@@ -40,7 +40,7 @@ from ..runtime.inputs import Message
 from ..runtime.models import load_model
 from ..runtime.streaming import feed_streaming, synthetic_video
 from . import stream_accuracy
-from .common import add_run_args, aligned, run_main
+from .common import REFERENCE, add_run_args, aligned, run_main
 
 MB = 2**20
 SCALING_MODEL = "random:Qwen/Qwen2-VL-2B-Instruct"
@@ -91,7 +91,7 @@ def reset_peak_rss() -> bool:
 def run_one(args, method: str, frames: int) -> dict:
     loaded = load_model(args.model or SCALING_MODEL, device=args.device, dtype=args.dtype, num_layers=args.num_layers,
                         vision_layers=args.vision_layers, seed=args.seed)
-    cap = None if method == "full" else int(args.cap_mb * MB)
+    cap = None if method == REFERENCE else int(args.cap_mb * MB)
     video = synthetic_video(frames, size=args.frame_size, seed=args.seed)
     conv = Conversation(loaded, backends.make_backend(method))
     message = Message("", videos=[video], num_frames=frames)
@@ -118,7 +118,7 @@ def run(args) -> list[dict]:
     frames = [int(f) for f in args.frames.split(",") if f.strip()]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m != "full" and not backends.backend_class(m).streams_under_cap:
+        if m != REFERENCE and not backends.backend_class(m).streams_under_cap:
             raise UserError(f"{m} does not stream under a cap; choose from: "
                             + ", ".join(n for n in backends.available() if backends.backend_class(n).streams_under_cap))
     if args.accuracy:

@@ -32,7 +32,7 @@ from ..runtime.streaming import feed_streaming
 from ..tiny import arena_scenes
 from ..tiny.arena_model import GENERATION
 from .accuracy import Verdict, answer_budget, judge, wilson
-from .common import aligned
+from .common import REFERENCE, aligned
 
 KIND = "moving"  # the scenes' video questions
 DEFAULT_FRAMES_PER_CHUNK = 2
@@ -84,9 +84,9 @@ def run(args, methods: list[str]) -> list[dict]:
     chunk = args.frames_per_chunk or DEFAULT_FRAMES_PER_CHUNK
     items = arena_scenes.held_out(KIND, args.items)
     loaded = load_model(args.model or ARENA)
-    full = [streamed_answer(loaded, "full", it, None, chunk) for it in items]
-    rows = [summary("full", None, full, full) | {"model": args.model or ARENA, "generation": GENERATION}]
-    for method in (m for m in methods if m != "full"):
+    full = [streamed_answer(loaded, REFERENCE, it, None, chunk) for it in items]
+    rows = [summary(REFERENCE, None, full, full) | {"model": args.model or ARENA, "generation": GENERATION}]
+    for method in (m for m in methods if m != REFERENCE):
         for fraction in caps:
             runs = [streamed_answer(loaded, method, it, int(fraction * f["video_bytes"]), chunk)
                     for it, f in zip(items, full)]

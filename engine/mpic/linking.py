@@ -122,7 +122,7 @@ def ingest(loaded: LoadedModel, store: MediaStore, session: str, media, *, video
         return key
     message = Message(videos=[media], num_frames=num_frames) if is_video else Message(images=[media])
     chunk = loaded.adapter.encode_turn(message, 0, 0, system_prompt, (), open_turn=True, close_turn=False)
-    conv = Conversation(loaded, backends.make_backend("full"), system_prompt)
+    conv = Conversation(loaded, backends.make_reference(), system_prompt)
     with capture_embeddings(loaded) as seen:
         conv.forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
     first, end = chunk.layout.visuals[0].span

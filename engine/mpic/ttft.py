@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import torch
 
 import backends
+from backends.media_reuse import ReusesMedia
 
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
@@ -64,12 +65,20 @@ class StageClock:
         return hook
 
 
+def reuse_method(**params) -> ReusesMedia:
+    """The registered method that reuses stored media KV (MPIC), built: found by what it does."""
+    names = backends.names_where(lambda cls: issubclass(cls, ReusesMedia))
+    if not names:
+        raise ImportError("no registered method reuses stored media KV (a ReusesMedia subclass)")
+    return backends.make_backend(names[0], **params)
+
+
 def time_prompt(loaded: LoadedModel, store: MediaStore, session: str, message: Message, mode: str, **params) -> dict:
     """One answer token under ``mode``: its TTFT and its parts (module docstring), the token, what
     the linker did per visual, and how many prompt tokens' KV this prompt computed (mean over
     layers; the rest were reused). CacheBlend still runs a layer's projections and MLP over every
     row until it narrows them (after its check layer), so its KV count understates its work there."""
-    conv = Conversation(loaded, backends.make_backend("mpic", mode=mode, **params), linker=Linker(store, session))
+    conv = Conversation(loaded, reuse_method(mode=mode, **params), linker=Linker(store, session))
     clock = StageClock(loaded.device.type == "cuda")
     with clock.watching({"vision": loaded.vision_modules(), "lm": [loaded.language_model()]}):
         update = conv.ask(message, max_new_tokens=1)
@@ -93,4 +102,4 @@ def measure_ttft(loaded, store: MediaStore, session: str, message: Message, mode
     "prefix caching vs MPIC" panel): mode -> :func:`time_prompt`'s figures, with ``label``, the
     mode as a reader names it (``"MPIC-32"``)."""
     return {mode: time_prompt(loaded, store, session, message, mode, **params)
-            | {"label": backends.make_backend("mpic", mode=mode, **params).reuse_label} for mode in modes}
+            | {"label": reuse_method(mode=mode, **params).reuse_label} for mode in modes}

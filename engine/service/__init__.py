@@ -6,6 +6,8 @@ tensor and never imports torch. The app imports this package only; its modules, 
 * :mod:`.model_pool`: models load once and are shared between sessions (read-only weights); at
   most one hub model stays loaded.
 * :mod:`.inputs`: the controls' :class:`Settings` and a message decoded and checked (:func:`prepare`).
+* :mod:`.plan`: a turn's settings resolved once (:func:`plan_turn`): the method built, the cap it
+  streams under, the generation arguments.
 * :mod:`.sessions`: :class:`Session` is one browser tab: its conversation (the compressed cache
   carried from turn to turn), the media it uploaded, and its full-cache references. Nothing in it
   is shared.
@@ -38,7 +40,8 @@ from ..runtime.models import ARENA
 from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, checked_text, prepare
 from .model_picker import check_model_allowed, default_model, has_random_weights, is_trained_here, model_choices, model_description
 from .model_pool import get_model
-from .methods import checked_params, method_spec, method_specs, reuses_media
+from .plan import Plan, plan_turn
+from .methods import budget_spec, checked_params, is_reference, method_spec, method_specs, reference_spec, reuses_media
 from .scenes import ARENA_EXAMPLES, Scene, draw_scene, media_hint, scene_types
 from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_default_k, mpic_ttft
@@ -65,13 +68,13 @@ from .view_types import (
 from .views import kept_visuals
 
 __all__ = [
-    "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Prepared", "Scene", "Session", "Settings",
+    "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Plan", "Prepared", "Scene", "Session", "Settings",
     "ChatView", "SwitchNote", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters", "ProgressNote",
     "ReferenceView", "ReuseSummary", "StreamView", "TtftView",
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",
     "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
     "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",
-    "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "prepare", "release",
+    "budget_spec", "is_reference", "reference_spec", "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "plan_turn", "prepare", "release",
     "reuses_media", "track",
     # against hostile visitors (issue 36): inputs checked, private files, idle sessions
     "check_model_allowed", "check_sent_files", "checked_params", "checked_text", "in_upload_dir",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import backends
+from backends.params import BUDGET
 
 from ..errors import UserError
 from ..media import check_decoded_pixels, decoded_pixels, load_image, load_video
@@ -28,8 +29,8 @@ class Settings:
     runs each method as configured; use :meth:`make` to build it from a dict."""
 
     model: str = DEFAULT_MODEL
-    method: str = "full"
-    budget: float = 0.5
+    method: str = field(default_factory=backends.reference_name)
+    budget: float = BUDGET.default
     max_new_tokens: int = 48
     num_frames: int = 8
     temperature: float = 0.0
@@ -44,15 +45,6 @@ class Settings:
 
     def method_params(self, method: str) -> dict:
         return dict(dict(self.params).get(method, ()))
-
-    def backend(self, method: str | None = None):
-        """Build the chosen method (or another one, as configured); bad values -> UserError."""
-        name = method or self.method
-        try:
-            cls = backends.backend_class(name)
-            return backends.make_backend(name, budget=self.budget if cls.uses_budget else 1.0, **self.method_params(name))
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
 
     @property
     def streamed(self) -> bool:

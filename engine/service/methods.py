@@ -6,6 +6,7 @@ from __future__ import annotations
 import backends
 from backends.descriptions import describe
 from backends.media_reuse import ReusesMedia
+from backends.params import BUDGET
 
 from ..errors import UserError
 
@@ -18,6 +19,22 @@ def reuses_media(name: str) -> bool:
         return issubclass(backends.backend_class(name), ReusesMedia)
     except ValueError:
         return False
+
+
+def is_reference(name: str) -> bool:
+    """Whether ``name`` is the method every figure is measured against (the full cache)."""
+    return backends.is_reference(name)
+
+
+def budget_spec() -> dict:
+    """The budget every method with one takes, as its schema says (range, step, help): the slider
+    reads it from here, never a copy."""
+    return BUDGET.to_dict()
+
+
+def reference_spec() -> dict:
+    """The reference method's description (:func:`method_spec`)."""
+    return method_spec(backends.reference_name())
 
 
 def method_specs() -> list[dict]:

@@ -46,7 +46,7 @@ def get_model(name: str, progress: Progress = silent) -> LoadedModel:
             loaded = load_model(name, progress=progress)
             if not zerogpu.ZERO_GPU:  # on ZeroGPU the GPU exists only inside a GPU function: no forward here
                 progress(0.95, "Warming up (so the first timings are not start-up costs)...")
-                Conversation(loaded, backends.make_backend("full")).ask(Message("Hi"), max_new_tokens=2)
+                Conversation(loaded, backends.make_reference()).ask(Message("Hi"), max_new_tokens=2)
         except UserError:
             raise
         except torch.OutOfMemoryError:

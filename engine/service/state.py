@@ -62,7 +62,7 @@ class ReferenceCache:
                       "question_after": settings.question_after}
         resume, self.conv_key = self.conv_key, None  # None until this answer completes: a failure
         if self.conv is None or resume != key[:-1]:  # would leave the cache half-written
-            self.conv = Conversation(loaded, backends.make_backend("full"))
+            self.conv = Conversation(loaded, backends.make_reference())
             for earlier in history[:-1]:
                 self.conv.ask(earlier.message, **generation)
         update = self.conv.ask(history[-1].message, **generation)

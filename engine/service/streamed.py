@@ -14,34 +14,21 @@ from dataclasses import replace
 
 from backends.layout import PromptLayout, VisualSpan
 
-from ..errors import UserError
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.streaming import DEFAULT_FRAMES_PER_CHUNK, bytes_per_token, feed_streaming
-from .inputs import Settings
-from .methods import method_specs
+from .plan import Plan
 from .view_types import Meters, ProgressNote, StreamView
 
 FRAMES_PER_CHUNK = DEFAULT_FRAMES_PER_CHUNK
 
 
-def check_streamable(settings: Settings) -> None:
-    """A cap asked of a method that cannot hold one: refused before any model work."""
-    if not settings.streamed or settings.method == "full":
-        return
-    backend = settings.backend()
-    if not backend.streams_under_cap:
-        can = ", ".join(s["title"] for s in method_specs() if s["streams_under_cap"])
-        raise UserError(f"{backend.title} cannot stream a video under a memory cap; pick a method that can "
-                        f"({can}), the full cache, or set the cap to 0.")
-
-
 def stream_media(conv: Conversation, message: Message,
-                 settings: Settings) -> Generator[ProgressNote, None, tuple[StreamView, list[int | None]]]:
+                 plan: Plan) -> Generator[ProgressNote, None, tuple[StreamView, list[int | None]]]:
     """Feed ``message``'s media (its text left for the question) chunk by chunk, yielding a
     :class:`ProgressNote` after each; returns the stream's view and the media item each fed part
     belongs to (None for text; :func:`joined_layout`)."""
-    cap = None if settings.method == "full" else settings.cap_bytes
+    cap = plan.cap_bytes
     bounds = _media_bounds(message)
     frames, kv_bytes, peak_kv_bytes, parts = [], [], [], []
     tokens, seconds, overhead_s, done = 0, 0.0, 0.0, 0
@@ -59,7 +46,7 @@ def stream_media(conv: Conversation, message: Message,
             kv_bytes.append(progress.kv_bytes)
             peak_kv_bytes.append(progress.peak_kv_bytes)
             yield ProgressNote(done / progress.frames_total, f"Streaming frame {done} of {progress.frames_total}...")
-    view = StreamView(frames, kv_bytes, peak_kv_bytes, sum(bounds[-1:]), settings.cap_bytes, cap is not None, tokens,
+    view = StreamView(frames, kv_bytes, peak_kv_bytes, sum(bounds[-1:]), plan.settings.cap_bytes, cap is not None, tokens,
                       seconds, overhead_s, full_kv_bytes=bytes_per_token(conv) * conv.seen)
     return view, parts
 

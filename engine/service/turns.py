@@ -10,21 +10,21 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from backends.media_reuse import ReusesMedia
+import backends
 
 from ..errors import UserError
 from ..mpic.linking import Linker
 from ..runtime.generate import Conversation, agreement
 from ..runtime.inputs import Message
 from .inputs import MAX_FRAMES, Prepared, Settings, request_seconds
-from .methods import reuses_media
 from .model_pool import Progress, free_memory, get_model, silent
 from .mpic import reuse_summary, store_media
+from .plan import Plan, plan_turn
 from .sessions import Session, stopping
 from .state import ChatState, Reference, ReferenceCache, arrive, depart
 from .scenes import is_right, true_answer
 from .store import media_store
-from .streamed import check_streamable, joined_layout, stream_media, with_stream
+from .streamed import joined_layout, stream_media, with_stream
 from .view_types import ChatView, CompareRun, CompareTurn, CompareView, ProgressNote, ReferenceView, SwitchNote
 from .views import kept_visuals, layer_figures, meters
 from .zerogpu import gpu_function
@@ -91,11 +91,11 @@ def _relay(session: Session, views: Iterator,
         raise
 
 
-def _chat_seconds(state: ChatState, settings: Settings, prepared: Prepared, session_id: str) -> float:
-    answers = 1 if settings.method == "full" else 2  # the method's and the full cache's reference
+def _chat_seconds(state: ChatState, plan: Plan, prepared: Prepared, session_id: str) -> float:
+    answers = 1 if plan.is_reference else 2  # the method's and the full cache's reference
     replay = len(state.history) if not state.references.results else 0  # a reference may replay the chat
-    reread = len(state.history) if not state.continues(settings) and state.rereadable(settings) else 0
-    return request_seconds(settings, prepared, answers + reuses_media(settings.method)) + 5 * (replay + reread)
+    reread = len(state.history) if not state.continues(plan.settings) and state.rereadable(plan.settings) else 0
+    return request_seconds(plan.settings, prepared, answers + plan.reuses_media) + 5 * (replay + reread)
 
 
 def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress: Progress = silent,
@@ -117,8 +117,7 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
     iterating there (a client gone) stops the prefill. A turn that fails (a UserError, the model's
     failure said in one line) leaves the conversation as it was before the message; out of
     memory, its cache is freed instead."""
-    settings.backend()  # bad parameters fail before any model work
-    check_streamable(settings)
+    plan = plan_turn(settings)  # bad parameters, or a cap the method cannot hold, fail before any model work
     get_model(settings.model, progress)
     if shown is not None and shown != session.transcript:
         session.new_chat()
@@ -126,7 +125,7 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
     session.stop_requested = False
     before = session.chat.rollback_point()
     try:
-        yield from _answer(session, settings, prepared, progress)
+        yield from _answer(session, plan, prepared, progress)
     except CacheLost:
         raise  # out of memory: the cache went (_relay)
     except UserError:
@@ -134,35 +133,35 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
         raise
 
 
-def _answer(session: Session, settings: Settings, prepared: Prepared,
+def _answer(session: Session, plan: Plan, prepared: Prepared,
             progress: Progress) -> Iterator[ChatView | ProgressNote]:
     """:func:`chat_turn`'s GPU call and what it hands back to the session."""
-    for view in _relay(session, chat_on_gpu(session.chat, settings, prepared, session.id), progress):
+    for view in _relay(session, chat_on_gpu(session.chat, plan, prepared, session.id), progress):
         if isinstance(view, Handoff):
             session.chat = view.state  # the same object when the GPU function ran in this process
             view = view.view
             session.visuals = view.visuals
             earlier = [] if view.new_chat else session.transcript
             session.transcript = earlier + [(prepared.message.text, len(prepared.files), view.text)]
-            if reuses_media(settings.method):
-                session.last_mpic = (settings, prepared)
+            if plan.reuses_media:
+                session.last_mpic = (plan.settings, prepared)
         yield view
 
 
 @gpu_function(duration=_chat_seconds)
-def chat_on_gpu(state: ChatState, settings: Settings, prepared: Prepared,
+def chat_on_gpu(state: ChatState, plan: Plan, prepared: Prepared,
                 session_id: str) -> Iterator[ProgressNote | ChatView | Handoff]:
     """One chat turn as a pure function: yields progress and views; the last is a :class:`Handoff`
     with the chat after this turn (the same object when run in-process)."""
-    yield from _guarded(_turn(state, settings, prepared, session_id), chat=True)
+    yield from _guarded(_turn(state, plan, prepared, session_id), chat=True)
 
 
-def _turn(state: ChatState, settings: Settings, prepared: Prepared,
+def _turn(state: ChatState, plan: Plan, prepared: Prepared,
           session_id: str) -> Iterator[ProgressNote | ChatView | Handoff]:
-    backend = settings.backend()
+    settings = plan.settings
     loaded = get_model(settings.model)  # loaded by the caller; a worker forked before that loads it again
     state = arrive(state, loaded, session_id)
-    reuses = reuses_media(settings.method)
+    reuses = plan.reuses_media
     note = ""
     if reuses:
         yield ProgressNote(0.3, "Storing the KV of the media...")
@@ -170,16 +169,17 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared,
     new_chat, switch = not state.continues(settings), None
     if new_chat:  # the cache was built by another method or model: it cannot be continued
         linker = Linker(media_store(), session_id) if reuses else None  # without it MPIC is the full cache
-        fresh = ChatState(Conversation(loaded, backend, linker=linker), settings.cache_key, references=state.references)
+        fresh = ChatState(Conversation(loaded, plan.backend, linker=linker), settings.cache_key,
+                          references=state.references)
         if state.rereadable(settings):  # the same conversation, now held by this method
-            switch = yield from _reread(state, fresh.conv, settings, session_id)
+            switch = yield from _reread(state, fresh.conv, plan, session_id)
             if state.conv.backend.is_reference:  # the full cache's chat is the reference from here on
                 state.references.adopt(state.conv, settings.generation + tuple(p.key for p in state.history))
             fresh.history, fresh.answers, new_chat = state.history, state.answers, False
         state = fresh
     history = state.history + [prepared]
     reference, cached = None, False
-    if settings.method != "full" and not _beyond_one_prompt(history):
+    if not plan.is_reference and not _beyond_one_prompt(history):
         yield ProgressNote(0.4, "Full-cache reference for this input...")
         reference, cached = state.references.get(loaded, settings, history)
     conv = state.conv
@@ -190,13 +190,11 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared,
     message, stream, parts, first_part = prepared.message, None, [], len(conv.layouts)
     if settings.streamed and (message.images or message.videos):
         try:
-            stream, parts = yield from stream_media(conv, message, settings)
+            stream, parts = yield from stream_media(conv, message, plan)
         except UserError as exc:  # refused mid-stream (a cap too small, past the context): the cache holds a part
             raise UserError(f"{exc} {ROLLED_BACK}") from None
         message = Message(message.text, media_first=message.media_first)  # the question, on the capped cache
-    for update in conv.stream(message, max_new_tokens=settings.max_new_tokens,
-                              temperature=settings.temperature, question_after=settings.question_after,
-                              should_stop=lambda: stopping(session_id)):
+    for update in conv.stream(message, **plan.generation, should_stop=lambda: stopping(session_id)):
         metrics = meters(update.metrics)
         view = ChatView(update.text, update.done, new_chat, conv.backend.title,
                         with_stream(metrics, stream) if stream else metrics, layer_figures(conv),
@@ -224,7 +222,7 @@ def _turn(state: ChatState, settings: Settings, prepared: Prepared,
         yield Handoff(view, depart(state))
 
 
-def _reread(state: ChatState, conv: Conversation, settings: Settings,
+def _reread(state: ChatState, conv: Conversation, plan: Plan,
             session_id: str) -> Generator[ProgressNote, None, SwitchNote]:
     """The conversation so far fed to ``conv``, the new method's: each turn's media and text under
     the new settings (streamed under the cap when there is one), then its answer as it was given
@@ -232,14 +230,14 @@ def _reread(state: ChatState, conv: Conversation, settings: Settings,
     start, tokens, turns = time.perf_counter(), 0, len(state.history)
     for i, (prepared, answer) in enumerate(zip(state.history, state.answers)):
         yield ProgressNote(0.3 + 0.1 * i / turns, f"{conv.backend.title} re-reads turn {i + 1} of {turns}...")
-        if reuses_media(settings.method):
+        if plan.reuses_media:
             store_media(session_id, conv.loaded, prepared)
         message, first_part, parts = prepared.message, len(conv.layouts), None
-        if settings.streamed and (message.images or message.videos):
-            stream, parts = yield from stream_media(conv, message, settings)
+        if plan.streamed and (message.images or message.videos):
+            stream, parts = yield from stream_media(conv, message, plan)
             tokens += stream.tokens
             message = Message(message.text, media_first=message.media_first)
-        metrics = conv.replay(message, answer, question_after=settings.question_after)
+        metrics = conv.replay(message, answer, question_after=plan.settings.question_after)
         tokens += metrics.prompt_tokens + metrics.new_tokens
         if parts is not None:
             _one_layout(conv, first_part, parts)
@@ -265,22 +263,21 @@ def compare(session: Session, settings: Settings, methods: list[str], turns: Pre
     follow-ups) on its own compressed cache."""
     methods = [methods] if isinstance(methods, str) else methods  # one name sent through the API
     turns = [turns] if isinstance(turns, Prepared) else list(turns)
-    methods = [m for m in dict.fromkeys(methods or []) if m != "full"]
+    methods = [m for m in dict.fromkeys(methods or []) if not backends.is_reference(m)]
     if not 1 <= len(methods) <= MAX_COMPARE:
         raise UserError(f"Pick 1 to {MAX_COMPARE} methods to compare with the full cache (got {len(methods)}).")
     if not turns:
         raise UserError("The message is empty: type a question or attach an image or a video.")
-    for method in methods:  # bad parameters fail before any model work
-        settings.backend(method)
-    return _compare(session, settings, methods, turns, progress)
+    plans = [plan_turn(settings, m, streamed=False) for m in methods]  # bad parameters fail before any model work
+    return _compare(session, settings, plans, turns, progress)
 
 
-def _compare(session: Session, settings: Settings, methods: list[str], turns: list[Prepared],
+def _compare(session: Session, settings: Settings, plans: list[Plan], turns: list[Prepared],
              progress: Progress) -> Iterator[CompareView]:
     get_model(settings.model, progress)
     session.use_model(settings.model)
     session.stop_requested = False
-    views = compare_on_gpu(session.chat.references, settings, methods, turns, session.id)
+    views = compare_on_gpu(session.chat.references, settings, plans, turns, session.id)
     for view in _relay(session, views, progress):
         if isinstance(view, ProgressNote):
             continue
@@ -290,18 +287,18 @@ def _compare(session: Session, settings: Settings, methods: list[str], turns: li
         yield view
 
 
-def _compare_seconds(references: ReferenceCache, settings: Settings, methods: list[str], turns: list[Prepared],
+def _compare_seconds(references: ReferenceCache, settings: Settings, plans: list[Plan], turns: list[Prepared],
                      session_id: str) -> float:
-    runs = (1 + len(methods) + any(map(reuses_media, methods))) * len(turns)
+    runs = (1 + len(plans) + any(p.reuses_media for p in plans)) * len(turns)
     return request_seconds(settings, turns[0], runs=runs)
 
 
 @gpu_function(duration=_compare_seconds)
-def compare_on_gpu(references: ReferenceCache, settings: Settings, methods: list[str], turns: list[Prepared],
+def compare_on_gpu(references: ReferenceCache, settings: Settings, plans: list[Plan], turns: list[Prepared],
                    session_id: str) -> Iterator[ProgressNote | CompareView | Handoff]:
     """A comparison as a pure function: yields progress and views; the last is a :class:`Handoff`
     with the session's full-cache references, this conversation's added."""
-    yield from _guarded(_compare_runs(references, settings, methods, turns, session_id), chat=False)
+    yield from _guarded(_compare_runs(references, settings, plans, turns, session_id), chat=False)
 
 
 def marked(turn: ChatView | CompareTurn, media: str, question: str) -> ChatView | CompareTurn:
@@ -310,16 +307,15 @@ def marked(turn: ChatView | CompareTurn, media: str, question: str) -> ChatView 
     return replace(turn, question=question, truth=truth, right=is_right(turn.text, truth))
 
 
-def _compare_runs(references: ReferenceCache, settings: Settings, methods: list[str], turns: list[Prepared],
+def _compare_runs(references: ReferenceCache, settings: Settings, plans: list[Plan], turns: list[Prepared],
                   session_id: str) -> Iterator[ProgressNote | CompareView | Handoff]:
     """Views of the runs so far (the full cache first), each answer marked right or wrong where the
     scene is known and its agreement with the full cache's (end-of-turn left out)."""
-    built = [settings.backend(m) for m in methods]
     loaded = get_model(settings.model)
     references = arrive(references, loaded, session_id)
     eos = loaded.adapter.eos_ids
     media = next((t.media for t in turns if t.media), "")
-    if any(map(reuses_media, methods)):
+    if any(p.reuses_media for p in plans):
         yield ProgressNote(0.2, "Storing the KV of the media...")
         store_media(session_id, loaded, turns[0])
         media_store().flush()
@@ -330,19 +326,18 @@ def _compare_runs(references: ReferenceCache, settings: Settings, methods: list[
         answers.append(reference)
         full.append(marked(CompareTurn(prepared.message.text, reference.text, reference.metrics, reference.layers,
                                        1.0, cached, done=True), media, prepared.message.text))
-    runs = [CompareRun("full", "Full cache", tuple(full), done=True)]
+    reference_method = backends.backend_class(backends.reference_name())
+    runs = [CompareRun(reference_method.name, reference_method.title, tuple(full), done=True)]
     yield CompareView(tuple(runs), False)
-    for i, backend in enumerate(built):
-        yield ProgressNote(0.4 + 0.6 * i / len(built), f"{backend.title}...")
-        linker = Linker(media_store(), session_id) if isinstance(backend, ReusesMedia) else None
-        conv = Conversation(loaded, backend, linker=linker)
+    for i, plan in enumerate(plans):
+        yield ProgressNote(0.4 + 0.6 * i / len(plans), f"{plan.backend.title}...")
+        linker = Linker(media_store(), session_id) if plan.reuses_media else None
+        conv = Conversation(loaded, plan.backend, linker=linker)
         answered: list[CompareTurn] = []
-        runs.append(CompareRun(backend.name, backend.title))
+        runs.append(CompareRun(plan.backend.name, plan.backend.title))
         for prepared, reference in zip(turns, answers):
             answered.append(CompareTurn(prepared.message.text))
-            for update in conv.stream(prepared.message, max_new_tokens=settings.max_new_tokens,
-                                      temperature=settings.temperature, question_after=settings.question_after,
-                                      should_stop=lambda: stopping(session_id)):
+            for update in conv.stream(prepared.message, **plan.generation, should_stop=lambda: stopping(session_id)):
                 turn = replace(answered[-1], text=update.text, metrics=meters(update.metrics), done=update.done)
                 if update.done:  # the per-layer figures once per answer: they walk every layer
                     turn = replace(marked(turn, media, prepared.message.text), layers=layer_figures(conv),

@@ -137,7 +137,7 @@ class CompareTurn:
 
 @dataclass(frozen=True)
 class CompareRun:
-    """One method through the whole conversation (the full cache's run is named "full")."""
+    """One method through the whole conversation (the full cache's run first)."""
 
     name: str
     method: str  # its title
