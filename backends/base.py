@@ -261,6 +261,9 @@ class KVBackend:
     # True for the one method every other is measured against (the full cache): its answers are
     # the references, its own figures are 1.00x by definition
     is_reference: ClassVar[bool] = False
+    # its prefill itself runs on fewer tokens (a sparse attention, rows dropped after a layer): the
+    # prefill bench (``--mode prefill``) times it against the full cache's
+    shortens_prefill: ClassVar[bool] = False
     # what a token drawn clear in the overlay is (``report.overlay`` when set, else the kept tokens)
     overlay_meaning: ClassVar[str] = "kept"
     # Parameters that, with budget 1.0, make the method reproduce the full cache exactly (the

@@ -76,6 +76,7 @@ class FastV(KVBackend):
                          "tokens (Sec. 5: K = 2).", 1, 128, 1)
     uses_budget = False
     lossless_params: ClassVar[dict] = {"prune_ratio": 0.0}
+    shortens_prefill: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -260,6 +260,7 @@ class ZipVL(KVBackend):
     period: int = param(100, "Generated tokens kept in full precision before they are scored and quantised "
                         "(Sec. 4.2: 100).", 1, 100000, 1)
     lossless_params: ClassVar[dict] = {"tau": 1.0, "bits_important": FULL_BITS, "bits_other": FULL_BITS}
+    shortens_prefill: ClassVar[bool] = True
     uses_budget = False
     report_type: ClassVar[type[Report]] = ZipVLReport
 

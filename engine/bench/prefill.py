@@ -72,6 +72,7 @@ from ..runtime.models import (
 )
 from ..tiny.builtin import tiny_config
 from .common import (
+    REFERENCE,
     SPREAD_NOTE,
     Spread,
     add_repeats_arg,
@@ -85,7 +86,7 @@ from .common import (
 from .methods import method_params
 
 PREFIX, QUESTION = 16, 32  # text tokens before and after the image (system prompt, question)
-SPARSE_PREFILL = ("zipvl", "fastv")  # the methods whose prefill itself runs on fewer tokens
+SPARSE_PREFILL = tuple(backends.names_where(lambda cls: cls.shortens_prefill))  # prefill on fewer tokens
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -212,7 +213,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     for visual in sizes:
         embeds, rope, layout = synthetic_prompt(visual, rope_dims, text.hidden_size, device, dtype, args.seed)
-        make = {"full": AttentionTimedFull}
+        make = {REFERENCE: AttentionTimedFull}
         make |= {label: (lambda m=method, p=params: backends.make_backend(m, **p))
                  for label, (method, params) in chosen.items()}
         for m in make.values():  # warm-up
@@ -224,25 +225,25 @@ def run(args: argparse.Namespace) -> list[dict]:
                 backend = make[name]()
                 seconds, hooks_s, cache = prefill(model, backend, layers, embeds, rope, layout, sync)
                 times[name].append(seconds)
-                if name == "full":
+                if name == REFERENCE:
                     attention_s.append(hooks_s)
                 last[name] = (backend, cache.nbytes(), fastv_rows_share(cache, layers))
                 del cache
-        share = Spread.paired(attention_s, times["full"])
+        share = Spread.paired(attention_s, times[REFERENCE])
         for label, (method, _) in chosen.items():
             backend, held, rows_share = last[label]
             row = {"model": args.model, "layers": layers, "hidden_size": text.hidden_size, "device": str(device),
                    "dtype": dtype_name, "threads": torch.get_num_threads(), "visual_tokens": visual,
                    "prompt_tokens": embeds.shape[1], "method": method, "params": backend.config,
-                   "repeats": args.repeats, "full_s": statistics.median(times["full"]),
+                   "repeats": args.repeats, "full_s": statistics.median(times[REFERENCE]),
                    "method_s": statistics.median(times[label]),
-                   **Spread.paired(times[label], times["full"]).fields("prefill_ratio"),
-                   **Spread.paired(times["full"], times[label]).fields("speedup"),
-                   **share.fields("attention_share"), "kv_ratio": held / last["full"][1]}
+                   **Spread.paired(times[label], times[REFERENCE]).fields("prefill_ratio"),
+                   **Spread.paired(times[REFERENCE], times[label]).fields("speedup"),
+                   **share.fields("attention_share"), "kv_ratio": held / last[REFERENCE][1]}
             if method == "zipvl":
                 ratios = backend.report.important_ratio or [1.0] * layers
                 skipped = 1 - sum(r * r for r in ratios) / len(ratios)  # of the causal attention's pairs
-                ideal = Spread.of(1 - a / f * skipped for a, f in zip(attention_s, times["full"]))
+                ideal = Spread.of(1 - a / f * skipped for a, f in zip(attention_s, times[REFERENCE]))
                 row |= {"tau": label, "zipvl_s": row["method_s"], **ideal.fields("ideal"),
                         "important_ratio": sum(ratios) / len(ratios), "important_ratio_per_layer": ratios}
             else:  # FastV: the layers after K run on the kept rows; the rest of the work is per row
