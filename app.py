@@ -31,8 +31,8 @@ from components import clients
 from components.chat import build_chat
 from components.compare import build_compare
 from components.settings import build_settings
-from engine import service
-from engine.errors import UserError
+from kv_arena import service
+from kv_arena.errors import UserError
 
 HEADER = """# KV-cache arena
 Chat with images and video while a KV-cache method decides what the model remembers: watch the memory
@@ -127,7 +127,7 @@ def configure_logging() -> None:
     (``components/checked_controls.py``)."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for name in ("components", "engine"):
+    for name in ("components", "kv_arena"):
         logger = logging.getLogger(name)
         if not logger.handlers:
             logger.addHandler(handler)

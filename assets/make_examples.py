@@ -91,11 +91,8 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: int = 8, crf: int = 30)
 
 def arena_examples() -> list[Path]:
     """The bundled tiny-arena-vl's example of each question type (``examples()`` of its scenes,
-    engine/tiny/arena_scenes.py), drawn as the model reads them; a video at its own frame rate."""
-    import sys
-
-    sys.path.insert(0, str(HERE.parent))
-    from engine.tiny import arena_scenes
+    kv_arena/tiny/arena_scenes.py), drawn as the model reads them; a video at its own frame rate."""
+    from kv_arena.tiny import arena_scenes
 
     written = []
     for it, files in arena_scenes.examples().values():

@@ -1,7 +1,7 @@
 """The one small interface every KV-cache method implements.
 
 A backend sees the language model's attention layer by layer, through four seams that the
-runtime (``engine/``) calls; it never imports the runtime or the UI:
+runtime (``kv_arena/``) calls; it never imports the runtime or the UI:
 
 * ``new_layer(i)``            -> the :class:`KVLayer` that stores layer ``i``'s keys and values.
   Subclass it for caches that pack low-bit codes or low-rank factors and rebuild on read.
@@ -232,7 +232,7 @@ class Report:
 class KVBackend:
     """Base class: the full cache. Subclasses override the seams they need.
 
-    Class attributes describe the method for the registry, the UI and ``engine.bench --list``
+    Class attributes describe the method for the registry, the UI and ``kv_arena.bench --list``
     (:func:`backends.descriptions.describe` reads them); what an instance needs from the runtime's
     attention (``needs_*``) are properties, since a method at budget 1.0 may need nothing. A method's parameters are dataclass fields
     made with :func:`backends.params.param` (subclasses are

@@ -1,4 +1,4 @@
-"""A method described in plain values, for the UI's cards and controls and ``engine.bench --list``:
+"""A method described in plain values, for the UI's cards and controls and ``kv_arena.bench --list``:
 its name, title, paper, summary, what it holds, and each parameter's spec (budget first).
 
 Only what shows a method reads this; a method itself never does.

@@ -13,7 +13,7 @@ layer: they are neither computed nor cached there.
   the code has one image), the ceil((1 - R) n) best are kept, R = 50% (Sec. 5, "K=2, R=50%"); text
   tokens and the last prompt token are always kept.
 * Layers K+1 .. L run on the kept rows only (``narrows_prefill``): the runtime shortens the hidden
-  states, the rotary tables and the positions before layer K+1 (``engine.runtime.narrowing``), so
+  states, the rotary tables and the positions before layer K+1 (``kv_arena.runtime.narrowing``), so
   the prefill itself is cheaper, not just the cache, and those layers cache the kept tokens at
   their original positions (M-RoPE included), which decoding keeps using. The first K layers keep
   every token: their cache is the full cache's.

@@ -4,7 +4,7 @@ A method that is a :class:`ReusesMedia` acts on the KV of images and videos the 
 once and stored (MPIC: "MPIC: Position-Independent Multimodal Context Caching System for Efficient
 MLLM Serving", arXiv:2502.01960). Without a store (a plain ``model.generate``) it would be the
 full cache, so the public entry point refuses it, and the app gives it a store. The runtime
-(``engine.mpic.linking``) drives it for each prompt chunk:
+(``kv_arena.mpic.linking``) drives it for each prompt chunk:
 
 * ``reuse`` -> what to fetch: ``"media"`` (each stored image or video of the prompt, by content),
   ``"prefix"`` (the longest exact token prefix of an earlier prompt, which the runtime restores and

@@ -1,7 +1,7 @@
 """MPIC (Zhao et al., "MPIC: Position-Independent Multimodal Context Caching System for Efficient
 MLLM Serving", arXiv:2502.01960) with the paper's baselines, as modes of one backend.
 
-The runtime (``engine/mpic/linking.py``) stores each uploaded image's or video's KV, computed once after
+The runtime (``kv_arena/mpic/linking.py``) stores each uploaded image's or video's KV, computed once after
 a fixed prefix (the system prompt), and hands this backend the stored spans of a new prompt as
 :class:`StoredMedia`. The backend chooses what to recompute and runs that attention:
 
@@ -29,7 +29,7 @@ a fixed prefix (the system prompt), and hands this backend the stored spans of a
 A span the store missed (expired, evicted, damaged file) is recomputed in full. Nothing is evicted
 (the prefill leaves the full cache), so the budget does not apply.
 
-Runtime protocol (:class:`~backends.media_reuse.ReusesMedia`, driven by ``engine/mpic/linking.py``):
+Runtime protocol (:class:`~backends.media_reuse.ReusesMedia`, driven by ``kv_arena/mpic/linking.py``):
 ``plan`` -> the chunk tokens each forward step feeds; ``link`` opens every layer's slots before the
 steps, ``unlink`` closes them (``abort`` also drops them); ``narrow_rows`` hands over, once, the rows
 that go on to the next layers (CacheBlend).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from engine import service
+from kv_arena import service
 
 INTRO = """
 ### When do the methods differ?

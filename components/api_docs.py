@@ -14,14 +14,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from engine import service
+from kv_arena import service
 
 from .settings import COMPRESS, RANGES, STREAMED_FRAMES, control_names, param_order, streaming_methods
 
 BASE = {
-    "model": "the model's name (`python -m engine.bench --list`); tiny-arena-vl is the offline model trained on "
+    "model": "the model's name (`python -m kv_arena.bench --list`); tiny-arena-vl is the offline model trained on "
              "drawn scenes, tiny-* and random:* models have random weights.",
-    "method": "the KV-cache method's registry name (`python -m engine.bench --list`), e.g. snapkv, h2o, "
+    "method": "the KV-cache method's registry name (`python -m kv_arena.bench --list`), e.g. snapkv, h2o, "
               "streamingllm; full keeps every key and value.",
     "budget": f"the fraction of the full cache's KV bytes the method may hold, {RANGES['budget'][0]:g} to 1.0 "
               "(1.0 keeps everything); a method with its own knob instead ignores it.",

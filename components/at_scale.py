@@ -1,9 +1,9 @@
 """The line under the KV memory panel: the kept fraction measured here, projected onto real
-architectures (computed by :mod:`engine.service.at_scale`, labelled as computed, not measured)."""
+architectures (computed by :mod:`kv_arena.service.at_scale`, labelled as computed, not measured)."""
 
 from __future__ import annotations
 
-from engine.service import at_scale
+from kv_arena.service import at_scale
 
 from . import plots
 

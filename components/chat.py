@@ -17,8 +17,8 @@ from typing import Any
 
 import gradio as gr
 
-from engine import service
-from engine.errors import UserError
+from kv_arena import service
+from kv_arena.errors import UserError
 
 from . import api_docs, at_scale, checked_controls, clients, media_library, overlay, plots
 from .outputs import KEEP, Outputs, by_component, components_of

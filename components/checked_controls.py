@@ -5,7 +5,7 @@ Gradio checks a Slider's range, a Number's type, a Dropdown's or CheckboxGroup's
 MultimodalTextbox's file types in ``preprocess``, before any event runs, and answers with its own
 error (and a traceback in the server log; a budget of "abc" even with no message at all). These
 subclasses hand the value over as sent; the app checks it where it is used (``settings.checked``,
-a method's ``Param.coerce``, the model registry, ``service.compare``, ``engine.media``). They are
+a method's ``Param.coerce``, the model registry, ``service.compare``, ``kv_arena.media``). They are
 drawn as their parent (``is_template``), so in the browser nothing changes: a slider still clamps
 what is typed into it, the file picker still offers images and videos. (Subclasses, because
 Gradio rebuilds a component from its class when an event updates it. Gradio writes a ``.pyi``

@@ -7,7 +7,7 @@ id in a cookie on its first response (a browser keeps it for its tabs; ``gradio_
 cookies of its first request and sends them with its uploads, events and downloads), notes each
 upload under that id (from the upload route's answer: the server paths of the files it received,
 before the client sees them) and answers 404 to a file request for an upload the requesting client
-did not make. The ledger itself is ``engine.service.uploads``.
+did not make. The ledger itself is ``kv_arena.service.uploads``.
 
 A file request is recognised by what it names, not by its route's spelling: every path a request
 could stand for (each tail of its URL path after a ``/`` or ``=``, percent-decoded until it stops
@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl, unquote
 import gradio as gr
 from starlette.middleware import Middleware
 
-from engine import service
+from kv_arena import service
 
 COOKIE = "kv_arena_client"
 UPLOAD_ROUTE = "/upload"  # POST: the files' bytes in, their server paths out (a JSON list)

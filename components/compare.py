@@ -16,8 +16,8 @@ from typing import Any
 
 import gradio as gr
 
-from engine import service
-from engine.errors import UserError
+from kv_arena import service
+from kv_arena.errors import UserError
 
 from . import api_docs, at_scale, checked_controls, clients, overlay, plots
 from .outputs import KEEP, Outputs, by_component, components_of
@@ -222,7 +222,7 @@ def run(message, methods, follow_up: str | None = None, session=None, request: g
 
     Args:
         message: the first question, {"text": the question, "files": images or one video this client uploaded (gradio_client's handle_file)}; through MCP, text only ("files": []).
-        methods: the methods to compare with the full cache, 1 to 4 registry names (`python -m engine.bench --list`).
+        methods: the methods to compare with the full cache, 1 to 4 registry names (`python -m kv_arena.bench --list`).
         follow_up: an optional second question, answered by each method on the cache it kept for the first ("" for none).
     """
     # The Compare event (the API's /compare, documented by api_docs.documented): settings by name
@@ -278,7 +278,7 @@ class SceneOutputs(Outputs):
 def new_scene(kind: str, session: service.Session | None = None, request: gr.Request = None) -> SceneOutputs:
     """A fresh scene of ``kind`` from the model's scene generator, with its true answers: it fills
     the first question (with its media) and the follow-up. Its files are the session's (they go
-    with it; :func:`engine.service.draw_scene` caps them)."""
+    with it; :func:`kv_arena.service.draw_scene` caps them)."""
     try:
         if session is not None:
             service.track(session, getattr(request, "session_hash", None), clients.client_of(request))

@@ -13,8 +13,8 @@ from typing import Any
 
 import gradio as gr
 
-from engine import service
-from engine.errors import UserError
+from kv_arena import service
+from kv_arena.errors import UserError
 
 from . import plots
 from .outputs import KEEP, Outputs

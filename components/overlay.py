@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from engine import service
-from engine.service.view_types import KeptVisual
+from kv_arena import service
+from kv_arena.service.view_types import KeptVisual
 
 MEAN = "mean over layers"
 DROPPED = np.array([110, 0, 0], dtype=np.float32)

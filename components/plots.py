@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from engine.service.view_types import CompareRun, LayerFigures, Meters, StreamView, TtftView
+from kv_arena.service.view_types import CompareRun, LayerFigures, Meters, StreamView, TtftView
 
 FULL_COLOR = "#8c8c8c"
 COLORS = ["#e4572e", "#2e86ab", "#f3a712", "#29bf12", "#a846a0"]

@@ -3,7 +3,7 @@
 Methods and their parameter controls come from the backend registry, described by the facade
 (``service.method_specs``), so a method added to ``backends/`` appears here without touching the
 UI. Every event receives the controls' values positionally (``SettingsPanel.inputs``);
-:func:`settings_from` turns them back into :class:`engine.service.Settings`, and
+:func:`settings_from` turns them back into :class:`kv_arena.service.Settings`, and
 :func:`control_values` builds them for tests.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import gradio as gr
 
-from engine import service
-from engine.errors import UserError
+from kv_arena import service
+from kv_arena.errors import UserError
 
 from . import checked_controls
 from .outputs import KEEP, Outputs, by_component, components_of

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, min(2, os.cpu_count() or 1)))
 
-from engine.runtime.models import load_model  # noqa: E402
-from tests.support import make_image, make_video  # noqa: E402
+from kv_arena.runtime.models import load_model
+from tests.support import make_image, make_video
 
 
 @pytest.fixture(scope="session")

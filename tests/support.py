@@ -13,9 +13,9 @@ from PIL import Image
 
 from backends.base import AttentionCall, KVLayer
 from backends.layout import PromptLayout
-from engine.media import Video
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
+from kv_arena.media import Video
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
 
 TINY_MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-llava"]
 
@@ -97,15 +97,7 @@ def write_mjpeg_avi(path, frames: list[Image.Image], seconds_per_frame: int) -> 
 
 
 def training_module(name: str):
-    """training/<name>.py, loaded by path once (training/ is scripts, not a package) and registered
-    under its own name, as the scripts import each other and their dataclasses look their module up."""
-    import importlib.util
-    import sys
+    """training/<name>.py (the training scripts are a package, run as ``python -m training.<name>``)."""
+    import importlib
 
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent.parent / "training" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return importlib.import_module(f"training.{name}")

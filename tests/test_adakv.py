@@ -11,8 +11,8 @@ from tests.support import causal_probs, make_image, prefill_call, random_layer
 
 import backends
 from backends.adakv import AdaKV, HeadwiseLayer, headwise_top_k
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
 
 TOKENS, KV_HEADS, HEADS, DIM, WINDOW, KERNEL = 60, 2, 4, 8, 4, 3
 

@@ -21,7 +21,7 @@ from gradio_client import Client, handle_file
 
 from components.chat import NOT_ANSWERED, transcript
 from components.compare import SLOTS
-from engine.service import sessions
+from kv_arena.service import sessions
 
 HUB_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
 

@@ -20,8 +20,8 @@ import gradio_client.client
 from gradio_client import Client, handle_file
 
 from components.chat import NEW_CONVERSATION, NOT_ANSWERED
-from engine import service
-from engine.service import sessions
+from kv_arena import service
+from kv_arena.service import sessions
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny-qwen2-vl"

@@ -10,8 +10,8 @@ from tests.app_support import ask, config
 
 from components import chat, compare
 from components.settings import control_values, settings_from
-from engine import service
-from engine.errors import UserError
+from kv_arena import service
+from kv_arena.errors import UserError
 
 
 def test_compare_runs_full_then_each_method(media):

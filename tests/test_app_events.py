@@ -16,12 +16,12 @@ from tests.app_support import MODEL, ask, config, turn
 from tests.support import make_image
 
 import backends
-import engine.media
+import kv_arena.media
 from components import chat, overlay, settings
-from engine import service
-from engine.errors import UserError
-from engine.runtime.generate import Conversation
-from engine.service import model_pool
+from kv_arena import service
+from kv_arena.errors import UserError
+from kv_arena.runtime.generate import Conversation
+from kv_arena.service import model_pool
 
 
 def test_settings_round_trip_every_registered_method():
@@ -194,8 +194,8 @@ def test_sessions_are_isolated(media):
     ("too_big", "larger than the 1 MB"),
 ])
 def test_bad_input_gives_a_message_and_the_next_request_succeeds(media, monkeypatch, case, expected):
-    monkeypatch.setattr(engine.media, "MAX_VIDEO_SECONDS", 1.0 if case == "too_long" else 600.0)
-    monkeypatch.setattr(engine.media, "MAX_VIDEO_BYTES", 2**20)
+    monkeypatch.setattr(kv_arena.media, "MAX_VIDEO_SECONDS", 1.0 if case == "too_long" else 600.0)
+    monkeypatch.setattr(kv_arena.media, "MAX_VIDEO_BYTES", 2**20)
     message = {"empty": ask("   "), "corrupt": ask("Look", media["corrupt"]), "fake_video": ask("Watch", media["fake_video"]),
                "too_long": ask("Watch", media["video"]), "too_big": ask("Watch", media["big_video"])}[case]
     session = service.Session()
@@ -293,16 +293,16 @@ def test_an_image_over_the_limits_is_refused_before_decoding(tmp_path, monkeypat
     outputs, error = turn(session, ask("What is it?", str(big)))
     assert error is not None and "8000 x 8000 pixels" in error
     assert process.memory_info().rss < 1.1 * before
-    monkeypatch.setattr(engine.media, "MAX_IMAGE_BYTES", 1000)
+    monkeypatch.setattr(kv_arena.media, "MAX_IMAGE_BYTES", 1000)
     outputs, error = turn(session, ask("What is it?", str(big)))
     assert "larger than the" in error
 
 
 def test_a_large_image_within_the_limits_is_downscaled_at_load(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine.media, "LOAD_PIXELS", 100 * 100)
+    monkeypatch.setattr(kv_arena.media, "LOAD_PIXELS", 100 * 100)
     path = tmp_path / "wide.png"
     make_image(4, (400, 100)).save(path)
-    image = engine.media.load_image(str(path))
+    image = kv_arena.media.load_image(str(path))
     assert image.size == (200, 50)  # the aspect ratio kept, at most LOAD_PIXELS
 
 
@@ -335,7 +335,7 @@ def test_overlay_shades_dropped_tokens():
 
 
 def test_projection_at_real_scale_is_plain_arithmetic_on_the_configs():
-    from engine.service import at_scale
+    from kv_arena.service import at_scale
 
     arch = next(a for a in at_scale.architectures() if a.name == "Qwen/Qwen2-VL-2B-Instruct")
     assert arch.bytes_per_token == 2 * 28 * 2 * 128 * 2  # 28 KiB, as the About tab says

@@ -25,11 +25,11 @@ from gradio_client import Client, handle_file
 from components import chat, settings
 from components.compare import SLOTS
 from components.chat import NEW_CONVERSATION, NOT_ANSWERED, transcript
-from engine import service
-from engine.errors import UserError
-from engine.runtime.generate import Conversation
-from engine.service import sessions, uploads
-from engine.service.store import media_store
+from kv_arena import service
+from kv_arena.errors import UserError
+from kv_arena.runtime.generate import Conversation
+from kv_arena.service import sessions, uploads
+from kv_arena.service.store import media_store
 from tests.app_support import MODEL, ask, config
 from tests.support import make_image, write_mjpeg_avi
 from tests.test_app_client import controls, free_port, send
@@ -171,7 +171,7 @@ def test_a_16_frame_4000_px_video_is_refused_before_decoding(url, tmp_path):
 def test_the_budget_is_one_for_images_and_frames_together(tmp_path):
     """Four 4800 x 4800 images (92 M pixels) pass, so does a video of 8 frames at 1000 x 1000 (8 M):
     together they are refused. Sizes come from the headers (AVI, MP4), nothing is decoded."""
-    from engine.media import check_decoded_pixels, decoded_pixels, video_size
+    from kv_arena.media import check_decoded_pixels, decoded_pixels, video_size
 
     images = []
     for i in range(4):
@@ -195,7 +195,7 @@ def test_a_video_that_decodes_larger_than_its_header_says_is_held_to_the_budget(
     other fifteen are never decoded."""
     import struct
 
-    from engine.media import decoded_pixels, load_video
+    from kv_arena.media import decoded_pixels, load_video
 
     video = tmp_path / "liar.avi"
     write_mjpeg_avi(video, [Image.new("RGB", (3000, 3000), "teal")] * 16, 1)
@@ -396,7 +396,7 @@ def test_an_upload_no_session_takes_is_gone_after_the_idle_time(url, monkeypatch
 
 
 def test_store_folders_of_dead_sessions_are_swept_at_start(tmp_path, monkeypatch):
-    from engine.service import store
+    from kv_arena.service import store
 
     dead = tmp_path / ("ab" * 16)
     dead.mkdir()
@@ -413,7 +413,7 @@ def test_store_folders_of_dead_sessions_are_swept_at_start(tmp_path, monkeypatch
 def test_a_client_that_cancels_mid_prefill_stops_it(url, tmp_path, monkeypatch):
     """Through the queue: the client's cancel reaches the streamed prefill at its next chunk (a
     prefill that never hands control back would run all 30 chunks, 6 s, whatever the client did)."""
-    from engine.service.streamed import FRAMES_PER_CHUNK
+    from kv_arena.service.streamed import FRAMES_PER_CHUNK
 
     fed = []
     real = Conversation.prefill_chunk

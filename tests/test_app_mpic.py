@@ -9,9 +9,9 @@ import pytest
 from tests.app_support import MODEL, ask, turn
 
 from components import chat, media_library, overlay
-from engine import service
-from engine.mpic.kv_store import KVStore
-from engine.service import store as service_store
+from kv_arena import service
+from kv_arena.mpic.kv_store import KVStore
+from kv_arena.service import store as service_store
 
 
 @pytest.fixture

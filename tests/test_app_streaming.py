@@ -13,10 +13,10 @@ from tests.app_support import MODEL, ask, config, turn
 from tests.support import make_video
 
 from components import chat, plots, settings
-from engine import service
-from engine.errors import UserError
-from engine.media import write_avi
-from engine.service import streamed
+from kv_arena import service
+from kv_arena.errors import UserError
+from kv_arena.media import write_avi
+from kv_arena.service import streamed
 
 CHUNK_FRAMES = 2  # one temporal group of tiny-qwen2-vl: 16 visual tokens
 CAP_BYTES = 80 * 2048  # 80 tokens of tiny-qwen2-vl (2 KiB each, all layers)
@@ -122,7 +122,7 @@ def test_the_memory_figure_draws_chunks_before_the_answer_and_the_cap():
 
 
 def test_a_video_over_one_prompts_frames_is_decoded_as_it_streams_and_drawn_in_part(tmp_path, monkeypatch):
-    from engine.media import FramesOnDisk
+    from kv_arena.media import FramesOnDisk
 
     monkeypatch.setattr(streamed, "FRAMES_PER_CHUNK", 8)
     path = tmp_path / "forty.avi"

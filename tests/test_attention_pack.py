@@ -15,8 +15,8 @@ import backends
 from backends.attention_math import attention_probs, causal_attention
 from backends.attention_pack import AttentionPack, PackedLayer, block_ranks, factorise, fitted_rank
 from backends.rope import rotate, unrotate
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
 
 HEADS, DIM = 2, 32
 WIDTH = HEADS * DIM  # the tiny models' H_kv * D

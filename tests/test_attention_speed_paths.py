@@ -20,9 +20,9 @@ from backends.attention_math import (
     dense_segment,
 )
 from backends.base import AttentionCall
-from engine.bench import cli
-from engine.runtime.attention import ForwardRun
-from engine.runtime.cache import KVCache
+from kv_arena.bench import cli
+from kv_arena.runtime.attention import ForwardRun
+from kv_arena.runtime.cache import KVCache
 
 HEADS, KV_HEADS, DIM, SCALE = 6, 2, 8, 8 ** -0.5
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from engine.bench import cli
+from kv_arena.bench import cli
 
 
 def run_json(capsys, *argv):
@@ -85,7 +85,7 @@ def test_random_variants_have_the_real_shapes():
     """Shipped configs build the real architectures (on the meta device: no memory)."""
     import torch
 
-    from engine.runtime.models import MODELS, model_class, shipped_config
+    from kv_arena.runtime.models import MODELS, model_class, shipped_config
 
     expected = {"Qwen/Qwen2-VL-2B-Instruct": 2.21, "Qwen/Qwen2.5-VL-7B-Instruct": 8.29, "llava-hf/llava-1.5-7b-hf": 7.06,
                 "Qwen/Qwen3-VL-8B-Instruct": 8.77}
@@ -98,7 +98,7 @@ def test_random_variants_have_the_real_shapes():
 
 
 def test_stream_mode_holds_a_capped_method_under_the_cap_plus_one_chunk():
-    from engine.bench import stream
+    from kv_arena.bench import stream
 
     args = stream.parse_args(["--model", "tiny-qwen2-vl", "--frame-size", "56", "--frames-per-chunk", "4",
                               "--cap-mb", "0.1", "--decode-steps", "2", "--one", "infinipot_v:16"])
@@ -129,7 +129,7 @@ def test_stream_accuracy_answers_the_offline_models_videos_under_caps_against_th
 
 # --- spreads: every timed ratio comes with the range of its repeats -------------------------------
 def test_spread_pairs_each_repeat_with_its_reference_and_marks_a_range_across_one():
-    from engine.bench.common import UNSURE, Spread
+    from kv_arena.bench.common import UNSURE, Spread
 
     spread = Spread.paired([1.0, 3.0, 1.8], [2.0, 4.0, 2.0])  # 0.5, 0.75, 0.9
     assert (spread.median, spread.low, spread.high, spread.repeats) == (0.75, 0.5, 0.9, 3)
@@ -143,7 +143,7 @@ def test_spread_pairs_each_repeat_with_its_reference_and_marks_a_range_across_on
 
 
 def test_rounds_rotate_so_no_method_always_runs_first():
-    from engine.bench.common import rotated
+    from kv_arena.bench.common import rotated
 
     names = ["full", "a", "b"]
     assert [rotated(names, r)[0] for r in range(4)] == ["full", "a", "b", "full"]
@@ -154,7 +154,7 @@ def test_rows_print_as_they_are_measured(capsys):
     """A live table prints each row before the next one is measured (a long run shows progress)."""
     import argparse
 
-    from engine.bench.common import run_main
+    from kv_arena.bench.common import run_main
 
     seen_before = []
 
@@ -202,8 +202,8 @@ def test_decode_bench_reports_the_range_of_every_timed_ratio(capsys):
 
 
 def test_decode_table_marks_a_ratio_whose_range_crosses_one():
-    from engine.bench import decode
-    from engine.bench.common import UNSURE
+    from kv_arena.bench import decode
+    from kv_arena.bench.common import UNSURE
 
     row = {"model": "m", "layers": 1, "hidden_size": 8, "device": "cpu", "dtype": "float32", "threads": 1,
            "budget": 0.2, "repeats": 3, "steps": 2, "visual_tokens": 64, "kv_ratio": 1.0, "ideal": 1.0,
@@ -220,8 +220,8 @@ def test_decode_table_marks_a_ratio_whose_range_crosses_one():
 
 # --- MPIC: time to first token and its parts ------------------------------------------------------
 def test_vision_encoder_cuts_to_the_asked_depth():
-    from engine.errors import UserError
-    from engine.runtime.models import shipped_config, shrink_vision
+    from kv_arena.errors import UserError
+    from kv_arena.runtime.models import shipped_config, shrink_vision
 
     qwen = shipped_config("Qwen/Qwen2.5-VL-7B-Instruct")
     shrink_vision(qwen, 2)
@@ -236,12 +236,12 @@ def test_vision_encoder_cuts_to_the_asked_depth():
 
 
 def test_ttft_parts_add_up_and_linking_skips_the_vision_encoder(tmp_path):
-    from engine.bench.methods import synthetic_images
-    from engine.mpic.kv_store import KVStore
-    from engine.mpic.linking import ingest
-    from engine.mpic.ttft import time_prompt
-    from engine.runtime.inputs import Message
-    from engine.runtime.models import load_model
+    from kv_arena.bench.methods import synthetic_images
+    from kv_arena.mpic.kv_store import KVStore
+    from kv_arena.mpic.linking import ingest
+    from kv_arena.mpic.ttft import time_prompt
+    from kv_arena.runtime.inputs import Message
+    from kv_arena.runtime.models import load_model
 
     loaded = load_model("tiny-qwen2-vl")
     store = KVStore(str(tmp_path))
@@ -287,9 +287,9 @@ def test_mpic_bench_rejects_bad_input(capsys):
 def test_the_readmes_methods_table_is_the_registry():
     from pathlib import Path
 
-    from engine.bench.methods import methods_markdown
+    from kv_arena.bench.methods import methods_markdown
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("\n## Methods\n", 1)[1].split("\n## ", 1)[0]
     table = [line for line in section.splitlines() if line.startswith("|")]
-    assert table == methods_markdown().splitlines(), "regenerate it: python -m engine.bench --list --markdown"
+    assert table == methods_markdown().splitlines(), "regenerate it: python -m kv_arena.bench --list --markdown"

@@ -1,5 +1,5 @@
 """The README and docs/ as a newcomer pastes them: every command a page's ``bash`` blocks name exists
-and takes the flags it is given (``python -m engine.bench`` through its mode's own parser, a script
+and takes the flags it is given (``python -m kv_arena.bench`` through its mode's own parser, a script
 through its ``parse_args``, or each flag found in its source), every ``python`` block compiles, and
 every relative link leads to a file. Nothing is run here: the README's snippets run in
 test_app_client.py and test_hf_entry_point.py, docs/mcp.md's client in test_app_mcp.py."""
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench.cli import MODES
+from kv_arena.bench.cli import MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -45,19 +45,15 @@ def load_script(path: Path):
     spec = importlib.util.spec_from_file_location(f"doc_script_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
-    sys.path.insert(0, str(path.parent))  # as `python path` runs it: its own folder first
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(path.parent))
+    spec.loader.exec_module(module)
     return module
 
 
 def check_python(args: list[str]) -> None:
     """``python ...``: a module or script that exists and parses these flags."""
-    if args[:2] == ["-m", "engine.bench"]:
+    if args[:2] == ["-m", "kv_arena.bench"]:
         rest = args[2:]
-        module = "engine.bench.methods"
+        module = "kv_arena.bench.methods"
         if "--mode" in rest:
             i = rest.index("--mode")
             module, rest = MODES[rest[i + 1]], rest[:i] + rest[i + 2:]
@@ -65,15 +61,23 @@ def check_python(args: list[str]) -> None:
     elif args[:2] == ["-m", "pytest"]:
         for target in (a for a in args[2:] if not a.startswith("-")):
             assert (ROOT / target.split("::")[0]).exists(), target
+    elif args[0] == "-m":  # a module of the repository (training.*, tools.*)
+        module = importlib.import_module(args[1])
+        check_flags(module, Path(module.__file__).read_text(), args[1], args[2:])
     else:
         script = ROOT / args[0]
         assert script.is_file(), f"no {args[0]}"
         source = script.read_text()
-        if "def parse_args(" in source:
-            load_script(script).parse_args(args[1:])
-        else:
-            for flag in (a.split("=")[0] for a in args[1:] if a.startswith("--")):
-                assert f'"{flag}"' in source, f"{args[0]} takes no {flag}"
+        check_flags(load_script(script) if "def parse_args(" in source else None, source, args[0], args[1:])
+
+
+def check_flags(module, source: str, name: str, flags: list[str]) -> None:
+    """``flags`` parse (the module's ``parse_args``), or at least each is named in its source."""
+    if module is not None and hasattr(module, "parse_args"):
+        module.parse_args(flags)
+        return
+    for flag in (a.split("=")[0] for a in flags if a.startswith("--")):
+        assert f'"{flag}"' in source, f"{name} takes no {flag}"
 
 
 def check(words: list[str]) -> None:
@@ -117,5 +121,5 @@ def test_the_readme_stays_a_door_and_no_page_speaks_of_the_machine_s_other_work(
 
 
 def test_commands_are_found_as_pasted():
-    text = "```bash\nOMP_NUM_THREADS=1 python -m engine.bench --mode decode \\\n    --steps 4 [--json]   # note\n```\n"
-    assert commands(text) == [["python", "-m", "engine.bench", "--mode", "decode", "--steps", "4"]]
+    text = "```bash\nOMP_NUM_THREADS=1 python -m kv_arena.bench --mode decode \\\n    --steps 4 [--json]   # note\n```\n"
+    assert commands(text) == [["python", "-m", "kv_arena.bench", "--mode", "decode", "--steps", "4"]]

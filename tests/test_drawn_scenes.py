@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import backends
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import DEFAULT_SYSTEM, Message
-from engine.runtime.models import MODELS
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import DEFAULT_SYSTEM, Message
+from kv_arena.runtime.models import MODELS
 from tests.support import training_module
 
 scenes = training_module("drawn_scenes")
@@ -22,9 +22,9 @@ scenes = training_module("drawn_scenes")
 @pytest.fixture(scope="module")
 def v3():
     """A random-weight v3 model behind the app's own pieces (no trained weights needed)."""
-    from engine.runtime.attention import ATTENTION_NAME  # importing it registers the runtime's attention function
-    from engine.runtime.models import LoadedModel
-    from engine.runtime.vision_attention import VISION_ATTENTION_NAME
+    from kv_arena.runtime.attention import ATTENTION_NAME  # importing it registers the runtime's attention function
+    from kv_arena.runtime.models import LoadedModel
+    from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME
 
     model, adapter = training_module("train_arena_v3").arena_v3_model.build(3)
     model.eval().set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": VISION_ATTENTION_NAME})
@@ -132,7 +132,7 @@ def test_training_sees_exactly_the_apps_chat(v3, kind, monkeypatch):
 
 
 def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
-    from engine.tiny.arena_model import VERSION_KEY, bundled_version, load_arena_weights
+    from kv_arena.tiny.arena_model import VERSION_KEY, bundled_version, load_arena_weights
 
     train = training_module("train_arena_v3")
     small = ["--out", str(tmp_path), "--tokens", "400", "--max-batch", "2", "--eval-every", "1", "--eval-items", "1",

@@ -13,9 +13,9 @@ import pytest
 from tests.support import answer, make_image
 
 import backends
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
-from engine.runtime.models import load_model
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
+from kv_arena.runtime.models import load_model
 
 DECODE_TIME = ["elastic_cache", "h2o"]  # hold the budget while decoding
 PROMPT_TIME = ["vl_cache", "snapkv", "pyramidkv"]  # compress each prompt, then append

@@ -12,8 +12,8 @@ from tests.support import TINY_MODELS, make_image
 
 import backends
 from backends.base import KVBackend
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
 
 MESSAGE = Message("What is shown?", images=[make_image(0), make_image(1, (224, 224))])
 

@@ -11,8 +11,8 @@ from tests.support import attention_call, fill_layer, make_image
 import backends
 from backends.base import KVLayer
 from backends.h2o import H2O, ScoredLayer
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
 
 
 def test_h2o_keeps_recent_window_and_heaviest_per_kv_head():

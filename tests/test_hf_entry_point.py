@@ -1,4 +1,4 @@
-"""The public entry point (``engine.hf``): any method on a stock transformers model through its own
+"""The public entry point (``kv_arena.hf``): any method on a stock transformers model through its own
 ``generate``, token for token and byte for byte what the app's runtime gives, over two turns."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from tests.support import make_image, make_video
 
 import backends
 from backends.media_reuse import ReusesMedia
-from engine.hf import Chat, compress, save_offline
-from engine.runtime.attention import ATTENTION_NAME
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
-from engine.runtime.vision_attention import vision_attention
+from kv_arena.hf import Chat, compress, save_offline
+from kv_arena.runtime.attention import ATTENTION_NAME
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
+from kv_arena.runtime.vision_attention import vision_attention
 
 PLAIN = [name for name in backends.available() if not issubclass(backends.backend_class(name), ReusesMedia)]
 FIRST, SECOND = "What is shown?", "And the colours?"
@@ -91,7 +91,7 @@ def test_a_deprecated_keyword_in_our_call_fails_the_suite(models, restore):
     own call fails a test the day it is announced, not the day it is removed."""
     from transformers import DynamicCache
 
-    from engine.runtime.forward import cache_keyword
+    from kv_arena.runtime.forward import cache_keyword
 
     loaded = models("tiny-qwen2-vl")
     model, adapter = stock(loaded), loaded.adapter

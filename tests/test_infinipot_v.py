@@ -13,10 +13,10 @@ import backends
 from backends.base import KVLayer
 from backends.infinipot_v import room_target, select_entries, tar_scores, tar_share, van_scores
 from backends.layout import PromptLayout, VisualSpan
-from engine.errors import UserError
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
-from engine.runtime.streaming import bytes_per_token, feed_streaming, synthetic_video
+from kv_arena.errors import UserError
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
+from kv_arena.runtime.streaming import bytes_per_token, feed_streaming, synthetic_video
 from tests.support import attention_call, make_image
 
 

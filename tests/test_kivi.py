@@ -13,8 +13,8 @@ from tests.support import make_image
 import backends
 from backends.kivi import KIVI, KIVILayer, channel_group
 from backends.quant import unpack
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
 
 HEADS, DIM, G, R = 2, 64, 8, 16
 

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
-ALLOWED = ("components", "engine.service", "engine.errors")
+ALLOWED = ("components", "kv_arena.service", "kv_arena.errors")
 
 
 def test_app_imports_only_the_ui_and_the_engines_facade():
@@ -17,6 +17,6 @@ def test_app_imports_only_the_ui_and_the_engines_facade():
             imported += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported += [f"{node.module}.{alias.name}" for alias in node.names]
-    ours = [name for name in imported if name.split(".")[0] in ("components", "engine", "backends")]
+    ours = [name for name in imported if name.split(".")[0] in ("components", "kv_arena", "backends")]
     outside = [name for name in ours if not any(name == a or name.startswith(a + ".") for a in ALLOWED)]
     assert ours and not outside, outside

@@ -13,10 +13,10 @@ from tests.support import make_image, make_video
 
 import backends
 from backends.mpic import shift_keys
-from engine.mpic.kv_store import KVStore
-from engine.mpic.linking import Linker, ingest, media_key
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
+from kv_arena.mpic.kv_store import KVStore
+from kv_arena.mpic.linking import Linker, ingest, media_key
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
 
 QUESTION = "Which colours dominate these pictures?"
 
@@ -276,7 +276,7 @@ def test_content_key_ignores_the_file_name(tmp_path):
     a, b = tmp_path / "a.png", tmp_path / "b.png"
     image.save(a)
     image.save(b)
-    from engine.media import load_image
+    from kv_arena.media import load_image
 
     assert media_key(load_image(str(a))) == media_key(load_image(str(b))) == media_key(image)
     assert media_key(make_image(4)) != media_key(image)

@@ -21,17 +21,17 @@ from tests.app_support import MODEL, ask, turn
 from tests.support import make_image
 
 import backends
-from engine import service
-from engine.media import load_image
-from engine.bench.valkey_server import LocalServer, free_port, server_binary
-from engine.mpic.kv_store import CorruptEntry, KVStore
-from engine.mpic.linking import Linker, ingest, media_key
-from engine.mpic.server_store import META, PUBLIC_SALT, ServerStore
-from engine.mpic.store_api import MediaStore
-from engine.mpic.ttft import time_prompt
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
-from engine.service import store as service_store
+from kv_arena import service
+from kv_arena.media import load_image
+from kv_arena.bench.valkey_server import LocalServer, free_port, server_binary
+from kv_arena.mpic.kv_store import CorruptEntry, KVStore
+from kv_arena.mpic.linking import Linker, ingest, media_key
+from kv_arena.mpic.server_store import META, PUBLIC_SALT, ServerStore
+from kv_arena.mpic.store_api import MediaStore
+from kv_arena.mpic.ttft import time_prompt
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
+from kv_arena.service import store as service_store
 
 pytestmark = pytest.mark.skipif(server_binary() is None, reason="no valkey-server or redis-server installed "
                                 "(apt-get install redis-server; .ci/run installs it)")
@@ -161,10 +161,8 @@ def test_public_examples_are_shared_across_tenants_only_when_enabled(fresh):
 
 
 FIRST_APP = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, {root!r})
-    from engine import service
-    from engine.service.store import media_store
+    from kv_arena import service
+    from kv_arena.service.store import media_store
     from tests.app_support import ask, turn
     session = service.Session()
     service.track(session, None, "alice")  # the browser's cookie: the same on every replica
@@ -180,7 +178,7 @@ def stored_by_another_process(server, media, tmp_path_factory):
     """A first app process, its own local store, stored the image on the server for client alice."""
     server.client().flushall()
     env = dict(os.environ, KV_ARENA_KV_STORE_URL=server.url, KV_ARENA_KV_STORE=str(tmp_path_factory.mktemp("first")))
-    done = subprocess.run([sys.executable, "-c", FIRST_APP.format(root=str(ROOT), image=media["image"])],
+    done = subprocess.run([sys.executable, "-c", FIRST_APP.format(image=media["image"])],
                           env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[True]"
@@ -258,7 +256,7 @@ def test_a_server_killed_mid_turn_leaves_the_answer_correct(models, tmp_path, me
 
 
 def test_the_mpic_bench_times_images_stored_on_the_server_by_another_process(server, capsys):
-    from engine.bench import cli
+    from kv_arena.bench import cli
 
     code = cli.main(["--mode", "mpic", "--model", "tiny-qwen2-vl", "--counts", "1", "--k", "4", "--image-size", "224",
                      "--repeats", "2", "--vision-layers", "1", "--store-url", server.url, "--json"])

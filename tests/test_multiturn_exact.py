@@ -9,9 +9,9 @@ import torch
 from tests.support import TINY_MODELS, make_image
 
 import backends
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import DEFAULT_SYSTEM, Message
-from engine.runtime.models import load_model
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import DEFAULT_SYSTEM, Message
+from kv_arena.runtime.models import load_model
 
 NEW_TOKENS = 8
 

@@ -17,10 +17,10 @@ import backends
 from backends.attention_math import causal_attention
 from backends.base import Report
 from backends.descriptions import describe
-from engine.errors import UserError
-from engine.media import load_image, load_video
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
+from kv_arena.errors import UserError
+from kv_arena.media import load_image, load_video
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -231,7 +231,7 @@ def test_prompt_longer_than_the_context_is_refused(models, monkeypatch):
 
 
 def test_bad_method_budget_and_model_names():
-    from engine.runtime.models import load_model
+    from kv_arena.runtime.models import load_model
 
     with pytest.raises(ValueError, match="unknown method"):
         backends.make_backend("nope")

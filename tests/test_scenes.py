@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.errors import UserError
-from engine.media import load_video, write_avi
-from engine.runtime.generate import agreement
-from engine.service import at_scale, scenes
-from engine.service.inputs import prepare
+from kv_arena.errors import UserError
+from kv_arena.media import load_video, write_avi
+from kv_arena.runtime.generate import agreement
+from kv_arena.service import at_scale, scenes
+from kv_arena.service.inputs import prepare
 
 
 def test_examples_have_a_follow_up_about_another_object_and_known_answers():

@@ -1,4 +1,4 @@
-"""Streaming prefill (engine/runtime/streaming.py): a turn's media fed a few frames at a time gives
+"""Streaming prefill (kv_arena/runtime/streaming.py): a turn's media fed a few frames at a time gives
 the one-shot prefill's cache and logits when nothing is evicted, and a capped method holds the
 cache under its cap plus one chunk."""
 
@@ -12,10 +12,10 @@ from tests.support import TINY_MODELS, make_image, make_video
 STREAMING_MODELS = [name for name in TINY_MODELS if name != "tiny-qwen3-vl"]
 
 import backends
-from engine.errors import UserError
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
-from engine.runtime.streaming import feed_streaming, synthetic_video
+from kv_arena.errors import UserError
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
+from kv_arena.runtime.streaming import feed_streaming, synthetic_video
 
 
 def one_shot_and_streamed(loaded, message: Message, frames_per_chunk: int):
@@ -92,7 +92,7 @@ def test_the_full_cache_grows_with_the_video_and_a_cap_is_refused_to_a_method_th
 
 
 def test_a_video_that_cannot_stream_is_refused(models):
-    from engine.errors import UserError
+    from kv_arena.errors import UserError
 
     conv = Conversation(models("tiny-qwen3-vl"), backends.make_backend("full"))
     with pytest.raises(UserError, match="cannot stream a video in parts"):
@@ -107,7 +107,7 @@ def test_a_video_decoded_as_it_streams_equals_the_decoded_video(models, name, tm
 
     import numpy as np
 
-    from engine.media import FramesOnDisk, load_video, write_avi
+    from kv_arena.media import FramesOnDisk, load_video, write_avi
 
     path = tmp_path / "clip.avi"
     write_avi(path, make_video(5, frames=10, size=56).frames, fps=2)

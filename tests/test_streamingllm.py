@@ -11,8 +11,8 @@ from tests.support import make_image
 
 import backends
 from backends.base import KVBackend
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
 
 
 class MaskedStreaming(KVBackend):

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import backends
-from engine.bench import cli
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
-from engine.runtime.models import MODELS, load_model
+from kv_arena.bench import cli
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
+from kv_arena.runtime.models import MODELS, load_model
 from tests.support import training_module
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -30,7 +30,7 @@ def test_bundled_model_is_registered_and_shipped():
 
 
 def test_answers_are_judged_whole():
-    from engine.bench.accuracy import judge
+    from kv_arena.bench.accuracy import judge
 
     assert judge("Blue.", "blue").right and judge(" red  Star!", "red star").right
     assert not judge("", "red").right and not judge("The red one", "red").right and not judge("12", "1").right
@@ -40,7 +40,7 @@ def test_answers_are_judged_whole():
 
 
 def test_wilson_interval():
-    from engine.bench.accuracy import wilson
+    from kv_arena.bench.accuracy import wilson
 
     lo, hi = wilson(190, 200)
     assert 0.90 < lo < 0.95 < hi < 0.98
@@ -61,10 +61,10 @@ def random_arena():
     """A random-weight tiny-arena-vl behind the app's own pieces (no bundle needed)."""
     import torch
 
-    from engine.runtime.attention import ATTENTION_NAME  # importing it registers the runtime's attention function
-    from engine.runtime.inputs import QwenVLAdapter
-    from engine.runtime.models import LoadedModel
-    from engine.tiny.arena_model import arena_image_processor, build_arena_model, tokenizer
+    from kv_arena.runtime.attention import ATTENTION_NAME  # importing it registers the runtime's attention function
+    from kv_arena.runtime.inputs import QwenVLAdapter
+    from kv_arena.runtime.models import LoadedModel
+    from kv_arena.tiny.arena_model import arena_image_processor, build_arena_model, tokenizer
 
     model = build_arena_model(3).eval()
     model.set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": "sdpa"})
@@ -76,7 +76,7 @@ def random_arena():
 def test_scenes_are_seeded_mostly_background_and_name_their_tokens(kind, seed):
     import numpy as np
 
-    from engine.tiny.arena_scenes import BIG, SMALL, cell_pixels, item
+    from kv_arena.tiny.arena_scenes import BIG, SMALL, cell_pixels, item
 
     it, again = item(seed, kind, 3), item(seed, kind, 3)
     assert it.turns == again.turns and (it.frames() == again.frames()).all()
@@ -103,8 +103,8 @@ def test_scenes_are_seeded_mostly_background_and_name_their_tokens(kind, seed):
 
 
 def test_prompt_is_mostly_visual_and_every_answer_is_one_token(random_arena):
-    from engine.runtime.inputs import DEFAULT_SYSTEM
-    from engine.tiny.arena_scenes import COLOURS, SHAPES, held_out
+    from kv_arena.runtime.inputs import DEFAULT_SYSTEM
+    from kv_arena.tiny.arena_scenes import COLOURS, SHAPES, held_out
 
     adapter = random_arena.adapter
     assert all(len(adapter.tokens(word)) == 1 for word in list(COLOURS) + list(SHAPES))
@@ -123,9 +123,9 @@ def test_training_sees_exactly_the_apps_chat(random_arena, kind, monkeypatch):
     import numpy as np
     import torch
 
-    from engine.bench.accuracy import drop_visual
-    from engine.runtime.attention import ATTENTION_NAME
-    from engine.tiny.arena_scenes import item
+    from kv_arena.bench.accuracy import drop_visual
+    from kv_arena.runtime.attention import ATTENTION_NAME
+    from kv_arena.tiny.arena_scenes import item
 
     train = training_module("train_arena")
     batcher = train.Batcher(random_arena.model, random_arena.adapter)
@@ -162,7 +162,7 @@ def test_training_sees_exactly_the_apps_chat(random_arena, kind, monkeypatch):
 
 
 def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
-    from engine.tiny.arena_model import VERSION_KEY, build_arena_model, load_arena_weights
+    from kv_arena.tiny.arena_model import VERSION_KEY, build_arena_model, load_arena_weights
 
     train = training_module("train_arena")
     small = ["--out", str(tmp_path), "--batch", "4", "--eval-every", "1", "--eval-items", "2", "--reveal", "1,1,2",
@@ -182,8 +182,8 @@ def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
 
 def test_a_folder_of_another_generation_is_refused(tmp_path, monkeypatch):
     """A run of a generation in training (v3's, in KV_ARENA_TINY_DIR) is not served: an error says so."""
-    from engine.errors import UserError
-    from engine.tiny.arena_model import VERSION_KEY
+    from kv_arena.errors import UserError
+    from kv_arena.tiny.arena_model import VERSION_KEY
 
     (tmp_path / "config.json").write_text(json.dumps({VERSION_KEY: 3}))
     monkeypatch.setenv("KV_ARENA_TINY_DIR", str(tmp_path))
@@ -219,8 +219,8 @@ def test_accuracy_bench_smoke(tmp_path, capsys):
 
 def test_known_answers_first_and_follow_up(arena):
     """A handful of held-out two-turn chats of every type, full cache, as a user asks them."""
-    from engine.bench.accuracy import chat
-    from engine.tiny.arena_scenes import QUESTION_TYPES, held_out
+    from kv_arena.bench.accuracy import chat
+    from kv_arena.tiny.arena_scenes import QUESTION_TYPES, held_out
 
     for kind in QUESTION_TYPES:
         right = [[v.right for v in chat(arena, backends.make_backend("full"), it)[0]] for it in held_out(kind, 5, turns=2)]
@@ -229,8 +229,8 @@ def test_known_answers_first_and_follow_up(arena):
 
 def test_examples_are_answered(arena):
     """The app's clickable examples (service.ARENA_EXAMPLES, files drawn by assets/make_examples.py)."""
-    from engine.service import ARENA_EXAMPLES
-    from engine.tiny.arena_scenes import examples
+    from kv_arena.service import ARENA_EXAMPLES
+    from kv_arena.tiny.arena_scenes import examples
 
     expected = {it.question.text: it.question.answer for it, _ in examples().values()}
     for text, files in ARENA_EXAMPLES:
@@ -244,7 +244,7 @@ def test_is_the_offline_default_and_says_what_it_answers(monkeypatch):
     import torch
 
     from components import about, settings
-    from engine import service
+    from kv_arena import service
 
     monkeypatch.delenv("KV_ARENA_MODEL", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

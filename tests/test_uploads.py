@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from tests.support import make_image
 
-from engine.errors import UserError
-from engine.service import uploads
+from kv_arena.errors import UserError
+from kv_arena.service import uploads
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The Qwen-VL vision towers' attention (engine/runtime/vision_attention.py): one SDPA call per
+"""The Qwen-VL vision towers' attention (kv_arena/runtime/vision_attention.py): one SDPA call per
 window length gives what transformers' per-window loop gives, forward and backward."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from tests.support import TINY_MODELS, make_image, make_video
 
-from engine.runtime.inputs import Message
-from engine.runtime.models import load_model
-from engine.runtime.vision_attention import VISION_ATTENTION_NAME, windowed_sdpa
+from kv_arena.runtime.inputs import Message
+from kv_arena.runtime.models import load_model
+from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME, windowed_sdpa
 
 
 def per_window(query, key, value, bounds):

@@ -19,8 +19,8 @@ from backends.vl_cache import (
     post_vision_statistics,
     threshold_sparsity,
 )
-from engine.runtime.inputs import Message
-from engine.runtime.models import load_model
+from kv_arena.runtime.inputs import Message
+from kv_arena.runtime.models import load_model
 
 
 PROMPT = "Describe the image."

@@ -24,10 +24,10 @@ import torch
 from tests.support import make_image
 
 import backends
-from engine import service
-from engine.runtime.generate import Conversation, ConversationState
-from engine.runtime.models import LoadedModel
-from engine.service import zerogpu
+from kv_arena import service
+from kv_arena.runtime.generate import Conversation, ConversationState
+from kv_arena.runtime.models import LoadedModel
+from kv_arena.service import zerogpu
 
 MODEL = "tiny-qwen2-vl"
 FORK = multiprocessing.get_context("fork")

@@ -15,9 +15,9 @@ from backends.base import AttentionCall
 from backends.descriptions import describe
 from backends.quant import FULL_BITS, pack, quantize, unpack
 from backends.zipvl import ZipVL, ZipVLLayer, adaptive_count, important_mask, probe_rows
-from engine.runtime.generate import Conversation
-from engine.runtime.inputs import Message
-from engine.runtime.models import load_model
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import Message
+from kv_arena.runtime.models import load_model
 
 HEADS, DIM = 2, 32
 
@@ -222,7 +222,7 @@ def test_generated_tokens_are_quantised_every_period(models):
 
 
 def test_multi_turn_and_the_overlay_shows_the_important_tokens(models):
-    from engine.service import Prepared, kept_visuals
+    from kv_arena.service import Prepared, kept_visuals
 
     loaded = models("tiny-qwen2-vl")
     conv = Conversation(loaded, backends.make_backend("zipvl", tau=0.9))
@@ -263,7 +263,7 @@ def test_tau_is_a_named_parameter_and_the_budget_is_not_used():
 def test_prefill_bench_runs_at_a_tiny_size(capsys):
     import json
 
-    from engine.bench import cli
+    from kv_arena.bench import cli
 
     code = cli.main(["--mode", "prefill", "--model", "random:Qwen/Qwen2-VL-2B-Instruct", "--num-layers", "1",
                        "--visual-tokens", "256", "--budget", "0.975,0.5", "--repeats", "1", "--json"])

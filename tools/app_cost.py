@@ -7,12 +7,12 @@ row asks a follow-up with the method switched (the history sent back as /chat re
 new method's re-read of the conversation, as the chat's switch line reports it, is its own column
 and counts as model time.
 
-    python tools/app_cost.py                      # starts the app in this process (offline model)
-    python tools/app_cost.py --url http://127.0.0.1:7860/ --repeats 5
+    python -m tools.app_cost                      # starts the app in this process (offline model)
+    python -m tools.app_cost --url http://127.0.0.1:7860/ --repeats 5
 
 Each repeat asks one example question as a new conversation (a new client: a new session, so the
 full-cache reference is computed again, as for a new visitor); the first call of each endpoint is
-a warm-up and not counted. Medians over ``--repeats``. Lives outside ``engine/`` because it
+a warm-up and not counted. Medians over ``--repeats``. Lives outside ``kv_arena/`` because it
 drives the UI (the engine never imports gradio). Exit code 2 and one line for bad input.
 """
 
@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 MODEL_TIME = re.compile(r"model time ([\d.]+) s(?: \+ ([\d.]+) s for the full-cache reference)?")
 REREAD = re.compile(r"re-read the \d+ turns? above \(\d+ tokens, ([\d.]+) s\)")
@@ -95,7 +94,7 @@ def switch_once(url: str, model: str, method: str, budget: float, text: str, the
     full cache, in a fresh session: the conversation switched, re-read by ``method`` first."""
     from gradio_client import Client, handle_file
 
-    from engine import service
+    from kv_arena import service
 
     client = Client(url, verbose=False, download_files=False)
     first = client.predict(message={"text": text, "files": [handle_file(f) for f in files]}, history=[],
@@ -147,7 +146,7 @@ def main(argv=None) -> int:
     if args.repeats < 1 or not 0 < args.budget <= 1:
         print("error: --repeats must be at least 1 and --budget in (0, 1]", file=sys.stderr)
         return 2
-    from engine import service
+    from kv_arena import service
 
     scene = service.scene_examples()[0] if service.is_trained_here(args.model) else None
     text, then, files = ((scene.questions[0], scene.questions[-1], list(scene.files)) if scene else

@@ -5,12 +5,12 @@ chunks, the cap, the most KV held while a chunk went in, the KV held after the a
 token's time), the server's resident memory before the call and at most during it, the call's wall time,
 and the answer against the true one. Each method runs in an app of its own, started for it.
 
-    python tools/long_video.py                                  # 10 min at 1 fps, full and InfiniPot-V, 1 MB
-    python tools/long_video.py --methods full,infinipot_v,streamingllm,snapkv --cap-mb 1
+    python -m tools.long_video                                  # 10 min at 1 fps, full and InfiniPot-V, 1 MB
+    python -m tools.long_video --methods full,infinipot_v,streamingllm,snapkv --cap-mb 1
 
 The video is the bundled model's own held-out "moving" scene (its generation's scenes module: one
 object moves, the others stay), each of its frames held for an equal share of ``--minutes``, written
-at ``--fps`` as an uncompressed AVI (``engine.media.write_avi``); the app samples ``--fps`` x 60 x
+at ``--fps`` as an uncompressed AVI (``kv_arena.media.write_avi``); the app samples ``--fps`` x 60 x
 ``--minutes`` frames from it (every frame), streams them 8 a chunk, and each method answers in a
 new session. The full cache streams without a cap (the reference: its KV grows with the video).
 
@@ -18,7 +18,7 @@ Memory is the app server's own (a separate process, ``/proc/PID/status``): its r
 the call and its peak during it (``VmHWM``, reset before each call through ``/proc/PID/clear_refs``
 on Linux). For scale, the tool also decodes the clip whole in its own process, as the app did before
 it decoded a long video a chunk at a time, and prints what that took. Exit code 2 and one line for
-bad input. Lives outside ``engine/``: it drives the UI.
+bad input. Lives outside ``kv_arena/``: it drives the UI.
 """
 
 from __future__ import annotations
@@ -32,10 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from tools.app_cost import free_port
 
-from app_cost import free_port  # noqa: E402 - tools/ is the script's own folder
+ROOT = Path(__file__).resolve().parents[1]
 
 MB = 2**20
 STATUS = {  # what the chat's status line says, as it says it
@@ -63,8 +62,8 @@ def draw_video(path: Path, minutes: float, fps: int, seed: int) -> tuple[str, st
     """The bundled model's held-out moving scene slowed to ``minutes``: (question, answer, frames)."""
     import numpy as np
 
-    from engine.media import write_avi
-    from engine.tiny import arena_scenes
+    from kv_arena.media import write_avi
+    from kv_arena.tiny import arena_scenes
 
     item = arena_scenes.held_out("moving", seed + 1)[seed]
     drawn = item.frames()
@@ -135,7 +134,7 @@ def text_of(content) -> str:
 
 def decoded_whole(video: Path, frames: int) -> tuple[int, int]:
     """(bytes of the frames, growth of this process's resident set) when the clip is decoded at once."""
-    from engine.media import load_video
+    from kv_arena.media import load_video
 
     before = resident(os.getpid(), "VmRSS")
     clip = load_video(str(video), frames)
@@ -156,7 +155,7 @@ def main(argv=None) -> int:
 
 
 def measure(args, methods: list[str], folder: Path) -> int:
-    from engine.bench.accuracy import is_right
+    from kv_arena.bench.accuracy import is_right
 
     video = folder / "long_video.avi"
     question, truth, frames = draw_video(video, args.minutes, args.fps, args.seed)

@@ -1,14 +1,14 @@
-"""tiny-arena-vl generation 3, in training: v2's model (engine/tiny/arena_model.py) with the
+"""tiny-arena-vl generation 3, in training: v2's model (kv_arena/tiny/arena_model.py) with the
 vocabulary of the drawings (drawn_scenes.py, beside this file) and a vision tower that reads them.
 It moves into the engine when its weights ship; until then the app refuses its runs' folders.
 """
 
 from __future__ import annotations
 
-from engine.runtime.inputs import QwenVLAdapter
-from engine.tiny import arena_model
+from kv_arena.runtime.inputs import QwenVLAdapter
+from kv_arena.tiny import arena_model
 
-import drawn_scenes as scenes
+from . import drawn_scenes as scenes
 
 VERSION = 3  # config.json's arena_version
 

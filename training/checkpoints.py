@@ -6,19 +6,15 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from engine.runtime.inputs import QwenVLAdapter  # noqa: E402
-from engine.runtime.vision_attention import VISION_ATTENTION_NAME  # noqa: E402
-from engine.tiny.arena_model import WEIGHTS, arena_image_processor, build_arena_model, tokenizer  # noqa: E402
+from kv_arena.runtime.inputs import QwenVLAdapter
+from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME
+from kv_arena.tiny.arena_model import WEIGHTS, arena_image_processor, build_arena_model, tokenizer
 
 
 def lr_at(step: int, end: int, peak: float, warmup: int = 200) -> float:
@@ -103,7 +99,7 @@ def resume(model, optimizer, out: Path, fresh: bool) -> tuple[int, list, float]:
     the start time is moved back by the minutes trained so far, so the curve counts the whole training."""
     if fresh or not (out / "optimizer.pt").exists():
         return 0, [], time.time()
-    from engine.tiny.arena_model import load_arena_weights
+    from kv_arena.tiny.arena_model import load_arena_weights
 
     load_arena_weights(model, out)
     return resume_progress(optimizer, out)

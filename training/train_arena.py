@@ -1,6 +1,6 @@
-"""Train tiny-arena-vl on the mostly-background scenes, image sets and videos of engine/tiny/arena_scenes.py.
+"""Train tiny-arena-vl on the mostly-background scenes, image sets and videos of kv_arena/tiny/arena_scenes.py.
 
-    python training/train_arena.py --stop-at 2750 --threads 1
+    python -m training.train_arena --stop-at 2750 --threads 1
 
 (the shipped run's command, about 1 h on a 2-core CPU; it writes runs/tiny-arena-vl, whose
 config.json and model.safetensors are then copied into assets/tiny-arena-vl.)
@@ -12,7 +12,7 @@ chat, and the three probes (see evaluate), to the log and to training_curve.json
 
 The prompts are exactly the app's: the QwenVLAdapter's chat markers, the default system prompt, the
 media's placeholder tokens and M-RoPE positions (model.get_rope_index, as the adapter calls it), and
-a follow-up turn opened by the previous answer's end-of-turn token, as engine/runtime/generate.py feeds it
+a follow-up turn opened by the previous answer's end-of-turn token, as kv_arena/runtime/generate.py feeds it
 (tests/test_tiny_vlm.py checks the tokens and positions against a real Conversation).
 
 What the first generation (3x3 boards, nine visual tokens, dropped) taught, reused here:
@@ -40,16 +40,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "training"))
+from kv_arena.tiny.arena_scenes import CELL, MAX_TURNS, QUESTION_TYPES, SMALL, held_out, item
+from kv_arena.tiny.scene_items import Item
+from kv_arena.runtime.inputs import DEFAULT_SYSTEM, QwenVLAdapter
+from .answer_loss import answer_loss, hidden_mask, padded
+from .checkpoints import lr_at, record, resume, setup, update
+from .curriculum import add_reveal_arg, hide_for_training, reveal
 
-from engine.tiny.arena_scenes import CELL, MAX_TURNS, QUESTION_TYPES, SMALL, held_out, item  # noqa: E402
-from engine.tiny.scene_items import Item  # noqa: E402
-from engine.runtime.inputs import DEFAULT_SYSTEM, QwenVLAdapter  # noqa: E402
-from answer_loss import answer_loss, hidden_mask, padded  # noqa: E402
-from checkpoints import lr_at, record, resume, setup, update  # noqa: E402
-from curriculum import add_reveal_arg, hide_for_training, reveal  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -139,7 +137,7 @@ class Batcher:
     def _fill(self, keys: list[tuple]) -> None:
         """Merger inputs of new cell contents: laid out SMALL x SMALL as a two-frame video, run through
         the (frozen) tower up to the merger."""
-        from engine.tiny.arena_scenes import cell_pixels
+        from kv_arena.tiny.arena_scenes import cell_pixels
 
         per = SMALL * SMALL
         for start in range(0, len(keys), per):
@@ -169,7 +167,7 @@ class Batcher:
 
     def check(self, it: Item) -> None:
         """The lookup equals running the vision tower on the item's media the app's way."""
-        from engine.runtime.inputs import Message
+        from kv_arena.runtime.inputs import Message
 
         out = self.adapter.encode_turn(Message(it.question.text, **it.media()), 0, 0, DEFAULT_SYSTEM)
         kw = out.model_kwargs

@@ -1,6 +1,6 @@
 """Train tiny-arena-vl v3 on the drawings of training/drawn_scenes.py.
 
-    python training/train_arena_v3.py --threads 1          # writes runs/tiny-arena-vl-v3
+    python -m training.train_arena_v3 --threads 1          # writes runs/tiny-arena-vl-v3
 
 Seeded and resumable like v2's script: every batch is drawn from (--seed, step), and a run stopped
 at any point and rerun with the same flags goes on from the last checkpoint in --out exactly as it
@@ -49,18 +49,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "training"))
+from kv_arena.runtime.inputs import DEFAULT_SYSTEM, Message, QwenVLAdapter
+from kv_arena.tiny.scene_items import Item
+from . import arena_v3_model
+from . import checkpoints
+from . import drawn_scenes as scenes
+from .answer_loss import answer_loss, hidden_mask, padded
+from .checkpoints import lr_at, record, resume, update
+from .curriculum import add_reveal_arg, hide_for_training, reveal
 
-from engine.runtime.inputs import DEFAULT_SYSTEM, Message, QwenVLAdapter  # noqa: E402
-from engine.tiny.scene_items import Item  # noqa: E402
-import arena_v3_model  # noqa: E402
-import checkpoints  # noqa: E402
-import drawn_scenes as scenes  # noqa: E402
-from answer_loss import answer_loss, hidden_mask, padded  # noqa: E402
-from checkpoints import lr_at, record, resume, update  # noqa: E402
-from curriculum import add_reveal_arg, hide_for_training, reveal  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass
 class Sequence:
@@ -211,7 +209,7 @@ def setup(args):
     --eyes (stage 2): the tower trained by train_arena_v3_eyes.py, loaded and frozen whole."""
     if not args.eyes:
         return checkpoints.setup(args, arena_v3_model.build, ("merger", "patch_embed"), args.vision_lr_scale)
-    from train_arena_v3_eyes import load_eyes
+    from .train_arena_v3_eyes import load_eyes
 
     model, adapter, params, optimizer = checkpoints.setup(args, arena_v3_model.build, (), 0.0)
     tower, _ = load_eyes(Path(args.eyes))

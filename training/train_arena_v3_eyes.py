@@ -1,6 +1,6 @@
 """Stage 1 of tiny-arena-vl v3: teach the vision tower to see, before any question is asked.
 
-    python training/train_arena_v3_eyes.py --threads 1     # writes runs/tiny-arena-vl-v3-eyes
+    python -m training.train_arena_v3_eyes --threads 1     # writes runs/tiny-arena-vl-v3-eyes
 
 Every end-to-end run of v3 left shape at chance: a loss on a few answer words is far too weak a
 signal to teach a tower what a triangle is. Here the tower (patch embedding, blocks, merger) learns
@@ -35,14 +35,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from kv_arena.runtime.inputs import QwenVLAdapter
+from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME
+from . import arena_v3_model
+from . import checkpoints
+from . import drawn_scenes as scenes
 
-from engine.runtime.inputs import QwenVLAdapter  # noqa: E402
-from engine.runtime.vision_attention import VISION_ATTENTION_NAME  # noqa: E402
-import arena_v3_model  # noqa: E402  (this and the next two: beside this script)
-import checkpoints  # noqa: E402
-import drawn_scenes as scenes  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 BACKGROUND = 0  # class 0 of each head; shapes and colours follow in drawn_scenes' order
 SHAPES, COLOURS = scenes.SHAPES, tuple(scenes.COLOURS)
 SIZE_BINS = ((0.0, 1.0, "under 1 cell"), (1.0, 1.5, "1-1.5 cells"), (1.5, 99.0, "1.5 cells and up"))

@@ -1,0 +1,8 @@
+"""The benchmark CLIs, all behind ``python -m kv_arena.bench`` (:mod:`.cli`):
+
+* :mod:`.methods` (the default): every chosen method against the full cache on one input.
+* :mod:`.prefill` (``--mode prefill``): the seam's prefill cost at real sizes, random weights.
+* :mod:`.decode` (``--mode decode``): decode step time against the KV held.
+* :mod:`.mpic` (``--mode mpic``): TTFT of media reuse against the number of images.
+* :mod:`.accuracy` (``--mode accuracy``): answers right against the realised KV fraction.
+"""

@@ -1,0 +1,172 @@
+"""The offline model's scenes with their true answers, so the app can mark each answer right or
+wrong: the clickable examples (the scene generator's own, each with a follow-up about another
+object of the same media, and the Chat tab's, :data:`ARENA_EXAMPLES`) and fresh scenes drawn on request ("New scene"), one type at a time.
+
+A scene is known by the content of its media files (:attr:`Prepared.media`), so Gradio's copies of
+them are recognised; an answer is right when it equals the true one whole, case, spaces and
+punctuation aside. Media the app did not draw (uploads, hub models' examples) get no mark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import UserError
+from ..media import write_avi
+from ..tiny import arena_scenes
+from .inputs import Prepared
+from .model_picker import is_trained_here
+from .uploads import ASSETS, cap_folders, file_hash, make_public, session_folder, trim_folder
+
+KEEP = 256  # drawn scenes remembered for their answers
+SCENES_PER_SESSION = 4  # a session's newest drawn scenes kept on disk (the one in the input box among them)
+
+
+def max_scenes() -> int:
+    """Drawn scenes kept on disk across sessions (``KV_ARENA_MAX_SCENES``), oldest out first."""
+    return max(1, int(os.environ.get("KV_ARENA_MAX_SCENES", 64)))
+# The Chat tab's clickable examples for the trained model, one per question type: (question, media
+# files in assets/), each answered right.
+ARENA_EXAMPLES: list[tuple[str, list[str]]] = [(it.question.text, files)
+                                               for it, files in arena_scenes.examples().values()]
+
+
+@dataclass(frozen=True)
+class Scene:
+    """Media files and a conversation about them with its true answers (first question, follow-up)."""
+
+    kind: str
+    questions: tuple[str, ...]
+    answers: tuple[str, ...]
+    files: tuple[str, ...]
+
+
+def normalised(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def media_digest(files) -> str:
+    """What :func:`kv_arena.service.inputs.prepare` calls the media's key: a hash of the files' contents."""
+    digest = hashlib.sha1()
+    for path in files:
+        digest.update(file_hash(str(path)).encode())
+    return digest.hexdigest()
+
+
+_DRAWN: OrderedDict[str, Scene] = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def _follow_up(item) -> tuple[str, str] | None:
+    """A colour question about an object the first question is not about (the generator's own
+    follow-ups are of this kind); None when the scene has no other object."""
+    first = normalised(f"{item.turns[0].text} {item.turns[0].answer}").split()
+    seen = set()
+    for picture in item.pictures:
+        for thing in picture.things.values():
+            if (thing.shape, thing.colour) in seen or thing.shape in first or thing.colour in first:
+                continue
+            seen.add((thing.shape, thing.colour))
+            return f"What colour is the {thing.shape}?", thing.colour
+    return None
+
+
+@lru_cache(maxsize=1)
+def examples() -> tuple[Scene, ...]:
+    """The generator's clickable examples whose files assets/make_examples.py drew (in assets/),
+    each with a follow-up."""
+    out = []
+    for kind, (item, files) in arena_scenes.examples().items():
+        paths = tuple(str(ASSETS / f) for f in files)
+        if not all(Path(p).is_file() for p in paths):
+            continue
+        turns = [(q.text, q.answer) for q in item.turns[:1]] + [t for t in [_follow_up(item)] if t]
+        out.append(Scene(kind, tuple(q for q, _ in turns), tuple(a for _, a in turns), paths))
+    return tuple(out)
+
+
+@lru_cache(maxsize=1)
+def _example_digests() -> dict[str, Scene]:
+    return {media_digest(scene.files): scene for scene in examples()}
+
+
+def scene_types() -> tuple[str, ...]:
+    return tuple(arena_scenes.QUESTION_TYPES)
+
+
+def draw_scene(kind: str, seed: int | None = None, owner: str = "anonymous") -> Scene:
+    """A fresh scene of ``kind`` from the generator, with its first question and follow-up; its
+    media are written in the folder of the session ``owner`` (its id) in Gradio's upload folder (a
+    video as an uncompressed AVI, read back pixel for pixel), which keeps a session's newest
+    :data:`SCENES_PER_SESSION` and :func:`max_scenes` in all, and goes with the session; any
+    session may use them, as the examples."""
+    kinds = arena_scenes.QUESTION_TYPES
+    if not isinstance(kind, str) or kind not in kinds:
+        raise UserError(f"The scene type must be one of {', '.join(kinds)}; got {str(kind)[:60]!r}.")
+    item = arena_scenes.fresh(kind, turns=2, seed=seed)
+    mine = session_folder(owner, "scenes")
+    folder = mine / uuid.uuid4().hex[:12]
+    folder.mkdir()
+    if item.video:
+        paths = [folder / f"{kind}.avi"]
+        write_avi(paths[0], item.frames(), fps=int(item.fps))
+    else:
+        paths = [folder / f"{kind}_{i}.png" for i in range(1, len(item.pictures) + 1)]
+        for picture, path in zip(item.pictures, paths):
+            picture.image().save(path)
+    make_public([str(p) for p in paths])
+    cap_folders(mine.parent, max_scenes())
+    trim_folder(mine, SCENES_PER_SESSION)
+    scene = Scene(kind, tuple(q.text for q in item.turns), tuple(q.answer for q in item.turns),
+                  tuple(str(p) for p in paths))
+    with _LOCK:
+        _DRAWN[media_digest(paths)] = scene
+        while len(_DRAWN) > KEEP:
+            _DRAWN.popitem(last=False)
+    return scene
+
+
+def scene_of(media: str) -> Scene | None:
+    """The drawn or example scene whose media have this content key (:attr:`Prepared.media`)."""
+    if not media:
+        return None
+    with _LOCK:
+        drawn = _DRAWN.get(media)
+    return drawn or _example_digests().get(media)
+
+
+def true_answer(media: str, question: str) -> str | None:
+    """The true answer to ``question`` about the scene with these media, or None when unknown."""
+    scene = scene_of(media)
+    if scene is None:
+        return None
+    asked = normalised(question)
+    return next((a for q, a in zip(scene.questions, scene.answers) if normalised(q) == asked), None)
+
+
+def is_right(answer: str, truth: str | None) -> bool | None:
+    """Whole answer, normalised, against the true one; None when there is no true answer."""
+    return None if truth is None else normalised(answer) == normalised(truth)
+
+
+def media_hint(model: str, messages: list[Prepared]) -> str:
+    """A line beside the answer when a model trained here gets what it was not made for: no media
+    at all, or media that are not one of its scenes (an upload, a photo): its answer means nothing."""
+    if not is_trained_here(model):
+        return ""
+    media = next((p.media for p in reversed(messages) if p.media), "")
+    if not media:
+        return (f"Hint: {model} only answers questions about its kind of scenes, a picture, several or a "
+                "short video (see the Examples); without one its answer means nothing.")
+    if scene_of(media) is None:
+        return (f"Note: {model} reads only its own kind of scenes (the coloured shapes of the Examples and New "
+                "scene); this is not one of them, so its answer says nothing about it.")
+    return ""

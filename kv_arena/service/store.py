@@ -1,0 +1,89 @@
+"""MPIC's media KV store: one per process, shared by every session (each in its own namespace).
+
+The one place the store is chosen: ``KV_ARENA_KV_STORE_URL`` (``redis://host:port/db``, Valkey or
+Redis) puts a shared server behind the local store (:class:`~kv_arena.mpic.server_store.ServerStore`);
+without it the store is memory and local disk (:class:`~kv_arena.mpic.kv_store.KVStore`).
+docs/mpic_store.md says how to run replicas on one server and what they share."""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+from ..media import load_image
+from ..mpic.kv_store import KVStore
+from ..mpic.linking import media_key
+from ..mpic.store_api import MediaStore
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "assets"  # the app's shipped example media
+_STORE: MediaStore | None = None
+_STORE_LOCK = threading.Lock()
+_SWEPT = False  # the folders of an earlier process's sessions were removed (once, in the app's process)
+_TENANTS: dict[str, str] = {}  # session id -> its client's id (the cookie every replica sees)
+
+
+def bind_tenant(session_id: str, client: str | None) -> None:
+    """The session's stored media belong to its client (its browser or API client), on any replica."""
+    if client:
+        _TENANTS[session_id] = f"client:{client}"
+    else:
+        _TENANTS.pop(session_id, None)
+
+
+def tenant_of(session_id: str) -> str:
+    """A session's tenant on a shared server: its client's, else the session alone."""
+    return _TENANTS.get(session_id, session_id)
+
+
+@functools.cache
+def example_keys() -> frozenset[str]:
+    """Content hashes of the shipped example images: shared across tenants where enabled."""
+    return frozenset(media_key(load_image(str(p))) for p in sorted(EXAMPLES.glob("*.png")))
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def make_store() -> MediaStore:
+    """The store the environment asks for (the module docstring)."""
+    root = os.environ.get("KV_ARENA_KV_STORE") or os.path.join(tempfile.gettempdir(), "kv-arena-mpic")
+    disk = int(float(os.environ.get("KV_ARENA_KV_STORE_MB", "8192")) * 2**20)
+    ttl = float(os.environ.get("KV_ARENA_KV_STORE_TTL_S", 24 * 3600))
+    local = KVStore(root, memory_bytes=disk // 4, disk_bytes=disk, ttl_s=ttl)
+    url = os.environ.get("KV_ARENA_KV_STORE_URL", "").strip()
+    if not url:
+        return local
+    from ..mpic.server_store import ServerStore  # the client library is needed only with a server
+
+    return ServerStore(url, local, ttl_s=ttl, timeout_s=float(os.environ.get("KV_ARENA_KV_STORE_TIMEOUT_S", "1")),
+                       tenant_of=tenant_of,
+                       public_keys=example_keys() if _flag("KV_ARENA_KV_STORE_SHARE_EXAMPLES") else ())
+
+
+def media_store() -> MediaStore:
+    """The process's one media KV store (:func:`make_store`). ``KV_ARENA_KV_STORE`` (a directory,
+    else a temp one) holds its local tier, ``KV_ARENA_KV_STORE_MB`` caps that tier's disk use
+    (memory: a quarter of that)."""
+    global _STORE, _SWEPT
+    with _STORE_LOCK:
+        if _STORE is None:
+            _STORE = make_store()
+            if not _SWEPT:  # sessions of an earlier run left folders (a crash, a kill): none is alive now
+                _STORE.sweep_namespaces()
+                _SWEPT = True
+        return _STORE
+
+
+def _after_fork() -> None:
+    """A forked worker (ZeroGPU) opens the store anew: the parent's writer threads do not exist in
+    it. What a worker stores reaches the app through the disk (GPU functions flush before they end)."""
+    global _STORE, _STORE_LOCK, _SWEPT
+    _STORE, _STORE_LOCK = None, threading.Lock()
+    _SWEPT = True  # the parent's sessions are alive: a worker never sweeps
+
+
+os.register_at_fork(after_in_child=_after_fork)
