@@ -21,7 +21,7 @@ from gradio_client import Client, handle_file
 
 from components.chat import NOT_ANSWERED, transcript
 from components.compare import SLOTS
-from kv_arena.service import sessions
+from kv_arena import service
 
 HUB_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
 
@@ -60,7 +60,7 @@ def theirs(url, files):  # noqa: F811
     stay open for the file to stay)."""
     other = Client(url, verbose=False)
     send(other, "Mine.", [files["theirs.png"]])
-    (path,) = sessions._OPEN[other.session_hash].uploads
+    (path,) = service.open_session(other.session_hash).uploads
     return path, other
 
 

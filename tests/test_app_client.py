@@ -21,7 +21,6 @@ from gradio_client import Client, handle_file
 
 from components.chat import NEW_CONVERSATION, NOT_ANSWERED
 from kv_arena import service
-from kv_arena.service import sessions
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny-qwen2-vl"
@@ -105,12 +104,12 @@ def test_a_session_can_use_and_read_only_its_own_uploads(url, tmp_path, monkeypa
     image = tmp_path / "private.png"  # bytes no other test uploads
     make_image(7, (112, 112)).save(image)
     first, _ = send(a, "Mine.", [str(image)])
-    path, = sessions._OPEN[a.session_hash].uploads
+    path, = service.open_session(a.session_hash).uploads
     file_url = f"{url}gradio_api/file={path}"
     assert fetch(file_url, a) == 200
     assert fetch(file_url, b) == 404 and fetch(file_url) == 404  # another client, or none, holding the URL
     again, _ = send(a, "Still mine.", history=first[0])  # the history as returned, its picture a download
-    assert not again[2].startswith(NOT_ANSWERED) and len(sessions._OPEN[a.session_hash].history) == 2
+    assert not again[2].startswith(NOT_ANSWERED) and len(service.open_session(a.session_hash).history) == 2
     # a client that skips the upload and names the server path directly
     monkeypatch.setattr(gradio_client.client.Endpoint, "_upload_file",
                         lambda self, f, data_index: {"path": f["path"], "meta": {"_type": "gradio.FileData"}})
@@ -146,7 +145,7 @@ def test_history_is_the_conversation(url, image):
     held = []
     for _ in range(3):
         final, _ = send(client, "What is in the picture?", [image])
-        session = sessions._OPEN[client.session_hash]
+        session = service.open_session(client.session_hash)
         assert len(final[0]) == 2 and len(session.history) == 1
         held.append(session.conv.cache.nbytes())
     assert held[0] == held[1] == held[2]
@@ -154,9 +153,9 @@ def test_history_is_the_conversation(url, image):
     final, _ = send(client, "And the colours?", history=edited)
     marker = final[0][len(edited)]
     assert marker["metadata"]["title"] == NEW_CONVERSATION and "not the conversation" in str(marker["content"])
-    assert len(sessions._OPEN[client.session_hash].history) == 1
+    assert len(service.open_session(client.session_hash).history) == 1
     final, _ = send(client, "And the shapes?", history=final[0])  # the history as returned: continued
-    assert len(sessions._OPEN[client.session_hash].history) == 2
+    assert len(service.open_session(client.session_hash).history) == 2
     assert sum((m.get("metadata") or {}).get("title") == NEW_CONVERSATION for m in final[0]) == 1
 
 
@@ -172,7 +171,7 @@ def test_a_method_switched_through_the_api_keeps_the_conversation(url):
     titles = [(m.get("metadata") or {}).get("title") for m in final[0]]
     assert titles.count("Method switched") == 1 and "New conversation" not in titles
     assert final[0][-1]["content"][-1]["text"] == "red" and "**right**" in final[2]
-    assert len(sessions._OPEN[client.session_hash].history) == 2
+    assert len(service.open_session(client.session_hash).history) == 2
 
 
 def test_the_api_has_two_endpoints_and_every_other_event_is_private(url):

@@ -126,7 +126,7 @@ def test_every_file_route_serves_an_upload_and_its_overlay_to_its_client_only(ur
     make_image(21, (112, 112)).save(picture)
     final, _ = send(owner, "Mine.", [str(picture)])
     assert not final[2].startswith(NOT_ANSWERED)
-    session = sessions._OPEN[owner.session_hash]
+    session = service.open_session(owner.session_hash)
     (upload,) = session.uploads
     overlays = sorted(uploads.session_folder(session.id, "overlays").glob("*.png"))
     assert overlays and final[7]  # the gallery names the session's own overlay files
@@ -372,7 +372,7 @@ def test_a_raw_http_session_is_gone_after_the_idle_time(server, monkeypatch, tmp
                             chat_data({"text": "What is it?", "files": [file_data(upload)]}, method="mpic"),
                             session_hash, http=http if keeps_cookies else None)
     assert message["success"] and not message["output"]["data"][2].startswith(NOT_ANSWERED), message
-    session = sessions._OPEN[session_hash]
+    session = service.open_session(session_hash)
     store = media_store().root / media_store().namespace(session.id)
     overlays = uploads.session_folder(session.id, "overlays")
     assert Path(upload).exists() and store.is_dir() and any(overlays.iterdir())
@@ -380,7 +380,7 @@ def test_a_raw_http_session_is_gone_after_the_idle_time(server, monkeypatch, tmp
     while time.monotonic() < deadline and (Path(upload).exists() or store.exists() or overlays.exists()):
         time.sleep(0.25)
     assert not Path(upload).exists() and not store.exists() and not overlays.exists()
-    assert session_hash not in sessions._OPEN
+    assert service.open_session(session_hash) is None
 
 
 def test_an_upload_no_session_takes_is_gone_after_the_idle_time(url, monkeypatch, tmp_path):
@@ -404,9 +404,7 @@ def test_store_folders_of_dead_sessions_are_swept_at_start(tmp_path, monkeypatch
     keep = tmp_path / "operator-notes"
     keep.mkdir()
     monkeypatch.setenv("KV_ARENA_KV_STORE", str(tmp_path))
-    monkeypatch.setattr(store, "_STORE", None)
-    monkeypatch.setattr(store, "_SWEPT", False)
-    store.media_store()
+    store.store_at_start()
     assert not dead.exists() and keep.exists()
 
 

@@ -4,6 +4,7 @@ another's media, a damaged store file, and k suited to the model."""
 from __future__ import annotations
 
 import re
+from contextlib import ExitStack
 
 import pytest
 from tests.app_support import MODEL, ask, turn
@@ -15,13 +16,10 @@ from kv_arena.service import store as service_store
 
 
 @pytest.fixture
-def media_store(tmp_path, monkeypatch):
+def media_store(tmp_path):
     """A store of this test's own (the app keeps one per process)."""
-    def make(**caps):
-        store = KVStore(tmp_path / "kv", **caps)
-        monkeypatch.setattr(service_store, "_STORE", store)
-        return store
-    return make
+    with ExitStack() as stores:
+        yield lambda **caps: stores.enter_context(service_store.using_store(KVStore(tmp_path / "kv", **caps)))
 
 
 def test_mpic_stores_uploads_and_reuses_them_in_the_next_turn(media, media_store):

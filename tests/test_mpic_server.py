@@ -190,9 +190,8 @@ def app_store(server, tmp_path, monkeypatch):
     """This process as the second replica: the app's store from the environment, as it makes it."""
     monkeypatch.setenv("KV_ARENA_KV_STORE_URL", server.url)
     monkeypatch.setenv("KV_ARENA_KV_STORE", str(tmp_path / "second"))
-    store = service_store.make_store()
-    monkeypatch.setattr(service_store, "_STORE", store)
-    return store
+    with service_store.using_store(service_store.make_store()) as store:
+        yield store
 
 
 def test_a_second_app_process_links_what_the_first_stored_without_the_vision_tower(
@@ -223,15 +222,14 @@ def test_a_second_app_process_links_what_the_first_stored_without_the_vision_tow
 def test_a_server_killed_mid_turn_leaves_the_answer_correct(models, tmp_path, media):
     loaded, image = models(MODEL), make_image(1, (112, 112))
     message = Message("Which colour?", images=[image], media_first=False)
-    reference = Conversation(loaded, backends.make_backend("full")).ask(message, max_new_tokens=3)
+    reference = Conversation(loaded, backends.make_reference()).ask(message, max_new_tokens=3)
     with LocalServer() as doomed:
         first = ServerStore(doomed.url, KVStore(tmp_path / "first"))
         ingest(loaded, first, "alice", image)
         first.flush()
         store = ServerStore(doomed.url, KVStore(tmp_path / "second"), retry_s=60)
         release = threading.Event()
-        for _ in range(store._io._max_workers):  # hold the loaders: the kill lands between lookup and load
-            store._io.submit(release.wait)
+        store.hold_loads(release)  # the kill lands between lookup and load
         done = {}
         conv = Conversation(loaded, backends.make_backend("mpic", k=4), linker=Linker(store, "alice"))
         answering = threading.Thread(target=lambda: done.update(update=conv.ask(message, max_new_tokens=3)))
@@ -247,11 +245,8 @@ def test_a_server_killed_mid_turn_leaves_the_answer_correct(models, tmp_path, me
     assert "unavailable" in store.health_note()
     # the app says it in one line and answers
     app_side = ServerStore(doomed.url, KVStore(tmp_path / "app"))
-    service_store._STORE, before = app_side, service_store._STORE
-    try:
+    with service_store.using_store(app_side):
         outputs, error = turn(service.Session(), ask("Still?", media["image"]), method="mpic")
-    finally:
-        service_store._STORE = before
     assert error is None and "the shared media store is unavailable (ConnectionError)" in outputs[-1].status
 
 

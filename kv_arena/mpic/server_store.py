@@ -184,6 +184,12 @@ class ServerStore:
         self._lock = threading.Lock()
         self._call(self.server.ping)  # a server down at start is said now, once
 
+    def hold_loads(self, until: threading.Event) -> None:
+        """Every background loader waits until ``until`` is set (a fault drill: a server killed
+        between a lookup and its load)."""
+        for _ in range(self._io._max_workers):
+            self._io.submit(until.wait)
+
     # --- names ---------------------------------------------------------------------------------
     def salt(self, session: str) -> str:
         return KVStore.namespace(self.tenant_of(session))

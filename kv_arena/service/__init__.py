@@ -45,7 +45,7 @@ from .methods import budget_spec, checked_params, is_reference, method_spec, met
 from .scenes import ARENA_EXAMPLES, Scene, draw_scene, media_hint, scene_types
 from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_default_k, mpic_ttft
-from .sessions import Session, active, close_session, expire_idle, release, start_sweeper, sweep_dead_sessions, track
+from .sessions import Session, active, close_session, open_session, expire_idle, release, start_sweeper, sweep_dead_sessions, track
 from .state import ChatState
 from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
 from .uploads import check_sent_files, check_uploads, in_upload_dir, may_read, note_uploads, save_private_images
@@ -78,5 +78,5 @@ __all__ = [
     "reuses_media", "track",
     # against hostile visitors (issue 36): inputs checked, private files, idle sessions
     "check_model_allowed", "check_sent_files", "checked_params", "checked_text", "in_upload_dir",
-    "save_private_images", "active", "expire_idle", "start_sweeper", "sweep_dead_sessions",
+    "save_private_images", "active", "open_session", "expire_idle", "start_sweeper", "sweep_dead_sessions",
 ]

@@ -128,6 +128,11 @@ def track(session: Session, session_hash: str | None, client: str | None = None)
         bind_tenant(session.id, client)  # its media on a shared store are its client's, on any replica
 
 
+def open_session(session_hash: str | None) -> Session | None:
+    """The session a browser tab (or API client) with this hash holds now, if any."""
+    return _OPEN.get(session_hash) if session_hash else None
+
+
 def release(session_hash: str | None, free: bool = True) -> None:
     session = _OPEN.pop(session_hash, None) if session_hash else None
     with _ACTIVITY_LOCK:

@@ -11,6 +11,8 @@ import functools
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..media import load_image
@@ -71,11 +73,30 @@ def media_store() -> MediaStore:
     global _STORE, _SWEPT
     with _STORE_LOCK:
         if _STORE is None:
-            _STORE = make_store()
-            if not _SWEPT:  # sessions of an earlier run left folders (a crash, a kill): none is alive now
-                _STORE.sweep_namespaces()
-                _SWEPT = True
+            _STORE = make_store() if _SWEPT else store_at_start()
+            _SWEPT = True
         return _STORE
+
+
+def store_at_start() -> MediaStore:
+    """The store as the app's process first opens it: the folders sessions of an earlier run left
+    (a crash, a kill) are removed, since none of those sessions is alive now."""
+    store = make_store()
+    store.sweep_namespaces()
+    return store
+
+
+@contextmanager
+def using_store(store: MediaStore) -> Iterator[MediaStore]:
+    """``store`` as the process's media store for the block (a replica's own store, a drill)."""
+    global _STORE
+    with _STORE_LOCK:
+        before, _STORE = _STORE, store
+    try:
+        yield store
+    finally:
+        with _STORE_LOCK:
+            _STORE = before
 
 
 def _after_fork() -> None:
