@@ -62,6 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", default="all", help="comma-separated method names, or 'all'")
     p.add_argument("--budgets", default="0.1,0.2,0.5", help="values of a method's budget")
     p.add_argument("--taus", default="0.975", help="values of a method's tau (ZipVL), when it has no budget")
+    p.add_argument("--bits", default="2,4", help="values of a method's bits (KIVI), when it has no budget")
     p.add_argument("--per-type", type=int, default=200, help="held-out chats per question type")
     p.add_argument("--probe-items", type=int, default=None, help="chats per type for the probes (default: --per-type)")
     p.add_argument("--types", default=",".join(kinds), help=f"question types: {', '.join(kinds)}")
@@ -70,6 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-probe", action="store_true")
     p.add_argument("--from-json", default=None, metavar="JSON",
                    help="run nothing: print the tables and draw the figure of an earlier run's OUT.json")
+    p.add_argument("--add", default=None, metavar="JSON",
+                   help="run only --methods on that earlier run's items (its model, types and count) and write "
+                        "it back with their rows added (or replaced)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -160,11 +164,11 @@ def probe(loaded, items: list, rng: np.random.Generator) -> dict[str, float]:
 
 
 def knob_of(method: str) -> str | None:
-    """The knob a method's points sweep: its budget, else a ``tau`` parameter, else none."""
+    """The knob a method's points sweep: its budget, else a ``tau`` or ``bits`` parameter, else none."""
     cls = backends.backend_class(method)
     if cls.uses_budget:
         return "budget"
-    return "tau" if any(p.name == "tau" for p in cls.param_specs()) else None
+    return next((p.name for p in cls.param_specs() if p.name in ("tau", "bits")), None)
 
 
 def point(loaded, method: str, kwargs: dict, items: list, full_bytes: list[int]) -> dict:
@@ -187,13 +191,13 @@ def sweep(loaded, method: str, values: dict[str, list[float]], items: list, full
             for value in values.get(knob, [None])]
 
 
-def _values(text: str, name: str) -> list[float]:
+def _values(text: str, name: str, high: float = 1.0, kind=float) -> list:
     try:
-        values = sorted(float(v) for v in text.split(",") if v.strip())
+        values = sorted(kind(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise UserError(f"--{name} must be comma-separated numbers; got {text!r}") from None
-    if not values or any(not 0 < v <= 1 for v in values):
-        raise UserError(f"--{name} must lie in (0, 1]; got {text}")
+    if not values or any(not 0 < v <= high for v in values):
+        raise UserError(f"--{name} must lie in (0, {high:g}]; got {text}")
     return values
 
 
@@ -205,7 +209,12 @@ def _line(kind: str, method: str, p: dict) -> str:
 
 
 def run(args) -> dict:
-    values = {"budget": _values(args.budgets, "budgets"), "tau": _values(args.taus, "taus")}
+    values = {"budget": _values(args.budgets, "budgets"), "tau": _values(args.taus, "taus"),
+              "bits": _values(args.bits, "bits", 16, int)}
+    if args.add:  # the earlier run's items: the same model, types and count
+        earlier = json.loads(Path(args.add).read_text())
+        args.model, args.per_type, args.no_probe = earlier["model"], earlier["per_type"], True
+        args.types = ",".join(earlier["points"])
     methods = backends.available() if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         backends.backend_class(m)
@@ -235,7 +244,14 @@ def run(args) -> dict:
               "protocols": PROTOCOL_TITLES, "scoring": "whole answer, normalised exact match",
               "x": "realised KV fraction (bytes after the first prompt / full cache's bytes)",
               "points": points, "probe": probes}
-    return report
+    return added(earlier, report) if args.add else report
+
+
+def added(earlier: dict, report: dict) -> dict:
+    """``earlier`` with ``report``'s methods' rows added (the full cache's stays the earlier run's)."""
+    for kind, per_method in report["points"].items():
+        earlier["points"][kind] |= {m: p for m, p in per_method.items() if m != REFERENCE}
+    return earlier
 
 
 def _pooled(points: list[dict], key: str) -> tuple[float, float, float]:
