@@ -80,8 +80,9 @@ def merge_contextual(features: torch.Tensor, keys: torch.Tensor, count: int) -> 
         return targets, features[:0]
     unit = F.normalize(keys.float(), dim=-1)
     owner = (unit[joining] @ unit[targets].T).argmax(dim=-1)  # most similar target of each joining token
-    sums = features[targets].float().index_add(0, owner, features[joining].float())
-    sizes = torch.bincount(owner, minlength=count).to(sums) + 1
+    groups = F.one_hot(owner, count).T.float()  # (count, joining); a matmul: index_add is slower on CPU
+    sums = features[targets].float() + groups @ features[joining].float()
+    sizes = groups.sum(dim=1) + 1
     return targets, (sums / sizes[:, None]).to(features.dtype)
 
 
@@ -112,7 +113,7 @@ def rows_kept(visual: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
 class VisionZip(KVBackend):
     name = "visionzip"
     title = "VisionZip"
-    does = "drops"
+    does = "drops, merges"
     paper = "https://arxiv.org/abs/2412.04467"
     summary = ("Before the language model reads an image, keeps the image tokens the vision encoder's summary "
                "token attends to most, plus a few tokens that each average a group of similar others; the rest "

@@ -162,3 +162,16 @@ def test_counts_are_the_papers_settings_and_bad_parameters_are_refused():
         backends.make_backend("visionzip", keep=0)
     with pytest.raises(ValueError, match="contextual_share"):
         backends.make_backend("visionzip", contextual_share=1.5)
+
+
+def test_the_app_refuses_it_on_such_a_model_before_any_gpu_call():
+    from engine import service
+
+    settings = service.Settings.make(model="tiny-qwen2-vl", method="visionzip", max_new_tokens=2)
+    session = service.Session()
+    with pytest.raises(UserError, match="CLS token"):
+        list(service.chat_turn(session, settings, service.prepare("What is shown?", [])))
+    with pytest.raises(UserError, match="CLS token"):
+        list(service.compare(session, settings, ["snapkv", "visionzip"], service.prepare("What is shown?", [])))
+    assert session.conv is None
+    session.close()

@@ -17,7 +17,9 @@ reported per method. Every rate carries its 95% Wilson interval.
 Each point records the knob and the REALISED KV fraction: the bytes the method's cache holds after
 the first prompt over the full cache's bytes after the same prompt, averaged over the items; the
 figure puts it on the x axis. ``--budgets`` for methods with a budget, ``--taus`` for a method whose
-knob is ZipVL's threshold ``tau``; methods without a knob run once.
+knob is ZipVL's threshold ``tau``, ``--keeps`` for VisionZip's share of image tokens kept; methods
+without a knob run once. A method the model's vision tower cannot serve (VisionZip on Qwen-VL, the
+default tiny-arena-vl's family) is not run; the run says so and why (``refused`` in the JSON).
 
 Three probes check the regime (full cache, media prefilled, visual KV removed by hand before the
 first question): keep only the object tokens (should cost nothing), drop exactly the tokens the
@@ -45,6 +47,7 @@ from ..errors import UserError
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import ARENA, load_model
+from ..runtime.vision_tokens import refusal
 from ..tiny.arena_model import bundled_version, scenes
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -61,6 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", default="all", help="comma-separated method names, or 'all'")
     p.add_argument("--budgets", default="0.1,0.2,0.5", help="values of a method's budget")
     p.add_argument("--taus", default="0.975", help="values of a method's tau (ZipVL), when it has no budget")
+    p.add_argument("--keeps", default="0.333,0.111", help="values of a method's keep (VisionZip: the share of an "
+                   "image's tokens kept; paper 192 and 64 of 576)")
     p.add_argument("--per-type", type=int, default=200, help="held-out chats per question type")
     p.add_argument("--probe-items", type=int, default=None, help="chats per type for the probes (default: --per-type)")
     p.add_argument("--types", default=",".join(kinds), help=f"question types: {', '.join(kinds)}")
@@ -159,11 +164,11 @@ def probe(loaded, items: list, rng: np.random.Generator) -> dict[str, float]:
 
 
 def knob_of(method: str) -> str | None:
-    """The knob a method's points sweep: its budget, else a ``tau`` parameter, else none."""
+    """The knob a method's points sweep: its budget, else a ``tau`` or ``keep`` parameter, else none."""
     cls = backends.backend_class(method)
     if cls.uses_budget:
         return "budget"
-    return "tau" if any(p.name == "tau" for p in cls.param_specs()) else None
+    return next((p.name for p in cls.param_specs() if p.name in ("tau", "keep")), None)
 
 
 def point(loaded, method: str, kwargs: dict, items: list, full_bytes: list[int]) -> dict:
@@ -204,7 +209,8 @@ def _line(kind: str, method: str, p: dict) -> str:
 
 
 def run(args) -> dict:
-    values = {"budget": _values(args.budgets, "budgets"), "tau": _values(args.taus, "taus")}
+    values = {"budget": _values(args.budgets, "budgets"), "tau": _values(args.taus, "taus"),
+              "keep": _values(args.keeps, "keeps")}
     methods = backends.available() if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         backends.backend_class(m)
@@ -217,6 +223,11 @@ def run(args) -> dict:
     if args.per_type < 1:
         raise UserError(f"--per-type must be at least 1; got {args.per_type}")
     loaded = load_model(args.model)
+    refused = {m: refusal(loaded.model, backends.make_backend(m)) for m in methods}
+    refused = {m: reason for m, reason in refused.items() if reason}  # VisionZip on a tower without a CLS token
+    for m, reason in refused.items():
+        print(f"{m}: not run: {reason}", flush=True)
+    methods = [m for m in methods if m not in refused]
     probe_items = args.probe_items or args.per_type
     points: dict[str, dict[str, list[dict]]] = {}
     probes: dict[str, dict[str, float]] = {}
@@ -235,7 +246,7 @@ def run(args) -> dict:
     report = {"model": args.model, "generation": version, "per_type": args.per_type, "probe_items": probe_items,
               "protocols": PROTOCOL_TITLES, "scoring": "whole answer, normalised exact match",
               "x": "realised KV fraction (bytes after the first prompt / full cache's bytes)",
-              "points": points, "probe": probes}
+              "points": points, "probe": probes, "refused": refused}
     if hasattr(sc, "out_of_scope") and not args.no_probe:
         odd = sc.held_out("unknown", args.per_type, turns=1)
         report["unknown"] = float(np.mean([chat(loaded, backends.make_backend("full"), it)[0][0].right for it in odd]))
@@ -268,6 +279,8 @@ def table(report: dict) -> str:
             lines.append(f"    probe: {name}: {acc:.2f}")
     if "unknown" in report:
         lines.append(f"\nout-of-scope pictures answered 'unknown' (full cache): {report['unknown']:.2f}")
+    for method, reason in report.get("refused", {}).items():
+        lines.append(f"\n{method}: not run: {reason}")
     return "\n".join(lines)
 
 

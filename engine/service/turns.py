@@ -16,6 +16,7 @@ from ..errors import UserError
 from ..mpic.linking import Linker
 from ..runtime.generate import Conversation, agreement
 from ..runtime.inputs import Message
+from ..runtime.vision_tokens import check_runs_on
 from .inputs import MAX_FRAMES, Prepared, Settings, request_seconds
 from .methods import reuses_media
 from .model_pool import Progress, free_memory, get_model, silent
@@ -117,9 +118,9 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
     iterating there (a client gone) stops the prefill. A turn that fails (a UserError, the model's
     failure said in one line) leaves the conversation as it was before the message; out of
     memory, its cache is freed instead."""
-    settings.backend()  # bad parameters fail before any model work
+    backend = settings.backend()  # bad parameters fail before any model work
     check_streamable(settings)
-    get_model(settings.model, progress)
+    check_runs_on(get_model(settings.model, progress).model, backend)  # before any GPU call
     if shown is not None and shown != session.transcript:
         session.new_chat()
     session.use_model(settings.model)
@@ -277,7 +278,9 @@ def compare(session: Session, settings: Settings, methods: list[str], turns: Pre
 
 def _compare(session: Session, settings: Settings, methods: list[str], turns: list[Prepared],
              progress: Progress) -> Iterator[CompareView]:
-    get_model(settings.model, progress)
+    loaded = get_model(settings.model, progress)
+    for method in methods:  # a method this model's vision tower cannot serve: before any GPU call
+        check_runs_on(loaded.model, settings.backend(method))
     session.use_model(settings.model)
     session.stop_requested = False
     views = compare_on_gpu(session.chat.references, settings, methods, turns, session.id)
