@@ -52,8 +52,9 @@ def test_generate_gives_the_runtimes_tokens_and_bytes_over_two_turns(models, res
     if refused is not None:  # the model's vision tower cannot serve it (VisionZip on Qwen-VL): both refuse alike
         with pytest.raises(UserError, match=re.escape(refused)):
             Conversation(loaded, backend)
-        with pytest.raises(UserError, match=re.escape(refused)), compress(stock(loaded), method, budget=budget_of(method)):
-            pass
+        with pytest.raises(UserError, match=re.escape(refused)):
+            with compress(stock(loaded), method, budget=budget_of(method)):
+                pass
         return
     conv = Conversation(loaded, backend)
     ref = [conv.ask(Message(FIRST, images=[image]), max_new_tokens=8), conv.ask(Message(SECOND), max_new_tokens=8)]
