@@ -18,6 +18,13 @@ A method may also shorten the prefill itself: with ``narrows_prefill`` the runti
 among the new tokens still going) are the only ones that layer and every later one compute and
 cache (FastV: the visual tokens kept after layer K). Their positions stay the original ones.
 
+A method may also choose an image's tokens before the decoder sees them (``selects_visual_tokens``:
+VisionZip): the runtime hands ``select_visual(tokens)`` what the vision tower computed for the
+images of a forward pass (:class:`VisionTokens`), the method returns the features the projector is
+to read (merged ones written in place), and through ``prefill_rows`` before the first decoder layer
+it drops the rows of the tokens it did not keep. A model whose tower lacks what the method reads is
+refused by the runtime in one line.
+
 ``before_forward(cache, call)`` opens each forward pass (before the first layer reads the cache):
 what a method needs from the runtime for one pass only, such as ``call.rotary``, is taken there
 and dropped in ``after_forward``, so a cache between passes holds tensors, never the model.
@@ -109,6 +116,17 @@ class AttentionCall:
             return None
         per_entry = layer.nbytes() / held
         return max(1, int(self.cap_bytes / self.num_layers // per_entry))
+
+
+@dataclass
+class VisionTokens:
+    """What a vision tower with a CLS token (CLIP) computed for the B images of one forward pass, at
+    the layer whose output the projector reads: the runtime's hand-over to ``select_visual``."""
+
+    features: torch.Tensor  # (B, N, C) the patch features the projector reads (CLS excluded)
+    cls_query: torch.Tensor  # (B, H, D) the CLS token's query in that layer's attention
+    keys: torch.Tensor  # (B, H, N + 1, D) every token's key in that attention, the CLS token's first
+    scaling: float  # that attention's softmax scale
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,6 +333,13 @@ class KVBackend:
         return False
 
     @property
+    def selects_visual_tokens(self) -> bool:
+        """True when the method chooses each image's tokens before the decoder: the runtime then
+        calls :meth:`select_visual` with what the vision tower computed (a model whose tower cannot
+        provide it is refused)."""
+        return False
+
+    @property
     def config(self) -> dict[str, Any]:
         """The parameters' values by name (``budget`` aside)."""
         return {p.name: getattr(self, p.name) for p in self.param_specs()}
@@ -334,6 +359,11 @@ class KVBackend:
         (q',) ascending indices, among the ``call.positions`` still going, of the rows this layer
         and the later ones run on; None keeps them all."""
         return None
+
+    def select_visual(self, tokens: VisionTokens) -> torch.Tensor:
+        """``selects_visual_tokens`` only: the (B, N, C) features the projector is to read instead of
+        ``tokens.features``, called once per forward pass with images, before the decoder runs."""
+        return tokens.features
 
     def before_forward(self, cache, call: AttentionCall) -> None:
         """A forward pass starts; nothing taken here may outlive it (see the module's docstring)."""

@@ -25,5 +25,8 @@ def describe(method: type[KVBackend]) -> dict[str, Any]:
         "uses_budget": method.uses_budget,
         "streams_under_cap": method.streams_under_cap,
         "cap_replaces_budget": method.cap_replaces_budget,
+        # it picks an image's tokens before the language model reads them (VisionZip): models whose
+        # vision tower lacks what it reads refuse it
+        "chooses_image_tokens": method.select_visual is not KVBackend.select_visual,
         "params": [BUDGET.to_dict()] + [p.to_dict() for p in method.param_specs()],
     }

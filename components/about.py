@@ -34,7 +34,8 @@ makes decoding slow.
 The methods here keep less while trying to answer the same way. Some **drop** tokens the model pays
 little attention to, some **merge** neighbours into one, some **quantise** the numbers to fewer bits,
 some store a **low-rank** approximation, and some **reuse** the cache of an image seen before instead of
-recomputing it. The *budget* is the fraction of the full cache a method keeps (1.0 keeps everything).
+recomputing it. One (VisionZip) acts even earlier: it picks an image's tokens before the language model
+reads them, so the tokens it leaves out are never computed or cached at all. The *budget* is the fraction of the full cache a method keeps (1.0 keeps everything).
 """
 
 PANELS = """
@@ -57,7 +58,9 @@ PANELS = """
   AttentionPack keeps every token as low-rank factors: its clear cells are those held at full rank.
   ZipVL keeps every token in fewer bits: its clear cells are those at high precision. KIVI keeps every
   token in 2 bits: its clear cells are the newest ones, still exact. AdaKV's heads keep different
-  numbers of tokens: a cell's shade is the share of heads that dropped it.
+  numbers of tokens: a cell's shade is the share of heads that dropped it. VisionZip's clear cells are
+  the tokens the language model read: the ones the vision encoder's summary token attended to most,
+  and a few evenly spread ones that each stand for the mean of a group of similar, dropped neighbours.
 - **Same tokens as full**: how many answer tokens match the full cache's answer, position by
   position (the end-of-turn token is not counted). **Right / wrong**: on the offline model's scenes
   (the examples, "New scene") the app knows the true answer and marks each one.
@@ -68,7 +71,7 @@ PANELS = """
 - **Not on a one-word first answer** with the cache compressed *with the question*: that word comes
   from the prefill's own logits, computed from the whole prompt before anything is evicted. Only the
   methods that are sparse *during* the prefill (ZipVL; FastV, whose later layers no longer see the
-  visual tokens it dropped) can change it.
+  visual tokens it dropped; VisionZip, whose language model never sees them) can change it.
 - **On a follow-up** (Compare's "Then ask", or a second message in Chat): it is answered from what the
   method kept for the *first* question. A method that scored tokens by that question's attention
   (SnapKV, PyramidKV) may have dropped the object the follow-up asks about.

@@ -22,7 +22,9 @@ What it uses of transformers, nothing patched:
   once-per-forward step afterwards), describe each forward pass to the method as the app's runtime
   describes it, so both give the same tokens (``tests/test_hf_entry_point.py``); for a method
   that runs later layers on fewer rows (FastV) the runtime's pre-hooks on the decoder layers
-  (``kv_arena.runtime.narrowing``) shorten them, as in the app.
+  (``kv_arena.runtime.narrowing``) shorten them, as in the app; for a method that chooses an image's
+  tokens before the decoder (VisionZip), hooks on the vision tower and the projector
+  (``kv_arena.runtime.vision_tokens``) hand it what the tower computed, as in the app.
 
 Batch 1, as in the app. A method that only acts on media KV the app's runtime stored
 (a :class:`~backends.media_reuse.ReusesMedia`: MPIC) is refused: inside ``generate`` it would be the full cache.
@@ -45,6 +47,7 @@ from .runtime.forward import cache_keyword, position_ids
 from .runtime.inputs import ADAPTERS, DEFAULT_SYSTEM, Message
 from .runtime.models import load_model
 from .runtime.narrowing import narrowing
+from .runtime.vision_tokens import selecting_visual_tokens
 
 
 class GenerateCache(KVCache):
@@ -184,7 +187,8 @@ def compress(model, method: str, budget: float = 1.0, **params):
                          "model.generate there is nothing stored and it would be the full cache. Use "
                          "kv_arena.runtime.generate.Conversation with an kv_arena.mpic.linking.Linker instead.")
     press = Press(model, backends.make_backend(method, budget=budget, **params))
-    with attention_of(model, ATTENTION_NAME), narrowing(model, press.backend):
+    with (attention_of(model, ATTENTION_NAME), narrowing(model, press.backend),
+          selecting_visual_tokens(model, press.backend)):
         handles = [model.register_forward_pre_hook(press.before_model, with_kwargs=True),
                    press.decoder.register_forward_pre_hook(press.before_decoder, with_kwargs=True),
                    press.decoder.register_forward_hook(press.after_decoder, with_kwargs=True, always_call=True)]

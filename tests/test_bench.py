@@ -48,6 +48,18 @@ def test_every_budgeted_method_holds_at_most_its_budget_of_the_full_bytes(capsys
     assert 0 < zipvl["realised_fraction"] < 1
 
 
+def test_visionzip_runs_on_llava_at_the_fraction_it_realises(capsys):
+    code, out = run_json(capsys, "--model", "tiny-llava", "--methods", "visionzip", "--set", "keep=0.111",
+                         "--max-new-tokens", "2", "--ignore-eos", "--repeats", "1")
+    assert code == 0, out.err
+    full, zipped = json.loads(out.out)
+    assert not zipped["uses_budget"] and zipped["params"] == {"keep": 0.111, "contextual_share": 0.156}
+    images = full["visual_tokens"] // 576
+    kept = full["prompt_tokens"] - full["visual_tokens"] + 64 * images  # the paper's 54 + 10 of each 576-token image
+    assert zipped["tokens_held"][0] == kept + 1  # the first answer token, fed before the second
+    assert zipped["realised_fraction"] == pytest.approx(kept / full["prompt_tokens"])
+
+
 def test_bench_question_after_and_set(capsys):
     code, out = run_json(capsys, "--methods", "streamingllm", "--budget", "0.3", "--set", "sink_tokens=8",
                          "--question-after", "--max-new-tokens", "4", "--repeats", "1")
@@ -75,6 +87,8 @@ def test_bench_list(capsys):
     (["--budget", "0"], "--budget"),
     (["--set", "nope=1"], "no chosen method"),
     (["--image", "/nonexistent.png"], "not found"),
+    (["--model", "tiny-qwen2-vl", "--methods", "visionzip"], "CLS token"),  # a tower without one: refused
+    (["--mode", "decode", "--methods", "visionzip"], "before the decoder"),  # no tower at all in that mode
 ])
 def test_bench_errors_are_one_line(capsys, argv, message):
     code, out = run_json(capsys, *argv)

@@ -124,7 +124,7 @@ def test_generates_what_full_attention_masked_to_the_kept_tokens_generates(model
 def test_narrowing_to_every_row_is_the_full_cache(models, name):
     """A ratio that drops no token still runs the narrowing hooks (DeepStack re-added by them): exact."""
     loaded = models(name)
-    ref = Conversation(loaded, backends.make_backend("full")).ask(MESSAGE, max_new_tokens=8, ignore_eos=True)
+    ref = Conversation(loaded, backends.make_reference()).ask(MESSAGE, max_new_tokens=8, ignore_eos=True)
     backend = backends.make_backend("fastv", prune_ratio=1e-6)
     assert backend.narrows_prefill
     got = Conversation(loaded, backend).ask(MESSAGE, max_new_tokens=8, ignore_eos=True)

@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from tests.support import make_image, make_video
 
 import backends
 from backends.media_reuse import ReusesMedia
+from kv_arena.errors import UserError
 from kv_arena.hf import Chat, compress, save_offline
 from kv_arena.runtime.attention import ATTENTION_NAME
 from kv_arena.runtime.generate import Conversation
 from kv_arena.runtime.inputs import Message
 from kv_arena.runtime.vision_attention import vision_attention
+from kv_arena.runtime.vision_tokens import refusal
 
 PLAIN = [name for name in backends.available() if not issubclass(backends.backend_class(name), ReusesMedia)]
 FIRST, SECOND = "What is shown?", "And the colours?"
@@ -43,7 +47,16 @@ def budget_of(method: str) -> float:
 def test_generate_gives_the_runtimes_tokens_and_bytes_over_two_turns(models, restore, name, method):
     loaded = models(name)
     image = make_image(0, (224, 224))
-    conv = Conversation(loaded, backends.make_backend(method, budget=budget_of(method)))
+    backend = backends.make_backend(method, budget=budget_of(method))
+    refused = refusal(loaded.model, backend)
+    if refused is not None:  # the model's vision tower cannot serve it (VisionZip on Qwen-VL): both refuse alike
+        with pytest.raises(UserError, match=re.escape(refused)):
+            Conversation(loaded, backend)
+        with pytest.raises(UserError, match=re.escape(refused)):
+            with compress(stock(loaded), method, budget=budget_of(method)):
+                pass
+        return
+    conv = Conversation(loaded, backend)
     ref = [conv.ask(Message(FIRST, images=[image]), max_new_tokens=8), conv.ask(Message(SECOND), max_new_tokens=8)]
 
     model, adapter = stock(loaded), loaded.adapter

@@ -114,7 +114,13 @@ def picture(tmp_path):
 
 
 def settings(method: str, **kw) -> service.Settings:
-    return service.Settings.make(model=MODEL, method=method, budget=0.5, max_new_tokens=6, **kw)
+    return service.Settings.make(model=model_for(method), method=method, budget=0.5, max_new_tokens=6, **kw)
+
+
+def model_for(method: str) -> str:
+    """MODEL, or the tiny LLaVA for a method that reads a CLS token in the vision tower (VisionZip),
+    which MODEL's tower has not."""
+    return "tiny-llava" if backends.make_backend(method).selects_visual_tokens else MODEL
 
 
 def chat(session, settings_, text, *files):

@@ -17,7 +17,9 @@ reported per method. Every rate carries its 95% Wilson interval.
 Each point records the knob and the REALISED KV fraction: the bytes the method's cache holds after
 the first prompt over the full cache's bytes after the same prompt, averaged over the items; the
 figure puts it on the x axis. ``--budgets`` for methods with a budget, ``--taus`` for a method whose
-knob is ZipVL's threshold ``tau``; methods without a knob run once.
+knob is ZipVL's threshold ``tau``, ``--keeps`` for VisionZip's share of image tokens kept; methods
+without a knob run once. A method the model's vision tower cannot serve (VisionZip on Qwen-VL, the
+default tiny-arena-vl's family) is not run; the run says so and why (``refused`` in the JSON).
 
 Three probes check the regime (full cache, media prefilled, visual KV removed by hand before the
 first question): keep only the object tokens (should cost nothing), drop exactly the tokens the
@@ -44,6 +46,7 @@ from ..errors import UserError
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import ARENA, load_model
+from ..runtime.vision_tokens import refusal
 from ..tiny import arena_scenes
 from ..tiny.arena_model import GENERATION
 from .common import REFERENCE
@@ -63,6 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budgets", default="0.1,0.2,0.5", help="values of a method's budget")
     p.add_argument("--taus", default="0.975", help="values of a method's tau (ZipVL), when it has no budget")
     p.add_argument("--bits", default="2,4", help="values of a method's bits (KIVI), when it has no budget")
+    p.add_argument("--keeps", default="0.333,0.111", help="values of a method's keep (VisionZip: the share of an "
+                   "image's tokens kept; paper 192 and 64 of 576)")
     p.add_argument("--per-type", type=int, default=200, help="held-out chats per question type")
     p.add_argument("--probe-items", type=int, default=None, help="chats per type for the probes (default: --per-type)")
     p.add_argument("--types", default=",".join(kinds), help=f"question types: {', '.join(kinds)}")
@@ -164,11 +169,11 @@ def probe(loaded, items: list, rng: np.random.Generator) -> dict[str, float]:
 
 
 def knob_of(method: str) -> str | None:
-    """The knob a method's points sweep: its budget, else a ``tau`` or ``bits`` parameter, else none."""
+    """The knob a method's points sweep: its budget, else a ``tau``, ``bits`` or ``keep`` parameter, else none."""
     cls = backends.backend_class(method)
     if cls.uses_budget:
         return "budget"
-    return next((p.name for p in cls.param_specs() if p.name in ("tau", "bits")), None)
+    return next((p.name for p in cls.param_specs() if p.name in ("tau", "bits", "keep")), None)
 
 
 def point(loaded, method: str, kwargs: dict, items: list, full_bytes: list[int]) -> dict:
@@ -210,7 +215,7 @@ def _line(kind: str, method: str, p: dict) -> str:
 
 def run(args) -> dict:
     values = {"budget": _values(args.budgets, "budgets"), "tau": _values(args.taus, "taus"),
-              "bits": _values(args.bits, "bits", 16, int)}
+              "bits": _values(args.bits, "bits", 16, int), "keep": _values(args.keeps, "keeps")}
     if args.add:  # the earlier run's items: the same model, types and count
         earlier = json.loads(Path(args.add).read_text())
         args.model, args.per_type, args.no_probe = earlier["model"], earlier["per_type"], True
@@ -225,6 +230,11 @@ def run(args) -> dict:
     if args.per_type < 1:
         raise UserError(f"--per-type must be at least 1; got {args.per_type}")
     loaded = load_model(args.model)
+    refused = {m: refusal(loaded.model, backends.make_backend(m)) for m in methods}
+    refused = {m: reason for m, reason in refused.items() if reason}  # VisionZip on a tower without a CLS token
+    for m, reason in refused.items():
+        print(f"{m}: not run: {reason}", flush=True)
+    methods = [m for m in methods if m not in refused]
     probe_items = args.probe_items or args.per_type
     points: dict[str, dict[str, list[dict]]] = {}
     probes: dict[str, dict[str, float]] = {}
@@ -243,7 +253,7 @@ def run(args) -> dict:
     report = {"model": args.model, "generation": GENERATION, "per_type": args.per_type, "probe_items": probe_items,
               "protocols": PROTOCOL_TITLES, "scoring": "whole answer, normalised exact match",
               "x": "realised KV fraction (bytes after the first prompt / full cache's bytes)",
-              "points": points, "probe": probes}
+              "points": points, "probe": probes, "refused": refused}
     return added(earlier, report) if args.add else report
 
 
@@ -251,6 +261,7 @@ def added(earlier: dict, report: dict) -> dict:
     """``earlier`` with ``report``'s methods' rows added (the full cache's stays the earlier run's)."""
     for kind, per_method in report["points"].items():
         earlier["points"][kind] |= {m: p for m, p in per_method.items() if m != REFERENCE}
+    earlier["refused"] = earlier.get("refused", {}) | report["refused"]
     return earlier
 
 
@@ -278,6 +289,8 @@ def table(report: dict) -> str:
                 lines.append("    " + _line(kind, method, p).split(None, 1)[1])
         for name, acc in report["probe"].get(kind, {}).items():
             lines.append(f"    probe: {name}: {acc:.2f}")
+    for method, reason in report.get("refused", {}).items():
+        lines.append(f"\n{method}: not run: {reason}")
     return "\n".join(lines)
 
 

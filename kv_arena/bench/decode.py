@@ -18,7 +18,9 @@ method's hooks during prefill / full's prefill; a method whose scores the prefil
 its own pass, ``needs_prefill_column_sums``, pays inside the prefill: its ``prefill_ratio`` - 1), ``prefill_ratio`` and ``decode_ratio`` (step time /
 full's), and ``ideal`` = (W + KV_kept) / (W + KV_full): a batch-1 decode step reads the weights W
 and the cache, so that is the best a smaller cache can do. The ``sdpa`` row compares the full cache
-through the runtime with stock attention (its ratios are runtime / stock). Exit code 2 on bad input.
+through the runtime with stock attention (its ratios are runtime / stock). A method that picks an
+image's tokens before the decoder (VisionZip) has no tower to read here: named, it is refused; with
+every method, left out. Exit code 2 on bad input.
 """
 
 from __future__ import annotations
@@ -167,6 +169,12 @@ def run(args: argparse.Namespace) -> list[dict]:
     methods = args.methods.split(",") if args.methods else backends.available()
     for m in methods:
         backends.backend_class(m)  # unknown names fail before the model is built
+    before_decoder = [m for m in methods if backends.make_backend(m).selects_visual_tokens]
+    if args.methods and before_decoder:
+        raise UserError(f"{', '.join(before_decoder)} picks an image's tokens in the vision tower, before the decoder; "
+                        "this mode feeds the decoder synthetic embeddings, with no tower: time it with --mode methods "
+                        "on a model it runs on (--model tiny-llava)")
+    methods = [m for m in methods if m not in before_decoder]  # all methods: left out, as said above
     methods = [REFERENCE] + [m for m in methods if m != REFERENCE]
     params = method_params(methods, args.set)
     for m in methods:

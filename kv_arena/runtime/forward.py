@@ -14,6 +14,7 @@ from backends.base import AttentionCall
 from .attention import ForwardRun, forward_run
 from .cache import KVCache
 from .narrowing import narrowing
+from .vision_tokens import selecting_visual_tokens
 
 
 def position_ids(rope_ids: torch.Tensor) -> torch.Tensor:
@@ -44,7 +45,8 @@ def run_forward(model, cache: KVCache, call: AttentionCall, sync: bool = False, 
     (a timed caller reads it after its own clock)."""
     cache.pending_positions = call.positions
     run = ForwardRun(cache, call, sync=sync)
-    with forward_run(run), narrowing(model, cache.backend):  # a method may run later layers on fewer rows
+    # a method may run later layers on fewer rows, or choose an image's tokens before the decoder
+    with forward_run(run), narrowing(model, cache.backend), selecting_visual_tokens(model, cache.backend):
         out = model(position_ids=position_ids(call.rope_ids.to(call.positions.device)), use_cache=True,
                     **{cache_keyword(model): cache}, **inputs)
         run.timed(cache.backend.after_forward, cache, call)

@@ -22,6 +22,7 @@ from .cache import KVCache
 from .forward import position_ids, run_forward
 from .inputs import DEFAULT_SYSTEM, Chunk, Message
 from .models import LoadedModel
+from .vision_tokens import check_runs_on
 
 
 def agreement(a: list[int], b: list[int], ignore: frozenset[int] | set[int] = frozenset()) -> float:
@@ -97,6 +98,7 @@ class Conversation:
 
     def __init__(self, loaded: LoadedModel, backend: KVBackend, system_prompt: str | None = DEFAULT_SYSTEM,
                  linker=None, cache: KVCache | None = None):
+        check_runs_on(loaded.model, backend)  # a method the model's vision tower cannot serve: one line, now
         self.loaded = loaded
         self.backend = backend
         # kv_arena.mpic.linking.Linker: stored media KV, for a backend that reuses it (backends.media_reuse.ReusesMedia)

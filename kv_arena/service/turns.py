@@ -16,6 +16,7 @@ from ..errors import UserError
 from ..mpic.linking import Linker
 from ..runtime.generate import Conversation, agreement
 from ..runtime.inputs import Message
+from ..runtime.vision_tokens import check_runs_on
 from .inputs import MAX_FRAMES, Prepared, Settings, request_seconds
 from .model_pool import Progress, free_memory, get_model, silent
 from .mpic import reuse_summary, store_media
@@ -118,7 +119,7 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
     failure said in one line) leaves the conversation as it was before the message; out of
     memory, its cache is freed instead."""
     plan = plan_turn(settings)  # bad parameters, or a cap the method cannot hold, fail before any model work
-    get_model(settings.model, progress)
+    check_runs_on(get_model(settings.model, progress).model, plan.backend)  # before any GPU call
     if shown is not None and shown != session.transcript:
         session.new_chat()
     session.use_model(settings.model)
@@ -274,7 +275,9 @@ def compare(session: Session, settings: Settings, methods: list[str], turns: Pre
 
 def _compare(session: Session, settings: Settings, plans: list[Plan], turns: list[Prepared],
              progress: Progress) -> Iterator[CompareView]:
-    get_model(settings.model, progress)
+    loaded = get_model(settings.model, progress)
+    for plan in plans:  # a method this model's vision tower cannot serve: before any GPU call
+        check_runs_on(loaded.model, plan.backend)
     session.use_model(settings.model)
     session.stop_requested = False
     views = compare_on_gpu(session.chat.references, settings, plans, turns, session.id)
