@@ -14,6 +14,7 @@ import pkgutil
 from collections.abc import Callable
 
 from .base import KVBackend
+from .params import BUDGET
 
 _REGISTRY: dict[str, type[KVBackend]] = {}
 
@@ -78,6 +79,7 @@ def make_backend(name: str, budget: float = 1.0, **params) -> KVBackend:
     its own parameters decide what it holds."""
     cls = backend_class(name)
     cls.check_params(params)  # before the dataclass __init__, which would raise a bare TypeError
+    budget = BUDGET.coerce(budget)  # a budget off its range is refused, whether the method uses one or not
     return cls(budget=budget if cls.uses_budget else 1.0, **params)
 
 
