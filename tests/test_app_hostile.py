@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -230,7 +231,7 @@ def test_a_hundred_new_scenes_leave_at_most_the_cap_on_disk(server, monkeypatch)
     for i in range(100):
         message = raw_event(url, index, ["colour", None], hashes[i % 10])
         assert message["success"], message
-    scenes = uploads.upload_dir() / uploads.PRIVATE_ROOT / "scenes"
+    scenes = uploads.private_root() / "scenes"
     drawn = [item for session in scenes.iterdir() for item in session.iterdir()]
     assert 1 <= len(drawn) <= 8
     direct = httpx.post(f"{url}gradio_api/run/predict", json={"data": ["colour", None], "fn_index": index}, timeout=10)
@@ -395,17 +396,37 @@ def test_an_upload_no_session_takes_is_gone_after_the_idle_time(url, monkeypatch
     assert not Path(upload).exists()
 
 
-def test_store_folders_of_dead_sessions_are_swept_at_start(tmp_path, monkeypatch):
-    from kv_arena.service import store
+def test_at_start_the_folders_of_gone_processes_are_swept_and_a_live_replicas_kept(tmp_path, monkeypatch):
+    """Two app processes on one host share the temp folders: each writes under its own instance
+    folder and holds its lock while it lives; the one starting sweeps only the folders of processes
+    that are gone (a kill leaves its lock free), for the media store and the private files alike."""
+    import fcntl
 
-    dead = tmp_path / ("ab" * 16)
-    dead.mkdir()
-    (dead / "x.safetensors").write_bytes(b"\0")
-    keep = tmp_path / "operator-notes"
-    keep.mkdir()
-    monkeypatch.setenv("KV_ARENA_KV_STORE", str(tmp_path))
-    store.store_at_start()
-    assert not dead.exists() and keep.exists()
+    from kv_arena.service import instance, store
+
+    def other_process(parent, name):
+        folder = parent / name / ("ab" * 16)
+        folder.mkdir(parents=True)
+        (folder / "x.safetensors").write_bytes(b"\0")
+        (parent / name / instance.ALIVE).touch()
+        return parent / name
+
+    for parent, sweep in ((tmp_path / "kv", lambda: store.store_at_start()),
+                          (uploads.upload_dir() / uploads.PRIVATE_ROOT, uploads.sweep_private_folders)):
+        parent.mkdir(parents=True, exist_ok=True)
+        monkeypatch.setenv("KV_ARENA_KV_STORE", str(tmp_path / "kv"))
+        dead = other_process(parent, f"p1-{uuid.uuid4().hex[:8]}")
+        live = other_process(parent, f"p2-{uuid.uuid4().hex[:8]}")
+        keep = parent / f"operator-notes-{uuid.uuid4().hex[:6]}"
+        keep.mkdir()
+        with open(live / instance.ALIVE) as held:  # a live replica holds its lock
+            fcntl.flock(held, fcntl.LOCK_EX)
+            sweep()
+            assert not dead.exists() and live.exists() and keep.exists()
+        assert instance.abandoned(live)  # its process gone, the next start sweeps it
+        assert not instance.abandoned(instance.own_folder(parent))  # never this process's own
+        shutil.rmtree(live)
+        keep.rmdir()
 
 
 def test_a_client_that_cancels_mid_prefill_stops_it(url, tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ from ..media import load_image
 from ..mpic.kv_store import KVStore
 from ..mpic.linking import media_key
 from ..mpic.store_api import MediaStore
+from .instance import own_folder, sweep_gone
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "assets"  # the app's shipped example media
 _STORE: MediaStore | None = None
@@ -52,10 +53,10 @@ def _flag(name: str) -> bool:
 
 def make_store() -> MediaStore:
     """The store the environment asks for (the module docstring)."""
-    root = os.environ.get("KV_ARENA_KV_STORE") or os.path.join(tempfile.gettempdir(), "kv-arena-mpic")
+    root = local_root()
     disk = int(float(os.environ.get("KV_ARENA_KV_STORE_MB", "8192")) * 2**20)
     ttl = float(os.environ.get("KV_ARENA_KV_STORE_TTL_S", 24 * 3600))
-    local = KVStore(root, memory_bytes=disk // 4, disk_bytes=disk, ttl_s=ttl)
+    local = KVStore(own_folder(Path(root)), memory_bytes=disk // 4, disk_bytes=disk, ttl_s=ttl)
     url = os.environ.get("KV_ARENA_KV_STORE_URL", "").strip()
     if not url:
         return local
@@ -79,11 +80,15 @@ def media_store() -> MediaStore:
 
 
 def store_at_start() -> MediaStore:
-    """The store as the app's process first opens it: the folders sessions of an earlier run left
-    (a crash, a kill) are removed, since none of those sessions is alive now."""
-    store = make_store()
-    store.sweep_namespaces()
-    return store
+    """The store as the app's process first opens it: the folders app processes that are gone left
+    (a crash, a kill) are removed; another live app process on this host keeps its own."""
+    sweep_gone(Path(local_root()))
+    return make_store()
+
+
+def local_root() -> str:
+    """Where the local tier's processes each keep their folder: ``KV_ARENA_KV_STORE``, else a temp folder."""
+    return os.environ.get("KV_ARENA_KV_STORE") or os.path.join(tempfile.gettempdir(), "kv-arena-mpic")
 
 
 @contextmanager

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import UserError
+from .instance import own_folder, sweep_gone
 
 
 class Uploader(Protocol):
@@ -187,7 +188,8 @@ def forget_uploads(session: Uploader) -> None:
 
 # --- files the app writes for one session (overlays, drawn scenes) ------------------------------
 # They live in Gradio's upload folder, so Gradio serves them where they are (no copy in its cache),
-# under kv-arena/<kind>/<session id>/, and go with the session (:func:`drop_session_files`).
+# under kv-arena/<this process>/<kind>/<session id>/ (another app process on the host has its own:
+# :mod:`.instance`), and go with the session (:func:`drop_session_files`).
 PRIVATE_ROOT = "kv-arena"
 KEEP_PRIVATE = 48  # a session's newest private images kept (a gallery shows a few at a time)
 
@@ -196,9 +198,14 @@ def session_folder(session_id: str, kind: str) -> Path:
     """The folder for one session's files of one kind (made on first use)."""
     if not re.fullmatch(r"[0-9a-f]{32}|anonymous", session_id) or not re.fullmatch(r"[a-z]+", kind):
         raise ValueError("a session folder is named by a server-made session id and a kind")
-    folder = upload_dir() / PRIVATE_ROOT / kind / session_id
+    folder = private_root() / kind / session_id
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def private_root() -> Path:
+    """This process's folder of private files in Gradio's upload folder."""
+    return own_folder(upload_dir() / PRIVATE_ROOT)
 
 
 def note_private(paths, client: str | None) -> None:
@@ -248,16 +255,17 @@ def _remove(path: Path) -> None:
 
 def drop_session_files(session_id: str) -> None:
     """The session ended: every file the app wrote for it goes."""
-    root = upload_dir() / PRIVATE_ROOT
-    for kind in (root.iterdir() if root.is_dir() else []):
+    root = private_root()
+    for kind in (k for k in root.iterdir() if k.is_dir()):
         folder = kind / session_id
         if folder.is_dir():
             _remove(folder)
 
 
 def sweep_private_folders() -> None:
-    """At start: no session of an earlier process is alive, so its private files go."""
-    shutil.rmtree(upload_dir() / PRIVATE_ROOT, ignore_errors=True)
+    """At start: the private files of app processes that are gone go (another app process on this
+    host keeps its own)."""
+    sweep_gone(upload_dir() / PRIVATE_ROOT)
 
 
 def cap_folders(parent: Path, keep: int) -> None:
