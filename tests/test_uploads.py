@@ -9,14 +9,17 @@ from types import SimpleNamespace
 import pytest
 from tests.support import make_image
 
+from kv_arena import service
 from kv_arena.errors import UserError
 from kv_arena.service import uploads
 
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
+    """Gradio's upload folder of this test, and a ledger of its own (an application state)."""
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
-    return tmp_path
+    with service.using_app(service.AppState()):
+        yield tmp_path
 
 
 def upload(folder, name: str, seed: int) -> str:

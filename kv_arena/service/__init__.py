@@ -1,6 +1,10 @@
 """What the app asks of the runtime, in plain Python values: the UI (``components/``) never sees a
 tensor and never imports torch. The app imports this package only; its modules, by job:
 
+* :mod:`.app_state` and :mod:`.current`: the application's state, one object per job (the model
+  pool, the sessions, the store, the uploads' ledger, the drawn scenes); ``app.py`` opens its own
+  (:func:`open_app`), a test uses its own for a block (:func:`using_app`); on import the package
+  opens one with defaults (library use, benches, a forked GPU worker).
 * :mod:`.model_picker`: the model the app starts with (a GPU and a network probe decide), the
   picker's choices, and what each model is.
 * :mod:`.model_pool`: models load once and are shared between sessions (read-only weights); at
@@ -23,7 +27,7 @@ tensor and never imports torch. The app imports this package only; its modules, 
   numpy arrays, no torch): :class:`ChatView`, :class:`CompareView` and their parts.
 * :mod:`.views`: the figures the panels draw; :mod:`.at_scale`: what a KV fraction means on the
   real architectures.
-* :mod:`.store` and :mod:`.mpic`: MPIC's media KV store is one per process, under
+* :mod:`.store` and :mod:`.mpic`: MPIC's media KV store is one per application, under
   ``KV_ARENA_KV_STORE`` (default: ``kv-arena-mpic`` in the temp directory); each session's entries
   live in a namespace named by the server-side :attr:`Session.id` (never by anything a client
   sends), are stored when an MPIC turn adds media, listed by :func:`media_library` and dropped when
@@ -37,6 +41,8 @@ tensor and never imports torch. The app imports this package only; its modules, 
 
 from ..media import MAX_VIDEO_BYTES  # the largest upload the app takes
 from ..runtime.models import ARENA
+from .app_state import AppState
+from .current import current_app, open_app, using_app
 from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, checked_text, prepare
 from .model_picker import check_model_allowed, default_model, has_random_weights, is_trained_here, model_choices, model_description
 from .model_pool import get_model
@@ -68,6 +74,7 @@ from .view_types import (
 from .views import kept_visuals
 
 __all__ = [
+    "AppState", "current_app", "open_app", "using_app",
     "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Plan", "Prepared", "Scene", "Session", "Settings",
     "ChatView", "SwitchNote", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters", "ProgressNote",
     "ReferenceView", "ReuseSummary", "StreamView", "TtftView",
@@ -80,3 +87,5 @@ __all__ = [
     "check_model_allowed", "check_sent_files", "checked_params", "checked_text", "in_upload_dir",
     "save_private_images", "active", "open_session", "expire_idle", "start_sweeper", "sweep_dead_sessions",
 ]
+
+open_app(AppState())  # until app.py (or a test) opens its own

@@ -24,6 +24,8 @@ INSTANCE = f"p{os.getpid()}-{uuid.uuid4().hex[:8]}"  # inherited by forked worke
 NAMED = re.compile(r"p\d+-[0-9a-f]{8}")
 ALIVE = ".alive"
 YOUNG_S = 60.0  # a folder this new without its lock file may be a process starting: left alone
+# Process identity, not application state: flock belongs to this process's open file, so every app
+# state in the process (a test's own included) shares these folders and their locks.
 _held: dict[Path, object] = {}  # folder -> the open lock file (kept open: closing it would release the lock)
 
 

@@ -4,7 +4,6 @@ large (hub-sized) model stays loaded so a GPU holds one set of weights."""
 from __future__ import annotations
 
 import gc
-import os
 import threading
 from collections.abc import Callable
 
@@ -17,6 +16,7 @@ from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import LoadedModel, load_model, model_spec
 from . import zerogpu
+from .current import current_app
 from .model_picker import check_model_allowed
 
 Progress = Callable[[float, str], None]
@@ -26,37 +26,52 @@ def silent(fraction: float, text: str) -> None:
     pass
 
 
-_MODELS: dict[str, LoadedModel] = {}
-_MODEL_LOCK = threading.Lock()
+class ModelPool:
+    """The models this process loaded, by name; a forked worker keeps its parent's (copied by the fork)."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, LoadedModel] = {}
+        self.lock = threading.Lock()
+
+    def get(self, name: str, progress: Progress = silent) -> LoadedModel:
+        """:func:`get_model` on this pool."""
+        check_model_allowed(name)
+        with self.lock:
+            if name not in self.models:
+                if not model_spec(name).small:  # free the previous large model before loading another
+                    for other in [n for n in self.models if not model_spec(n).small]:
+                        del self.models[other]
+                    free_memory()
+                self.models[name] = loaded_and_warm(name, progress)
+            return self.models[name]
+
+    def after_fork(self) -> None:
+        """A forked worker (ZeroGPU) cannot wait on a lock its parent held while forking."""
+        self.lock = threading.Lock()
 
 
 def get_model(name: str, progress: Progress = silent) -> LoadedModel:
     """Load (once) and return a model a visitor may pick (:func:`check_model_allowed`); one hub
     model at a time so a GPU holds one set of weights."""
-    check_model_allowed(name)
-    with _MODEL_LOCK:
-        if name in _MODELS:
-            return _MODELS[name]
-        spec = model_spec(name)
-        if not spec.small:  # free the previous large model before loading another
-            for other in [n for n in _MODELS if not model_spec(n).small]:
-                del _MODELS[other]
-            free_memory()
-        try:
-            loaded = load_model(name, progress=progress)
-            if not zerogpu.ZERO_GPU:  # on ZeroGPU the GPU exists only inside a GPU function: no forward here
-                progress(0.95, "Warming up (so the first timings are not start-up costs)...")
-                Conversation(loaded, backends.make_reference()).ask(Message("Hi"), max_new_tokens=2)
-        except UserError:
-            raise
-        except torch.OutOfMemoryError:
-            free_memory()
-            raise UserError(f"Not enough memory to load {name}; pick a smaller model.") from None
-        except Exception as exc:  # a broken download, a missing package: readable, never a traceback
-            first_line = str(exc).splitlines()[0][:300] if str(exc) else ""
-            raise UserError(f"{name} failed to load: {exc.__class__.__name__}: {first_line}") from None
-        _MODELS[name] = loaded
-        return loaded
+    return current_app().models.get(name, progress)
+
+
+def loaded_and_warm(name: str, progress: Progress) -> LoadedModel:
+    """``name`` loaded and run once; a failure said in one line (:class:`UserError`)."""
+    try:
+        loaded = load_model(name, progress=progress)
+        if not zerogpu.ZERO_GPU:  # on ZeroGPU the GPU exists only inside a GPU function: no forward here
+            progress(0.95, "Warming up (so the first timings are not start-up costs)...")
+            Conversation(loaded, backends.make_reference()).ask(Message("Hi"), max_new_tokens=2)
+    except UserError:
+        raise
+    except torch.OutOfMemoryError:
+        free_memory()
+        raise UserError(f"Not enough memory to load {name}; pick a smaller model.") from None
+    except Exception as exc:  # a broken download, a missing package: readable, never a traceback
+        first_line = str(exc).splitlines()[0][:300] if str(exc) else ""
+        raise UserError(f"{name} failed to load: {exc.__class__.__name__}: {first_line}") from None
+    return loaded
 
 
 def free_memory() -> None:
@@ -64,12 +79,3 @@ def free_memory() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
-
-
-def _after_fork() -> None:
-    """A forked worker (ZeroGPU) cannot wait on a lock its parent held while forking."""
-    global _MODEL_LOCK
-    _MODEL_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork)

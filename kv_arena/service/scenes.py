@@ -22,6 +22,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..media import write_avi
 from ..tiny import arena_scenes
+from .current import current_app
 from .inputs import Prepared
 from .model_picker import is_trained_here
 from .uploads import ASSETS, cap_folders, file_hash, make_public, session_folder, trim_folder
@@ -61,8 +62,25 @@ def media_digest(files) -> str:
     return digest.hexdigest()
 
 
-_DRAWN: OrderedDict[str, Scene] = OrderedDict()
-_LOCK = threading.Lock()
+class SceneBook:
+    """The newest :data:`KEEP` drawn scenes, by the content key of their media."""
+
+    def __init__(self) -> None:
+        self.drawn: OrderedDict[str, Scene] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def remember(self, media: str, scene: Scene) -> None:
+        with self.lock:
+            self.drawn[media] = scene
+            while len(self.drawn) > KEEP:
+                self.drawn.popitem(last=False)
+
+    def find(self, media: str) -> Scene | None:
+        with self.lock:
+            return self.drawn.get(media)
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()  # the parent may have held it while forking
 
 
 def _follow_up(item) -> tuple[str, str] | None:
@@ -127,10 +145,7 @@ def draw_scene(kind: str, seed: int | None = None, owner: str = "anonymous") -> 
     trim_folder(mine, SCENES_PER_SESSION)
     scene = Scene(kind, tuple(q.text for q in item.turns), tuple(q.answer for q in item.turns),
                   tuple(str(p) for p in paths))
-    with _LOCK:
-        _DRAWN[media_digest(paths)] = scene
-        while len(_DRAWN) > KEEP:
-            _DRAWN.popitem(last=False)
+    current_app().scenes.remember(media_digest(paths), scene)
     return scene
 
 
@@ -138,9 +153,7 @@ def scene_of(media: str) -> Scene | None:
     """The drawn or example scene whose media have this content key (:attr:`Prepared.media`)."""
     if not media:
         return None
-    with _LOCK:
-        drawn = _DRAWN.get(media)
-    return drawn or _example_digests().get(media)
+    return current_app().scenes.find(media) or _example_digests().get(media)
 
 
 def true_answer(media: str, question: str) -> str | None:

@@ -12,6 +12,7 @@ import weakref
 from collections import Counter
 
 from ..runtime.generate import Conversation, ConversationState
+from .current import current_app
 from .inputs import Prepared, Settings
 from .model_pool import free_memory
 from .state import ChatState
@@ -19,12 +20,32 @@ from .store import bind_tenant, media_store
 from .uploads import drop_session_files, expire_unclaimed, forget_uploads, sweep_private_folders
 from .view_types import KeptVisual
 
-_STOPPING: set[str] = set()  # ids of sessions whose answer should end (seen by in-process GPU work only)
+
+class SessionBook:
+    """The app's open sessions: which tab holds each, when each was last active, which asked their
+    answer to end, and the thread that ends idle ones."""
+
+    def __init__(self) -> None:
+        self.stopping: set[str] = set()  # ids of sessions whose answer should end (seen by in-process GPU work only)
+        # session hash -> its session, held weakly: Gradio holds it while the tab lives
+        self.open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+        self.last_seen: dict[str, float] = {}  # session hash -> when its last event started or ended
+        self.busy: Counter[str] = Counter()  # session hash -> events running, heartbeats open
+        self.lock = threading.Lock()  # guards last_seen, busy and sweeper
+        self.sweeper: threading.Thread | None = None
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()  # the parent may have held it while forking
+        self.sweeper = None  # threads do not survive a fork (a worker never starts one: it tracks no tab)
+
+
+def _book() -> SessionBook:
+    return current_app().sessions
 
 
 def stopping(session_id: str) -> bool:
     """Whether that session asked its answer to end."""
-    return session_id in _STOPPING
+    return session_id in _book().stopping
 
 
 class Session:
@@ -47,11 +68,12 @@ class Session:
 
     @property
     def stop_requested(self) -> bool:
-        return self.id in _STOPPING
+        return self.id in _book().stopping
 
     @stop_requested.setter
     def stop_requested(self, value: bool) -> None:
-        (_STOPPING.add if value else _STOPPING.discard)(self.id)
+        stops = _book().stopping
+        (stops.add if value else stops.discard)(self.id)
 
     @property
     def conv(self) -> Conversation | ConversationState | None:
@@ -113,14 +135,11 @@ def close_session(session: Session | None) -> None:
         session.close()
 
 
-_OPEN: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
-
-
 def track(session: Session, session_hash: str | None, client: str | None = None) -> None:
     """Remember which browser session owns ``session`` so closing the tab frees it at once, and
     which client it belongs to (the id its requests carry; see :mod:`.uploads`)."""
     if session_hash:
-        _OPEN[session_hash] = session
+        _book().open[session_hash] = session
         _seen(session_hash)
         start_sweeper()
     if client:
@@ -130,13 +149,14 @@ def track(session: Session, session_hash: str | None, client: str | None = None)
 
 def open_session(session_hash: str | None) -> Session | None:
     """The session a browser tab (or API client) with this hash holds now, if any."""
-    return _OPEN.get(session_hash) if session_hash else None
+    return _book().open.get(session_hash) if session_hash else None
 
 
 def release(session_hash: str | None, free: bool = True) -> None:
-    session = _OPEN.pop(session_hash, None) if session_hash else None
-    with _ACTIVITY_LOCK:
-        _LAST_SEEN.pop(session_hash, None)
+    book = _book()
+    session = book.open.pop(session_hash, None) if session_hash else None
+    with book.lock:
+        book.last_seen.pop(session_hash, None)
     if isinstance(session, Session):
         session.close(free)
         bind_tenant(session.id, None)
@@ -146,19 +166,14 @@ def release(session_hash: str | None, free: bool = True) -> None:
 # Gradio closes a session when its heartbeat stream ends; a client that never opens one (raw HTTP)
 # is never closed by it. Such a session ends after ``KV_ARENA_SESSION_IDLE_S`` seconds without an
 # event (a session with a heartbeat open, or an event running, is never idle).
-_LAST_SEEN: dict[str, float] = {}  # session hash -> when its last event started or ended
-_BUSY: Counter[str] = Counter()  # session hash -> events running, heartbeats open
-_ACTIVITY_LOCK = threading.Lock()
-_SWEEPER: threading.Thread | None = None
-
-
 def idle_seconds() -> float:
     return float(os.environ.get("KV_ARENA_SESSION_IDLE_S", 1800))
 
 
 def _seen(session_hash: str) -> None:
-    with _ACTIVITY_LOCK:
-        _LAST_SEEN[session_hash] = time.monotonic()
+    book = _book()
+    with book.lock:
+        book.last_seen[session_hash] = time.monotonic()
 
 
 @contextlib.contextmanager
@@ -167,26 +182,27 @@ def active(session_hash: str | None):
     if not session_hash:
         yield
         return
-    with _ACTIVITY_LOCK:
-        _BUSY[session_hash] += 1
+    book = _book()
+    with book.lock:
+        book.busy[session_hash] += 1
     try:
         yield
     finally:
-        with _ACTIVITY_LOCK:
-            _BUSY[session_hash] -= 1
-            if _BUSY[session_hash] <= 0:
-                del _BUSY[session_hash]
+        with book.lock:
+            book.busy[session_hash] -= 1
+            if book.busy[session_hash] <= 0:
+                del book.busy[session_hash]
         _seen(session_hash)
 
 
 def expire_idle() -> list[str]:
     """Close the sessions idle for longer than :func:`idle_seconds`, and drop uploads no session
     took within that time; returns the session hashes closed."""
-    limit, now = idle_seconds(), time.monotonic()
-    with _ACTIVITY_LOCK:
-        idle = [h for h in list(_OPEN.keys()) if not _BUSY.get(h) and now - _LAST_SEEN.get(h, now) > limit]
-        for gone in set(_LAST_SEEN) - set(_OPEN.keys()):  # sessions Gradio closed itself
-            del _LAST_SEEN[gone]
+    limit, now, book = idle_seconds(), time.monotonic(), _book()
+    with book.lock:
+        idle = [h for h in list(book.open.keys()) if not book.busy.get(h) and now - book.last_seen.get(h, now) > limit]
+        for gone in set(book.last_seen) - set(book.open.keys()):  # sessions Gradio closed itself
+            del book.last_seen[gone]
     for session_hash in idle:
         release(session_hash, free=False)
     if idle:
@@ -195,19 +211,21 @@ def expire_idle() -> list[str]:
     return idle
 
 
-def _sweep_forever() -> None:
-    while True:
+def _sweep_forever(book: SessionBook) -> None:
+    while _book() is book:  # another app opened: its own sweeper serves it (start_sweeper)
         time.sleep(min(5.0, max(0.2, idle_seconds() / 4)))
-        expire_idle()
+        if _book() is book:
+            expire_idle()
 
 
 def start_sweeper() -> None:
-    """The thread that ends idle sessions and unclaimed uploads (started once per process)."""
-    global _SWEEPER
-    with _ACTIVITY_LOCK:
-        if _SWEEPER is None or not _SWEEPER.is_alive():
-            _SWEEPER = threading.Thread(target=_sweep_forever, name="kv-arena-idle-sessions", daemon=True)
-            _SWEEPER.start()
+    """The thread that ends idle sessions and unclaimed uploads (one per open app)."""
+    book = _book()
+    with book.lock:
+        if book.sweeper is None or not book.sweeper.is_alive():
+            book.sweeper = threading.Thread(target=_sweep_forever, args=(book,), name="kv-arena-idle-sessions",
+                                            daemon=True)
+            book.sweeper.start()
 
 
 

@@ -1,4 +1,5 @@
-"""MPIC's media KV store: one per process, shared by every session (each in its own namespace).
+"""MPIC's media KV store: one per application (:class:`StoreHolder`), shared by every session (each
+in its own namespace).
 
 The one place the store is chosen: ``KV_ARENA_KV_STORE_URL`` (``redis://host:port/db``, Valkey or
 Redis) puts a shared server behind the local store (:class:`~kv_arena.mpic.server_store.ServerStore`);
@@ -7,6 +8,7 @@ docs/mpic_store.md says how to run replicas on one server and what they share.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import tempfile
@@ -19,26 +21,53 @@ from ..media import load_image
 from ..mpic.kv_store import KVStore
 from ..mpic.linking import media_key
 from ..mpic.store_api import MediaStore
+from .current import current_app, using_app
 from .instance import own_folder, sweep_gone
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "assets"  # the app's shipped example media
-_STORE: MediaStore | None = None
-_STORE_LOCK = threading.Lock()
-_SWEPT = False  # the folders of an earlier process's sessions were removed (once, in the app's process)
-_TENANTS: dict[str, str] = {}  # session id -> its client's id (the cookie every replica sees)
+
+
+class StoreHolder:
+    """The app's one media store, opened on first use (:func:`store_at_start`, which sweeps), and
+    which client each session's stored media belong to."""
+
+    def __init__(self, store: MediaStore | None = None, tenants: dict[str, str] | None = None) -> None:
+        self.store = store
+        # session id -> its client's id (the cookie every replica sees)
+        self.tenants: dict[str, str] = {} if tenants is None else tenants
+        self.swept = store is not None  # a store given is used as it is: nothing of it to sweep
+        self.lock = threading.Lock()
+
+    def get(self) -> MediaStore:
+        with self.lock:
+            if self.store is None:
+                self.store = make_store() if self.swept else store_at_start()
+                self.swept = True
+            return self.store
+
+    def holding(self, store: MediaStore) -> StoreHolder:
+        """A holder of ``store`` that knows the same tenants (a replica's own store, a drill)."""
+        return StoreHolder(store, self.tenants)
+
+    def after_fork(self) -> None:
+        """A forked worker (ZeroGPU) opens the store anew: the parent's writer threads do not exist in
+        it. What a worker stores reaches the app through the disk (GPU functions flush before they end)."""
+        self.store, self.lock = None, threading.Lock()
+        self.swept = True  # the parent's sessions are alive: a worker never sweeps
 
 
 def bind_tenant(session_id: str, client: str | None) -> None:
     """The session's stored media belong to its client (its browser or API client), on any replica."""
+    tenants = current_app().store.tenants
     if client:
-        _TENANTS[session_id] = f"client:{client}"
+        tenants[session_id] = f"client:{client}"
     else:
-        _TENANTS.pop(session_id, None)
+        tenants.pop(session_id, None)
 
 
 def tenant_of(session_id: str) -> str:
     """A session's tenant on a shared server: its client's, else the session alone."""
-    return _TENANTS.get(session_id, session_id)
+    return current_app().store.tenants.get(session_id, session_id)
 
 
 @functools.cache
@@ -71,12 +100,7 @@ def media_store() -> MediaStore:
     """The process's one media KV store (:func:`make_store`). ``KV_ARENA_KV_STORE`` (a directory,
     else a temp one) holds its local tier, ``KV_ARENA_KV_STORE_MB`` caps that tier's disk use
     (memory: a quarter of that)."""
-    global _STORE, _SWEPT
-    with _STORE_LOCK:
-        if _STORE is None:
-            _STORE = make_store() if _SWEPT else store_at_start()
-            _SWEPT = True
-        return _STORE
+    return current_app().store.get()
 
 
 def store_at_start() -> MediaStore:
@@ -93,23 +117,8 @@ def local_root() -> str:
 
 @contextmanager
 def using_store(store: MediaStore) -> Iterator[MediaStore]:
-    """``store`` as the process's media store for the block (a replica's own store, a drill)."""
-    global _STORE
-    with _STORE_LOCK:
-        before, _STORE = _STORE, store
-    try:
+    """``store`` as the app's media store for the block (a replica's own store, a drill): the
+    current application state with another store holder, its other parts shared."""
+    app = current_app()
+    with using_app(dataclasses.replace(app, store=app.store.holding(store))):
         yield store
-    finally:
-        with _STORE_LOCK:
-            _STORE = before
-
-
-def _after_fork() -> None:
-    """A forked worker (ZeroGPU) opens the store anew: the parent's writer threads do not exist in
-    it. What a worker stores reaches the app through the disk (GPU functions flush before they end)."""
-    global _STORE, _STORE_LOCK, _SWEPT
-    _STORE, _STORE_LOCK = None, threading.Lock()
-    _SWEPT = True  # the parent's sessions are alive: a worker never sweeps
-
-
-os.register_at_fork(after_in_child=_after_fork)

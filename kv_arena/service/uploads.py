@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import UserError
+from .current import current_app
 from .instance import own_folder, sweep_gone
 
 
@@ -55,8 +56,20 @@ class _Upload:
         return bool(self.clients - self.users) or self.claimed < self.anonymous
 
 
-_UPLOADS: dict[str, _Upload] = {}
-_UPLOADS_LOCK = threading.Lock()
+class UploadBook:
+    """The ledger: each upload's record by resolved path, and the files the app drew (public)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, _Upload] = {}
+        self.drawn: OrderedDict[tuple[int, str], None] = OrderedDict()  # (size, content hash) of media the app drew
+        self.lock = threading.Lock()
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()  # the parent may have held it while forking
+
+
+def _book() -> UploadBook:
+    return current_app().uploads
 
 
 def upload_dir() -> Path:
@@ -66,9 +79,10 @@ def upload_dir() -> Path:
 
 def note_uploads(paths, client: str | None = None) -> None:
     """Gradio received these files from ``client`` (None: a request without the client cookie)."""
-    with _UPLOADS_LOCK:
+    book = _book()
+    with book.lock:
         for path in paths:
-            record = _UPLOADS.setdefault(str(Path(path).resolve()), _Upload())
+            record = book.files.setdefault(str(Path(path).resolve()), _Upload())
             record.noted = time.monotonic()
             if client:
                 record.clients.add(client)
@@ -91,22 +105,22 @@ def _in_upload_dir(path: Path) -> bool:
     return in_upload_dir(path) and path.is_file()
 
 
-_DRAWN_HASHES: OrderedDict[tuple[int, str], None] = OrderedDict()  # (size, content hash) of media the app drew
 DRAWN_REMEMBERED = 4096  # the newest drawn files stay public (their files are capped far below that)
 
 
 def make_public(paths) -> None:
     """Files the app wrote itself (drawn scenes): any session may use them, as the examples."""
-    with _UPLOADS_LOCK:
+    book = _book()
+    with book.lock:
         for path in paths:
-            _DRAWN_HASHES[(os.path.getsize(path), file_hash(str(path)))] = None
-        while len(_DRAWN_HASHES) > DRAWN_REMEMBERED:
-            _DRAWN_HASHES.popitem(last=False)
+            book.drawn[(os.path.getsize(path), file_hash(str(path)))] = None
+        while len(book.drawn) > DRAWN_REMEMBERED:
+            book.drawn.popitem(last=False)
 
 
 def _public(path: Path) -> bool:
     size, content = path.stat().st_size, file_hash(str(path))
-    return content in _public_hashes().get(size, ()) or (size, content) in _DRAWN_HASHES
+    return content in _public_hashes().get(size, ()) or (size, content) in _book().drawn
 
 
 def check_uploads(session: Uploader, files: list[str]) -> None:
@@ -115,12 +129,13 @@ def check_uploads(session: Uploader, files: list[str]) -> None:
     path sent by anyone else, however it got it, is refused. Files outside the folder (tests
     calling the functions directly) are not uploads; Gradio's copies of the shipped examples are
     public."""
+    book = _book()
     for name in files:
         path = Path(name).resolve()
         if not _in_upload_dir(path) or _public(path):
             continue
-        with _UPLOADS_LOCK:
-            record = _UPLOADS.get(str(path), _Upload())
+        with book.lock:
+            record = book.files.get(str(path), _Upload())
             if session.id not in record.owners:
                 if not (session.client and session.client in record.clients):
                     if record.claimed >= record.anonymous:
@@ -129,7 +144,7 @@ def check_uploads(session: Uploader, files: list[str]) -> None:
                     record.claimed += 1
                 record.owners.add(session.id)
                 record.users.add(session.client or "")
-                _UPLOADS[str(path)] = record
+                book.files[str(path)] = record
         session.uploads.add(str(path))
 
 
@@ -159,12 +174,13 @@ def may_read(name: str, client: str | None) -> bool:
     directory, as Gradio's file routes resolve it): an upload or a private file the app wrote
     (:func:`save_private_images`) only by its client; anything else (the examples, what the app
     drew) as Gradio decides."""
+    book = _book()
     try:
         path = Path(name).resolve()
     except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop: no file of ours
         return True
-    with _UPLOADS_LOCK:
-        record = _UPLOADS.get(str(path))
+    with book.lock:
+        record = book.files.get(str(path))
     if record is None or not _in_upload_dir(path) or _public(path):
         return True
     return bool(client) and client in record.clients
@@ -173,15 +189,16 @@ def may_read(name: str, client: str | None) -> bool:
 def forget_uploads(session: Uploader) -> None:
     """The session ended: an upload no other session uses or may still use leaves Gradio's folder,
     so its URL stops working."""
-    with _UPLOADS_LOCK:
+    book = _book()
+    with book.lock:
         for path in session.uploads:
-            record = _UPLOADS.get(path)
+            record = book.files.get(path)
             if record is None:
                 continue
             record.owners.discard(session.id)
             if record.owners or record.awaited():
                 continue
-            del _UPLOADS[path]
+            del book.files[path]
             _unlink_upload(path)
     session.uploads = set()
 
@@ -210,9 +227,10 @@ def private_root() -> Path:
 
 def note_private(paths, client: str | None) -> None:
     """Files the app wrote for ``client`` alone: served to that client only (to none without a client)."""
-    with _UPLOADS_LOCK:
+    book = _book()
+    with book.lock:
         for path in paths:
-            _UPLOADS[str(Path(path).resolve())] = _Upload(clients={client} if client else set())
+            book.files[str(Path(path).resolve())] = _Upload(clients={client} if client else set())
 
 
 def save_private_images(session: Uploader, images, kind: str = "overlays") -> list[str]:
@@ -244,9 +262,10 @@ def _mtime(path: Path) -> float:
 
 
 def _remove(path: Path) -> None:
-    with _UPLOADS_LOCK:
+    book = _book()
+    with book.lock:
         for name in [str(p.resolve()) for p in ([path] if path.is_file() else path.rglob("*"))]:
-            _UPLOADS.pop(name, None)
+            book.files.pop(name, None)
     if path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -286,12 +305,13 @@ def _entries(folder: Path) -> list[Path]:
 def expire_unclaimed(max_age_s: float) -> None:
     """Uploads no session has used for ``max_age_s`` seconds since they arrived (a client that
     uploaded and never asked, or went away) leave Gradio's folder."""
+    book = _book()
     now = time.monotonic()
-    with _UPLOADS_LOCK:
-        stale = [path for path, r in _UPLOADS.items() if not r.owners and now - r.noted > max_age_s
+    with book.lock:
+        stale = [path for path, r in book.files.items() if not r.owners and now - r.noted > max_age_s
                  and not Path(path).is_relative_to(upload_dir() / PRIVATE_ROOT)]
         for path in stale:
-            del _UPLOADS[path]
+            del book.files[path]
     for path in stale:
         _unlink_upload(path)
 
