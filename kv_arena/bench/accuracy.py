@@ -347,7 +347,8 @@ def figure(report: dict, out: Path) -> list[str]:
         fig.update_xaxes(type="log", title_text="realised KV fraction", row=1, col=col)
     fig.update_yaxes(title_text="whole answers right (all types)", range=[0, 1.02], row=1, col=1)
     fig.update_layout(title=f"{report['model']}: held-out accuracy vs realised KV fraction, 95% intervals",
-                      template="plotly_white", width=1400, height=520)
+                      template="plotly_white", width=1400, height=620,
+                      legend={"font": {"size": 12}, "tracegroupgap": 2})  # every method's name fits beside the panels
     written = [str(out) + ".html"]
     fig.write_html(written[0], include_plotlyjs="cdn")
     try:
