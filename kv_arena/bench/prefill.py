@@ -183,16 +183,21 @@ def variants(args: argparse.Namespace) -> dict:
         taus = [float(t) for t in str(args.budget).split(",") if t.strip()]
     except ValueError:
         raise UserError(f"--tau expects comma-separated values, got '{args.budget}'") from None
-    if not taus and "zipvl" in methods:
+    if not taus and any(map(sweeps_tau, methods)):
         raise UserError("--tau needs at least one value")
     params = method_params(methods, args.set)
     found = {}
     for method in methods:
-        for value in (taus if method == "zipvl" else [None]):
+        for value in (taus if sweeps_tau(method) else [None]):
             chosen = params[method] | ({} if value is None else {"tau": value})
             backends.make_backend(method, **chosen)
-            found[value if method == "zipvl" else method] = (method, chosen)
+            found[method if value is None else value] = (method, chosen)
     return found
+
+
+def sweeps_tau(method: str) -> bool:
+    """Whether the method's knob is a ``tau`` (ZipVL's attention mass), swept by ``--tau``."""
+    return any(p.name == "tau" for p in backends.backend_class(method).param_specs())
 
 
 def fastv_rows_share(cache: KVCache, layers: int) -> float:
@@ -230,7 +235,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 last[name] = (backend, cache.nbytes(), fastv_rows_share(cache, layers))
                 del cache
         share = Spread.paired(attention_s, times[REFERENCE])
-        for label, (method, _) in chosen.items():
+        for label, (method, params) in chosen.items():
             backend, held, rows_share = last[label]
             row = {"model": args.model, "layers": layers, "hidden_size": text.hidden_size, "device": str(device),
                    "dtype": dtype_name, "threads": torch.get_num_threads(), "visual_tokens": visual,
@@ -240,7 +245,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                    **Spread.paired(times[label], times[REFERENCE]).fields("prefill_ratio"),
                    **Spread.paired(times[REFERENCE], times[label]).fields("speedup"),
                    **share.fields("attention_share"), "kv_ratio": held / last[REFERENCE][1]}
-            if method == "zipvl":
+            if "tau" in params:  # ZipVL: the attention among its important tokens only
                 ratios = backend.report.important_ratio or [1.0] * layers
                 skipped = 1 - sum(r * r for r in ratios) / len(ratios)  # of the causal attention's pairs
                 ideal = Spread.of(1 - a / f * skipped for a, f in zip(attention_s, times[REFERENCE]))
@@ -264,7 +269,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         spread = {name: Spread(r[name], *r[f"{name}_range"], r["repeats"])
                   for name in ("prefill_ratio", "speedup", "attention_share", "ideal")}
-        zipvl = r["method"] == "zipvl"
+        zipvl = "tau" in r  # a row of a tau sweep (ZipVL); else FastV's K and R
         setting = f"tau {r['tau']}" if zipvl else f"K {r['params']['k_layer']}, R {r['params']['prune_ratio']}"
         cells.append([r["method"], str(r["visual_tokens"]), str(r["prompt_tokens"]), setting,
                       f"{r['important_ratio'] if zipvl else r['rows_share']:.3f}", f"{r['full_s']:.3f}",
