@@ -55,10 +55,15 @@ def kept_rows(scores: torch.Tensor, visual: torch.Tensor, prune_ratio: float) ->
     visual[-1] = False  # the last prompt token produces the first logit: never dropped
     candidates = visual.nonzero().flatten()
     keep = math.ceil((1 - prune_ratio) * candidates.numel() - 1e-9)
-    chosen = candidates[scores[candidates].topk(keep).indices]
-    mask = ~visual
-    mask[chosen] = True
-    return mask.nonzero().flatten()
+    return rows_kept(visual, scores[candidates].topk(keep).indices)
+
+
+def rows_kept(visual: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """Ascending rows of a prompt chunk that go on: every non-``visual`` (bool) row and the visual
+    rows at ``kept``, indices among the chunk's visual tokens in order (FastV's and VisionZip's)."""
+    rows = ~visual
+    rows[visual.nonzero().flatten()[kept]] = True
+    return rows.nonzero().flatten()
 
 
 @dataclass(eq=False)

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import AttentionCall, KVBackend, VisionTokens
+from .fastv import rows_kept
 from .params import param
 
 
@@ -99,14 +100,6 @@ def zip_image(features: torch.Tensor, attention: torch.Tensor, keys: torch.Tenso
     out = features.clone()
     out[rest[targets]] = merged
     return torch.cat([chosen, rest[targets]]).sort().values, out
-
-
-def rows_kept(visual: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """Ascending rows of a prompt chunk that go on: every non-``visual`` (bool) row and the visual
-    rows at ``kept``, indices among the chunk's visual tokens in order."""
-    rows = ~visual
-    rows[visual.nonzero().flatten()[kept]] = True
-    return rows.nonzero().flatten()
 
 
 @dataclass(eq=False)

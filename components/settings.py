@@ -32,8 +32,9 @@ DEFAULTS = {"budget": 0.3, "max_new_tokens": 48, "num_frames": 8, "compress": "w
 COMPRESS = [("With the question (the method sees what you ask)", "with_question"),
             ("Before the question (the media are cached first, as a stored picture is)", "before_question")]
 # the controls' ranges; a video streamed under a cap may have more frames (STREAMED_FRAMES)
-RANGES = {"budget": (service.budget_spec()["minimum"], service.budget_spec()["maximum"]), "max_new_tokens": (1, 512), "num_frames": (1, service.MAX_FRAMES),
-          "stream_cap_mb": (0, 65536)}
+BUDGET_SPEC = service.budget_spec()  # the methods' budget schema: the slider's range, step and help
+RANGES = {"budget": (BUDGET_SPEC["minimum"], BUDGET_SPEC["maximum"]), "max_new_tokens": (1, 512),
+          "num_frames": (1, service.MAX_FRAMES), "stream_cap_mb": (0, 65536)}
 STREAMED_FRAMES = (1, service.MAX_STREAMED_FRAMES)
 LABELS = {"budget": "The budget", "max_new_tokens": "Max new tokens", "num_frames": "Video frames",
           "stream_cap_mb": "The memory cap (MB)"}
@@ -221,7 +222,7 @@ def realised_note(method: str, fraction: float | None) -> str | None:
     return f"**Measured after the prompt:** {method} holds {fraction:.2f}x of the full cache's KV bytes."
 
 
-BUDGET_INFO = service.budget_spec()["help"]
+BUDGET_INFO = BUDGET_SPEC["help"]
 
 
 def budget_slider(name: str, cap_mb) -> gr.Slider:
@@ -296,7 +297,7 @@ def build_settings() -> SettingsPanel:
     method = checked_controls.Dropdown(choices=[(s["title"], s["name"]) for s in specs], value=DEFAULT_METHOD,
                                        label="Method", elem_id="method")
     info = gr.Markdown(method_card(DEFAULT_METHOD))
-    budget = checked_controls.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=service.budget_spec()["step"], label="Budget",
+    budget = checked_controls.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=BUDGET_SPEC["step"], label="Budget",
                                      visible=service.method_spec(DEFAULT_METHOD)["uses_budget"], elem_id="budget",
                                      elem_classes=["range-said"],
                                      info=BUDGET_INFO)

@@ -38,8 +38,8 @@ def cache_keyword(model) -> str:
 def run_forward(model, cache: KVCache, call: AttentionCall, sync: bool = False, **inputs):
     """``model(**inputs)`` on ``cache`` for the new tokens ``call`` describes (their token indices,
     rotary ids, layout): the cache learns which tokens the new keys belong to, the backend opens
-    and closes the pass (and, if it ``narrows_prefill``, drops rows between layers), its ``after_forward`` is timed with its other hooks. The inputs and
-    ``call.positions`` are on the model's device (``call.rope_ids`` may be on the CPU); ``sync``:
+    and closes the pass (and, if it ``narrows_prefill``, drops rows between layers), its
+    ``after_forward`` is timed with its other hooks. The inputs and ``call.positions`` are on the model's device (``call.rope_ids`` may be on the CPU); ``sync``:
     CUDA, where hooks are timed with events. Returns (the model's output, the :class:`ForwardRun`),
     whose ``settle()`` gives the seconds spent in the backend's hooks, read when the caller chooses
     (a timed caller reads it after its own clock)."""

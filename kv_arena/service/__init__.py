@@ -51,7 +51,8 @@ from .methods import budget_spec, checked_params, is_reference, method_spec, met
 from .scenes import ARENA_EXAMPLES, Scene, draw_scene, media_hint, scene_types
 from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_default_k, mpic_ttft
-from .sessions import Session, active, close_session, open_session, expire_idle, release, start_sweeper, sweep_dead_sessions, track
+from .sessions import (Session, active, close_session, expire_idle, open_session, release, start_sweeper,
+                       sweep_dead_sessions, track)
 from .state import ChatState
 from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
 from .uploads import check_sent_files, check_uploads, in_upload_dir, may_read, note_uploads, save_private_images
