@@ -51,6 +51,26 @@ def test_items_are_seeded_and_at_the_papers_sizes(v3, kind):
         assert all(not a & b for i, a in enumerate(asked) for b in asked[i + 1:])  # follow-ups: other objects
 
 
+@pytest.mark.parametrize("kind", scenes.QUESTION_TYPES)
+def test_every_question_indexes_the_grid_the_model_receives_at_every_scale(v3, kind):
+    """At every picture size of the training curriculum (--scale-from up to full size), the processor
+    keeps the drawn grid (no picture under its 64-token minimum, which it would enlarge), so the cells
+    each question names are its object's cells in the grid the model receives."""
+    train = training_module("train_arena_v3")
+    args = train.parse_args([])
+    for scale in sorted({train.scale_at(step, args) for step in range(0, args.scale_until + 1, 300)}):
+        for seed in range(2):
+            it = scenes.item(seed, kind, 2, scale)
+            chunk = v3.adapter.encode_turn(Message(it.question.text, **it.media()), 0, 0, DEFAULT_SYSTEM)
+            visuals = chunk.layout.visuals
+            grids = [tuple(int(x) for x in v.grid[1:]) for v in visuals]
+            drawn = [(p.rows, p.cols) for p in it.pictures]
+            assert grids == (drawn[:1] * len(visuals) if it.video else drawn), (kind, scale, seed)
+            assert sum(v.length for v in visuals) == it.visual_tokens()
+            for q in it.turns:
+                assert q.tokens and set(q.tokens) <= set(range(it.visual_tokens()))
+
+
 def test_sizes_cover_the_range():
     sizes = {kind: [scenes.item(s, kind).visual_tokens() for s in range(12)] for kind in ("colour", "images", "moving")}
     assert min(sizes["colour"]) >= 480 and max(sizes["images"]) >= 1500 and max(sizes["moving"]) >= 2000
@@ -69,15 +89,21 @@ def test_objects_are_listed_in_colour_order_and_pairs_name_two():
         assert len(pair.answer.split()) == 2 and pair.text.startswith("What colours are the")
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_every_drawn_pixel_lies_in_its_objects_tokens(seed):
-    """On a plain background drawn at the processed size, a cell that differs from the background is
-    one the item names as an object's, and objects sit off the token grid."""
+@pytest.mark.parametrize("seed, cols, rows, scale", [(0, 24, 20, 1.0), (1, 24, 20, 1.0), (2, 24, 20, 1.0),
+                                                      (3, 24, 20, 1.0), (4, scenes.MIN_SIDE, scenes.MIN_SIDE, 0.5),
+                                                      (5, scenes.MIN_SIDE, 9, 2.0)])
+def test_every_drawn_pixel_lies_in_its_objects_tokens(seed, cols, rows, scale):
+    """On a plain background, drawn at ``scale`` times the processed size and resized to it as a
+    user's picture is (the smallest pictures too), a cell that differs from the background is one the
+    item names as an object's, and objects sit off the token grid."""
     rng = np.random.default_rng(seed)
-    picture = scenes.Picture(24, 20, {"base": (30, 30, 30), "texture": "plain", "seed": 1, "strength": 10})
-    for shape, colour in scenes.kinds(rng, 5):
+    render = {"scale": scale, "resize_to": (cols * scenes.CELL, rows * scenes.CELL)}
+    picture = scenes.Picture(cols, rows, {"base": (30, 30, 30), "texture": "plain", "seed": 1, "strength": 10},
+                             render=render)
+    for shape, colour in scenes.kinds(rng, 5 if cols > scenes.MIN_SIDE else 3):
         thing = scenes.place(rng, picture, shape, colour)
-        picture.things.append(thing)
+        if thing is not None:
+            picture.things.append(thing)
     pixels = np.asarray(scenes.draw(picture)).astype(int)
     named = {k for t in picture.things for k in picture.cells_of(t)}
     for r in range(picture.rows):

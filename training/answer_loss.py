@@ -53,5 +53,6 @@ def answer_loss(model, seqs, embeds: torch.Tensor, pos: torch.Tensor, labels: to
     loss = torch.nn.functional.cross_entropy(logits, labels[answer])
     right = torch.ones_like(labels, dtype=torch.bool)
     right[answer] = logits.argmax(-1) == labels[answer]
+    right = right.cpu()  # one copy from an accelerator, not one per answer token
     hits = [[all(bool(right[i, at]) for at, _ in turn) for turn in s.answers] for i, s in enumerate(seqs)]
     return loss, hits, logits

@@ -108,7 +108,7 @@ def resume(model, optimizer, out: Path, fresh: bool) -> tuple[int, list, float]:
 def resume_progress(optimizer, out: Path) -> tuple[int, list, float]:
     """What :func:`save_weights` wrote besides the weights, loaded: (step, learning curve, start
     time moved back by the minutes trained so far), the optimiser's state into ``optimizer``."""
-    state = torch.load(out / "optimizer.pt")
+    state = torch.load(out / "optimizer.pt", map_location="cpu")  # a run moves between a GPU and a CPU
     optimizer.load_state_dict(state["optimizer"])
     print(f"resumed at step {state['step']}", flush=True)
     curve = json.loads((out / "training_curve.json").read_text())

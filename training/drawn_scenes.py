@@ -222,12 +222,18 @@ def place(rng, p: Picture, shape: str, colour: str, tries: int = 200, size=None,
     return None
 
 
+MIN_SIDE = 8  # cells: a picture at least MIN_SIDE a side holds MIN_CELLS tokens, so the processor keeps its grid
+
+
 def _sides(rng, key: str, scale: float) -> tuple[int, int]:
+    """(cols, rows) of a picture of ``key`` at ``scale``, never under MIN_SIDE a side: a smaller one the
+    processor enlarges past its minimum of MIN_CELLS tokens, and the cells named here would index a grid
+    the model never sees."""
     (lo, hi), _ = SIZES[key]
-    side = max(6, round(rng.integers(lo, hi + 1) * scale))
+    side = max(MIN_SIDE, round(rng.integers(lo, hi + 1) * scale))
     aspect = float(rng.uniform(0.75, 1.33)) if key != "moving" else 1.0
-    cols = max(6, round(side * math.sqrt(aspect)))
-    return cols, max(6, round(side * side / cols))
+    cols = max(MIN_SIDE, round(side * math.sqrt(aspect)))
+    return cols, max(MIN_SIDE, round(side * side / cols))
 
 
 def colour_question(shape: str, colour: str, tokens) -> Question:

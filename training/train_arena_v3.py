@@ -42,7 +42,9 @@ second run that background in view means "unknown": at step 250 it answered "unk
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,7 +114,7 @@ def visual_features(model, seqs: list[Sequence]) -> tuple[torch.Tensor | None, t
         parts = [s.pixels for s in seqs if keys[0] in s.pixels]
         if not parts:
             return None
-        kw = {k: torch.cat([p[k] for p in parts]) for k in keys if k in parts[0]}
+        kw = {k: torch.cat([p[k] for p in parts]).to(model.device) for k in keys if k in parts[0]}
         out = fn(*kw.values()).pooler_output
         return torch.cat(list(out)) if isinstance(out, (list, tuple)) else out
 
@@ -124,7 +126,8 @@ def visual_features(model, seqs: list[Sequence]) -> tuple[torch.Tensor | None, t
 def forward(model, seqs: list[Sequence], pad: int):
     """Loss, and per sequence and turn whether every answer token and the end of turn is the argmax
     (teacher forced: the same as greedy decoding getting the whole answer right)."""
-    ids, pos, labels = padded(seqs, [s.positions for s in seqs], pad)
+    ids, pos, labels = (t.to(model.device) for t in padded(seqs, [s.positions for s in seqs], pad))
+    mask = hidden_mask(seqs, ids.shape[1])
     cfg = model.config
     embeds = model.model.get_input_embeddings()(ids)
     images, videos = visual_features(model, seqs)
@@ -132,7 +135,7 @@ def forward(model, seqs: list[Sequence], pad: int):
         embeds = embeds.masked_scatter((ids == cfg.image_token_id)[..., None], images.to(embeds.dtype))
     if videos is not None:
         embeds = embeds.masked_scatter((ids == cfg.video_token_id)[..., None], videos.to(embeds.dtype))
-    return answer_loss(model, seqs, embeds, pos, labels, hidden_mask(seqs, ids.shape[1]))[:2]
+    return answer_loss(model, seqs, embeds, pos, labels, None if mask is None else mask.to(model.device))[:2]
 
 
 def scale_at(step: int, args) -> float:
@@ -174,6 +177,28 @@ def draw(step: int, args, adapter) -> list[Sequence]:
     return seqs
 
 
+_held_out: dict = {}
+
+
+def held_out_chats(adapter, kind: str, per_type: int, pool=None) -> list[Sequence]:
+    """The held-out two-turn chats of ``kind``, encoded once per process (every evaluation reads the
+    same ones); with a ``pool``, by its worker processes, eight chats a task."""
+    key = (kind, per_type)
+    if key not in _held_out:
+        if pool is None:
+            _held_out[key] = [encode(adapter, it) for it in scenes.held_out(kind, per_type, turns=2)]
+        else:
+            parts = [pool.submit(_encode_held_out_in_worker, kind, per_type, lo, lo + 8) for lo in range(0, per_type, 8)]
+            _held_out[key] = [seq for part in parts for seq in part.result()]
+    return _held_out[key]
+
+
+def needed_only(seq: Sequence) -> Sequence:
+    """``seq`` with every visual token but the first question's objects' hidden from the questions."""
+    needed = set(seq.item.question.tokens)
+    return dataclasses.replace(seq, hidden=[at for k, at in enumerate(seq.visual_at) if k not in needed])
+
+
 @torch.no_grad()
 def evaluate(model, adapter, per_type: int) -> dict[str, float]:
     """Held-out whole-answer accuracy on two-turn chats at full size: ``kind`` (first question),
@@ -184,23 +209,44 @@ def evaluate(model, adapter, per_type: int) -> dict[str, float]:
     pad = adapter.tokenizer.pad_token_id
     out = {}
     for kind in scenes.QUESTION_TYPES + ("unknown",):
-        items = scenes.held_out(kind, per_type, turns=2)
+        chats = held_out_chats(adapter, kind, per_type)
         hits, asked = [], []
-        for start in range(0, len(items), 8):
-            part = items[start:start + 8]
-            hits += forward(model, [encode(adapter, it) for it in part], pad)[1]
+        for start in range(0, len(chats), 8):
+            part = chats[start:start + 8]
+            hits += forward(model, part, pad)[1]
             if kind != "unknown":  # the curriculum's first stage: only the first question's objects in view
-                seqs = [encode(adapter, it) for it in part]
-                for s in seqs:
-                    needed = set(s.item.question.tokens)
-                    s.hidden = [at for k, at in enumerate(s.visual_at) if k not in needed]
-                asked += forward(model, seqs, pad)[1]
+                asked += forward(model, [needed_only(s) for s in part], pad)[1]
         out[kind] = float(np.mean([h[0] for h in hits]))
         if kind != "unknown":
             out[f"{kind}_follow"] = float(np.mean([h[1] for h in hits]))
             out[f"{kind}_needed_only"] = float(np.mean([h[0] for h in asked]))
     model.train()
     return out
+
+
+def watch_probes(curve: list, acc: dict, step: int, args, factor: float) -> float:
+    """The learning rate's factor from now on: halved when a ``*_needed_only`` probe has fallen by more
+    than --fall from its best since the last change at two evaluations in a row, once the reveal has
+    begun (what was learnt alone is being forgotten: the first remedy of issue #45's list), at most
+    three times; else unchanged.
+    The factor is kept in the curve, so a resumed run goes on with it."""
+    if step <= args.reveal[0] or factor <= 1 / 8:
+        return factor
+    since = [p for p in curve if p.get("lr_factor", 1.0) == factor]  # the points since the last change
+    if not since:
+        return factor
+
+    def below_best(k, v, points):
+        return max((p.get(k, 0.0) for p in points), default=0.0) - v > args.fall
+
+    # at two evaluations in a row: a one-off dip (40-80 chats a type) recovers by itself
+    fell = [k for k, v in acc.items() if k.endswith("_needed_only")
+            and below_best(k, v, since) and below_best(k, since[-1].get(k, 0.0), since[:-1])]
+    if fell:
+        factor /= 2
+        print(f"step {step}: {', '.join(fell)} fell by more than {args.fall} from its best; "
+              f"learning rate now {factor:g} x the schedule", flush=True)
+    return factor
 
 
 def setup(args):
@@ -219,7 +265,7 @@ def setup(args):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=2000, help="the schedule's length (the learning rate's cosine)")
+    p.add_argument("--steps", type=int, default=4000, help="the schedule's length (the learning rate's cosine)")
     p.add_argument("--stop-at", type=int, default=None, help="stop after this step, the schedule unchanged")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "runs" / "tiny-arena-vl-v3"))
@@ -230,20 +276,33 @@ def parse_args(argv=None):
     p.add_argument("--scale-from", type=float, default=0.4, help="picture size at step 0, relative to full")
     p.add_argument("--scale-until", type=int, default=1200, help="the step from which pictures are full size")
     p.add_argument("--completion-share", type=float, default=0.5, help="share of each batch given as completions")
-    p.add_argument("--completion-until", type=int, default=700, help="after this step, a fifth of that share")
+    p.add_argument("--completion-until", type=int, default=2500,
+                   help="after this step, a fifth of that share (the whole reveal: v2's proportion; a run that "
+                        "cut them at 700, before the other objects were all in view, never learnt to find the named "
+                        "one)")
     p.add_argument("--odd-share", type=float, default=0.08, help="share of out-of-scope chats")
-    p.add_argument("--odd-from", type=int, default=1200,
+    p.add_argument("--odd-from", type=int, default=2500,
                    help="first step with out-of-scope chats: once the scenes' background is in view (--reveal's C), "
                         "so that seeing background does not come to mean 'unknown'")
     p.add_argument("--evict-share", type=float, default=0.5, help="chance of each kind of training eviction")
-    p.add_argument("--evict-from", type=int, default=1200, help="first step with training evictions")
-    add_reveal_arg(p, (300, 700, 1200))
+    p.add_argument("--evict-from", type=int, default=2500, help="first step with training evictions")
+    add_reveal_arg(p, (300, 1500, 2500))
+    p.add_argument("--alone-share", type=float, default=0.25,
+                   help="share of every batch whose questions see only their objects for the whole run: what is "
+                        "learnt before the reveal is rehearsed, not forgotten")
+    p.add_argument("--fall", type=float, default=0.15,
+                   help="a *_needed_only probe this far under its best during the reveal halves the learning rate")
     p.add_argument("--types-from", type=parse_types_from,
-                   default="colour=0,shape=150,images=250,moving=350,pair=500,objects=650",
+                   default="colour=0,shape=0,images=250,moving=350,pair=500,objects=650",
                    help="TYPE=STEP,...: the step from which each question type is asked")
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--eval-items", type=int, default=40, help="held-out chats per type")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda where an accelerator is lent (the run moves freely "
+                                                   "between the two: checkpoints are read onto the CPU)")
+    p.add_argument("--workers", type=int, default=1, help="processes drawing the next batches")
+    p.add_argument("--minutes", type=float, default=None,
+                   help="stop, with an evaluation and a checkpoint, after this many minutes of this sitting")
     p.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --out")
     p.add_argument("--eyes", default=None, help="stage 2: the folder of a train_arena_v3_eyes.py run, whose vision "
                                                 "tower is loaded and frozen (a resumed run reloads its own weights)")
@@ -262,39 +321,64 @@ def _draw_in_worker(step: int, args) -> list[Sequence]:
     return draw(step, args, _worker["adapter"])
 
 
+def _encode_held_out_in_worker(kind: str, per_type: int, lo: int, hi: int) -> list[Sequence]:
+    if "adapter" not in _worker:
+        torch.set_num_threads(1)
+        _worker["adapter"] = arena_v3_model.build(0)[1]
+    hi = min(hi, per_type)  # the same chats as held_out(kind, per_type): seeds from its offset on
+    return [encode(_worker["adapter"], it) for it in scenes.held_out(kind, hi - lo, turns=2, offset=10_000_000 + lo)]
+
+
 def main(argv=None) -> int:
     import concurrent.futures
     import multiprocessing
 
     args = parse_args(argv)
     out = Path(args.out)
+    began = time.time()
     model, adapter, params, optimizer = setup(args)
+    model.to(args.device)  # before resuming: the optimiser's state follows its parameters' device
     start, curve, t0 = resume(model, optimizer, out, args.fresh)
+    factor = curve[-1].get("lr_factor", 1.0) if curve else 1.0
     pad = adapter.tokenizer.pad_token_id
     model.train()
     seen_loss = []
     end = min(args.steps, args.stop_at or args.steps)
-    pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-    ahead = pool.submit(_draw_in_worker, start, args)
+    pool = concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
+    if args.workers > 1:  # the held-out chats, encoded by the pool while nothing else waits for it
+        for kind in scenes.QUESTION_TYPES + ("unknown",):
+            held_out_chats(adapter, kind, args.eval_items, pool)
+    ahead = {k: pool.submit(_draw_in_worker, k, args) for k in range(start, min(end, start + 2 * args.workers))}
     for step in range(start, end):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr) * group["scale"]
-        seqs = ahead.result()
-        if step + 1 < end:
-            ahead = pool.submit(_draw_in_worker, step + 1, args)
+            group["lr"] = lr_at(step, args.steps, args.lr) * group["scale"] * factor
+        seqs = ahead.pop(step).result()
+        if step + 2 * args.workers < end:
+            ahead[step + 2 * args.workers] = pool.submit(_draw_in_worker, step + 2 * args.workers, args)
         rng = np.random.default_rng([args.seed, step, 1])
         evict = args.evict_share if step >= args.evict_from else 0.0
         objects, background = reveal(step, args.reveal)
         for s in seqs:
-            hide_for_training(s, rng, evict, objects, background)
+            if rng.random() < args.alone_share:  # rehearsal: only the asked objects in view
+                hide_for_training(s, rng, 0.0, 1.0, 1.0)
+            else:
+                hide_for_training(s, rng, evict, objects, background)
         seen_loss.append(update(optimizer, params, forward(model, seqs, pad)[0]))
         done = step + 1
         if done % 25 == 0:
             print(f"step {done} loss {np.mean(seen_loss[-25:]):.4f} scale {scale_at(step, args):.2f} "
-                  f"batch {len(seqs)}", flush=True)
-        if done % args.eval_every == 0 or done in (args.steps, args.stop_at):
-            record(model, out, curve, optimizer, done, seen_loss, t0, evaluate(model, adapter, args.eval_items))
-    pool.shutdown()
+                  f"batch {len(seqs)} lr {optimizer.param_groups[0]['lr']:.2e}", flush=True)
+        out_of_time = args.minutes is not None and time.time() - began > 60 * args.minutes
+        if done % args.eval_every == 0 or done in (args.steps, args.stop_at) or out_of_time:
+            acc = evaluate(model, adapter, args.eval_items)
+            factor = watch_probes(curve, acc, done, args, factor)
+            record(model, out, curve, optimizer, done, seen_loss, t0, {**acc, "lr_factor": factor})
+        if out_of_time:
+            print(f"stopped at step {done} after {args.minutes} minutes; rerun the same command to go on", flush=True)
+            break
+    for pending in ahead.values():
+        pending.cancel()
+    pool.shutdown(cancel_futures=True)
     return 0
 
 
