@@ -35,6 +35,8 @@ from starlette.middleware import Middleware
 
 from kv_arena import service
 
+from .request_size import RequestSizeLimit
+
 COOKIE = "kv_arena_client"
 UPLOAD_ROUTE = "/upload"  # POST: the files' bytes in, their server paths out (a JSON list)
 CALL_START = re.compile(r"/call(?:/v2)?/[^/]+/?$")  # POST: an event started, its id in the answer
@@ -269,7 +271,7 @@ def launch_kwargs() -> dict:
     """What ``launch`` takes for this middleware (app.launch_options): new dicts each call, since
     Gradio writes its MCP server's lifespan into the ``app_kwargs`` it is given, and a later launch
     handed the same dict would run that lifespan again (and fail to start)."""
-    return {"app_kwargs": {"middleware": [Middleware(ClientCookie)]}}
+    return {"app_kwargs": {"middleware": [Middleware(RequestSizeLimit), Middleware(ClientCookie)]}}
 
 
 def client_of(request: gr.Request | None) -> str | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,9 @@ VIDEO_SUFFIXES = {".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpe
 MAX_FRAMES = 32  # a video prefilled in one prompt
 MAX_STREAMED_FRAMES = 1024  # a video streamed under a cap: the cache stays under it whatever the length
 MB = 2**20
+# a message's text: far above any question about a picture, far below what costs the server a minute
+MAX_TEXT_CHARS = int(os.environ.get("KV_ARENA_MAX_TEXT_CHARS", 20_000))
+MAX_TEXT_BYTES = int(os.environ.get("KV_ARENA_MAX_TEXT_BYTES", 64 * 1024))
 
 
 @dataclass(frozen=True)
@@ -78,13 +82,21 @@ class Prepared:
 
 
 def checked_text(text: str) -> str:
-    """Text a message may hold: valid Unicode (a lone surrogate, which JSON lets a client send,
-    cannot be encoded, tokenised or shown back), or a UserError."""
+    """Text a message may hold: at most MAX_TEXT_CHARS characters and MAX_TEXT_BYTES bytes (checked
+    before anything is encoded or tokenised: one 60 MB message once held the queue for minutes), valid
+    Unicode (a lone surrogate, which JSON lets a client send, cannot be encoded, tokenised or shown
+    back), or a UserError. Messages, follow-ups and every message of a history sent back pass here."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise UserError(f"The message is too long: {len(text):,} characters, more than {MAX_TEXT_CHARS:,} "
+                        "(KV_ARENA_MAX_TEXT_CHARS). Shorten it.")
     try:
-        text.encode("utf-8")
+        size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise UserError(f"The message holds a character that is not valid text (U+{ord(text[exc.start]):04X} at "
                         f"position {exc.start}, a lone surrogate); type it again.") from None
+    if size > MAX_TEXT_BYTES:
+        raise UserError(f"The message is too long: {size:,} bytes of UTF-8, more than {MAX_TEXT_BYTES:,} "
+                        "(KV_ARENA_MAX_TEXT_BYTES). Shorten it.")
     return text
 
 

@@ -21,6 +21,7 @@ from .inputs import MAX_FRAMES, Prepared, Settings, request_seconds
 from .model_pool import Progress, free_memory, get_model, silent
 from .mpic import reuse_summary, store_media
 from .plan import Plan, plan_turn
+from .rereads import TurnCost, check_switch, recent_rereads, reread_cap
 from .sessions import Session, stopping
 from .state import ChatState, Reference, ReferenceCache, arrive, depart
 from .scenes import is_right, true_answer
@@ -122,6 +123,10 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
     check_runs_on(get_model(settings.model, progress).model, plan.backend)  # before any GPU call
     if shown is not None and shown != session.transcript:
         session.new_chat()
+    chat = session.chat
+    if not chat.continues(settings) and chat.rereadable(settings):  # a switch: what it re-reads is bounded
+        check_switch(chat.costs, chat.rereads, type(plan.backend), context=get_model(settings.model).max_context,
+                     full_cache=plan.is_reference)
     session.use_model(settings.model)
     session.stop_requested = False
     before = session.chat.rollback_point()
@@ -176,7 +181,8 @@ def _turn(state: ChatState, plan: Plan, prepared: Prepared,
             switch = yield from _reread(state, fresh.conv, plan, session_id)
             if state.conv.backend.is_reference:  # the full cache's chat is the reference from here on
                 state.references.adopt(state.conv, settings.generation + tuple(p.key for p in state.history))
-            fresh.history, fresh.answers, new_chat = state.history, state.answers, False
+            fresh.history, fresh.answers, fresh.costs, new_chat = state.history, state.answers, state.costs, False
+            fresh.rereads = recent_rereads(state.rereads, switch.tokens)
         state = fresh
     history = state.history + [prepared]
     reference, cached = None, False
@@ -207,6 +213,8 @@ def _turn(state: ChatState, plan: Plan, prepared: Prepared,
         if stream:
             _one_layout(conv, first_part, parts)
         state.history, state.answers = history, state.answers + [update.token_ids]
+        fed = update.metrics.prompt_tokens + len(update.token_ids) + (stream.tokens if stream else 0)
+        state.costs = state.costs + [TurnCost(fed, settings.cap_bytes if stream else None)]
         view = marked(view, media, prepared.message.text)
         if reference is not None:
             view = replace(view, agreement=agreement(update.token_ids, reference.token_ids, loaded.adapter.eos_ids))
@@ -229,13 +237,16 @@ def _reread(state: ChatState, conv: Conversation, plan: Plan,
     the new settings (streamed under the cap when there is one), then its answer as it was given
     (``Conversation.replay``); returns what that cost."""
     start, tokens, turns = time.perf_counter(), 0, len(state.history)
-    for i, (prepared, answer) in enumerate(zip(state.history, state.answers)):
+    costs = state.costs if len(state.costs) == turns else [TurnCost(0)] * turns
+    for i, (prepared, answer, cost) in enumerate(zip(state.history, state.answers, costs)):
         yield ProgressNote(0.3 + 0.1 * i / turns, f"{conv.backend.title} re-reads turn {i + 1} of {turns}...")
         if plan.reuses_media:
             store_media(session_id, conv.loaded, prepared)
         message, first_part, parts = prepared.message, len(conv.layouts), None
-        if plan.streamed and (message.images or message.videos):
-            stream, parts = yield from stream_media(conv, message, plan)
+        # a turn streamed under a cap is streamed again (under the new cap, else its own), never prefilled whole
+        if (plan.streamed or cost.cap_bytes is not None) and (message.images or message.videos):
+            cap = reread_cap(cost, plan.cap_bytes, plan.backend.streams_under_cap and not plan.is_reference)
+            stream, parts = yield from stream_media(conv, message, replace(plan, cap_bytes=cap))
             tokens += stream.tokens
             message = Message(message.text, media_first=message.media_first)
         metrics = conv.replay(message, answer, question_after=plan.settings.question_after)
