@@ -44,9 +44,12 @@ PANELS = """
   (x = 0) and after each new token, for the method and the full cache (dashed); the legend says the saving.
 - **Speed**: time to first token (reading the media, the prompt pass and the method's own work) and
   decode speed in tokens per second, method next to the full cache, labelled with the ratio to it
-  (0.80x), shown only where the spread of the decode steps' times tells it from 1 (the band ratio x
-  (1 ± spread) leaves out 1); elsewhere **≈**, measured but not told apart. On the tiny
-  offline model a step is mostly Python overhead, which says nothing about a method's speed at scale.
+  (0.80x) and drawn as a bar only where the same input gives the same verdict run after run: at least
+  8 decode steps each (the median step compared); a first token is one event, so its ratio needs at
+  least 0.5 s and evenly timed decode steps beside it (a busy machine times them unevenly); else **–**,
+  too short to time. A ratio within this machine's noise (±35%, wider when the steps themselves vary)
+  is **≈**. On the tiny offline model a step is mostly Python overhead, which says nothing about a
+  method's speed at scale.
 - Under the memory panel (and under Compare's panels), lines **computed, not measured**: the
   fraction of the full cache's KV measured here, projected onto real architectures (bytes per token
   from their configs, times this prompt's tokens; how many tokens or video frames fit in 16 GiB of

@@ -56,12 +56,11 @@ def table(runs: tuple[service.CompareRun, ...]) -> list[list]:
             if turn.metrics is None:
                 continue
             m, fm = turn.metrics, ref.metrics
-            spread = plots.step_spread(turn, ref)
             name = run.method + (" (cached)" if turn.cached else "" if turn.done else " (running…)")
             rows.append([name, n, "" if is_full else plots.vs_full(m.kv_bytes_prefill, fm.kv_bytes_prefill),
-                         round(m.ttft_s, 3), "" if is_full else plots.vs_full(m.ttft_s, fm.ttft_s, spread),
+                         round(m.ttft_s, 3), "" if is_full else plots.shown_ratio(plots.speed_ratio(turn, ref, "ttft_s")),
                          round(m.decode_tok_s, 1),
-                         "" if is_full else plots.vs_full(m.decode_tok_s, fm.decode_tok_s, spread),
+                         "" if is_full else plots.shown_ratio(plots.speed_ratio(turn, ref, "decode_tok_s")),
                          round(answer_seconds(m), 3),
                          "" if turn.agreement is None else f"{turn.agreement:.0%}", mark(turn)])
     return rows
@@ -162,12 +161,14 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
     except UserError as exc:
         yield refused(exc, {"text": "", "files": []})
         return
+    files_read = False  # a refusal about the files empties them from the box; any later one keeps every input
     try:
         service.check_uploads(session, files)
         if settings.num_frames > service.MAX_FRAMES:  # the frames a memory cap allows are Chat's (streamed)
             raise UserError(f"Compare prefills a video in one prompt: at most {service.MAX_FRAMES} frames (Chat "
                             "streams a longer one under a memory cap).")
         turns = conversation(message, follow_up, settings.num_frames, progress)
+        files_read = True
         views = service.compare(session, settings, methods, turns, progress_reporter(progress))
         sent = time.monotonic()
         titles, finished = column_titles(methods), -1
@@ -200,8 +201,8 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
                                                                     overlay.gallery(run.visuals, prefix=run.method + ", ")]),
                                   at_scale=scale_line(runs))
             yield outputs
-    except UserError as exc:
-        yield refused(exc, {"text": text, "files": []})
+    except UserError as exc:  # a method refused (VisionZip on a tower without CLS, say): the pictures stay
+        yield refused(exc, box_as_sent(message) if files_read else {"text": text, "files": []})
 
 
 def checked_methods(methods) -> list[str]:

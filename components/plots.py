@@ -50,38 +50,64 @@ class Drawn:
     stream: StreamView | None = None  # its media streamed in under a cap
 
 
-def step_spread(*runs) -> float | None:
-    """The relative spread (std / mean) of the decode steps' times, the larger of the runs': a
-    difference smaller than this is within the noise of this machine. None: too few steps to tell."""
-    spreads = []
-    for run in runs:
-        steps = run.metrics.step_s
-        if len(steps) >= 2:
-            mean = sum(steps) / len(steps)
-            spreads.append((sum((s - mean) ** 2 for s in steps) / (len(steps) - 1)) ** 0.5 / mean if mean else 0.0)
-    return max(spreads, default=None)
+MIN_STEPS = 8  # decode steps each answer must have before its decode speed is compared
+MIN_TIMED_S = 0.5  # a single timed event (a prefill) shorter than this is too short to compare (one run, no spread)
+NOISE = 0.35  # this machine's run-to-run noise: a timing ratio within 1 +- NOISE is not told from 1
+STEADY = 0.25  # decode steps whose interquartile range is within this share of their median: a quiet machine
+NOT_TOLD = "≈"  # in place of a measured ratio within the noise
+TOO_SHORT = "–"  # in place of a ratio with too few timed events behind it
+NOT_TOLD_NOTE = (f"≈ within timing noise (±{NOISE:.0%}); – too short to time (under {MIN_STEPS} decode steps; "
+                 f"a first token: under {MIN_TIMED_S} s, or its answer's steps uneven)")
 
 
-NOT_TOLD = "≈"  # in place of a measured ratio its spread does not tell from 1
-NOT_TOLD_NOTE = ("≈: measured, but not told apart from the full cache: within the spread of this machine's decode "
-                 "steps, or too few steps to measure it")
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def separated(ratio: float, spread: float | None) -> bool:
-    """Whether a measured ratio is told apart from 1: its spread band, ratio x (1 +- spread), does
-    not hold 1. None: too few steps to measure a spread, so nothing is told apart."""
-    return spread is not None and (ratio * (1 - spread) > 1 or ratio * (1 + spread) < 1)
+def _spread(values: list[float]) -> float:
+    """The interquartile range over the median: robust to the odd slow step a shared machine has."""
+    ordered, n = sorted(values), len(values)
+    median = _median(values)
+    return (ordered[(3 * n) // 4] - ordered[n // 4]) / median if median else 0.0
 
 
-def vs_full(value: float, reference: float, spread: float | None = 0.0) -> str:
-    """Every "vs full" figure in one unit, a ratio to the full cache ("0.50x"). A measured one
-    (``spread``: the relative spread of the decode steps; 0 for bytes, which are exact) is shown
-    only where that spread tells it from 1; elsewhere the short mark :data:`NOT_TOLD`, explained
-    once by :data:`NOT_TOLD_NOTE` wherever it appears."""
-    if not reference:
-        return "n/a"
-    ratio = value / reference
-    return f"{ratio:.2f}x" if spread == 0 or separated(ratio, spread) else NOT_TOLD
+def _steady(steps: list[float]) -> bool:
+    """Enough decode steps, evenly timed: the machine was not busy with something else meanwhile."""
+    return len(steps) >= MIN_STEPS and _spread(steps) <= STEADY
+
+
+def speed_ratio(run, reference, key: str) -> float | str:
+    """A speed ratio to the full cache that the same input gives run after run, or why there is none:
+    :data:`TOO_SHORT` where too few timed events stand behind it (fewer than MIN_STEPS decode steps
+    in either answer; a first token, one event each, under MIN_TIMED_S or beside uneven steps, which
+    say the machine was busy), :data:`NOT_TOLD` where it is
+    within this machine's noise (NOISE, widened by the steps' own spread). ``key``: ``ttft_s`` (the
+    method's time over the full cache's) or ``decode_tok_s`` (the full cache's median step over the
+    method's: its speed over the full cache's). Four Compare runs of one example on this 2-core
+    machine once read a decode ratio as ≈, ≈, 3.80x and 3.92x from two steps each: hence the rules."""
+    m, f = run.metrics, reference.metrics
+    if key == "ttft_s":  # one event each: trusted only when long, and when the steps say the machine was steady
+        if min(m.ttft_s, f.ttft_s) < MIN_TIMED_S or not (_steady(m.step_s) and _steady(f.step_s)):
+            return TOO_SHORT
+        ratio, band = m.ttft_s / f.ttft_s, NOISE
+    else:
+        if min(len(m.step_s), len(f.step_s)) < MIN_STEPS:
+            return TOO_SHORT
+        ratio = _median(f.step_s) / _median(m.step_s)
+        band = max(NOISE, 2 * max(_spread(m.step_s), _spread(f.step_s)))
+    return ratio if not (1 / (1 + band) <= ratio <= 1 + band) else NOT_TOLD
+
+
+def shown_ratio(ratio: float | str) -> str:
+    return f"{ratio:.2f}x" if isinstance(ratio, float) else ratio
+
+
+def vs_full(value: float, reference: float) -> str:
+    """An exact "vs full" figure (bytes), a ratio to the full cache ("0.50x"); speed ratios are
+    :func:`speed_ratio`'s."""
+    return f"{value / reference:.2f}x" if reference else "n/a"
 
 
 def kept_fraction(run, reference) -> float | None:
@@ -168,19 +194,21 @@ SPEED_ROWS = (("ttft_s", "<b>Time to first token</b> (s), lower is better", (0.6
 
 def speed_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure:
     """Time to first token and decode tokens/s, one horizontal bar per method (names never collide,
-    however many), the full cache first, labelled with the ratio to it, said in words where it is
-    within the noise of the decode steps (:func:`vs_full`)."""
+    however many), the full cache first. A method's bar is drawn only where its ratio to the full
+    cache is shown (:func:`speed_ratio`); elsewhere its row holds the value and the mark alone, so
+    no bar draws noise at full length."""
     bars = ([reference] if reference else []) + [r for r in runs if r and r.metrics is not None]
     traces, axes, titles = [], {}, []
     for row, (key, title, domain) in enumerate(SPEED_ROWS, start=1):
-        ref = getattr(reference.metrics, key) if reference else None
         values = [getattr(r.metrics, key) for r in bars]
-        labels = [f"{value:.3g}" + ("" if r is reference or ref is None else
-                                    f"  {vs_full(value, ref, step_spread(r, reference))}")
-                  for r, value in zip(bars, values)]
+        ratios = [None if r is reference or reference is None else speed_ratio(r, reference, key) for r in bars]
+        shown = [ratio is None or isinstance(ratio, float) for ratio in ratios]
+        labels = [f"{value:.3g}" + ("" if ratio is None else f"  {shown_ratio(ratio)}")
+                  for value, ratio in zip(values, ratios)]
         colors = [FULL_COLOR if r is reference else COLORS[(i - bool(reference)) % len(COLORS)] for i, r in enumerate(bars)]
         suffix = "" if row == 1 else str(row)
-        traces.append(dict(type="bar", y=[series_name(r.method, r.cached) for r in bars], x=values, orientation="h", text=labels,
+        traces.append(dict(type="bar", y=[series_name(r.method, r.cached) for r in bars],
+                           x=[v if keep else 0 for v, keep in zip(values, shown)], orientation="h", text=labels,
                            textposition="outside", cliponaxis=False, marker_color=colors, textfont=dict(size=12),
                            xaxis=f"x{suffix}", yaxis=f"y{suffix}"))
         axes[f"xaxis{suffix}"] = AXIS | dict(range=[0, 2.2 * max(values, default=0) or 1], anchor=f"y{suffix}")  # room for the labels
@@ -188,10 +216,11 @@ def speed_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure
                                              anchor=f"x{suffix}")
         titles.append(dict(text=title, x=0.5, xref="paper", xanchor="center", y=domain[1], yref="paper",
                            yanchor="bottom", showarrow=False, font=dict(size=13)))
-    if any(NOT_TOLD in label for trace in traces for label in trace["text"]):
-        titles.append(dict(text=NOT_TOLD_NOTE, x=0, xref="paper", xanchor="left", y=-0.02, yref="paper",
-                           yanchor="top", showarrow=False, font=dict(size=11, color="#555555")))
-    layout = LAYOUT | {"margin": dict(l=20, r=20, t=40, b=40), "uirevision": "speed", "showlegend": False,
+    if any(mark in label for trace in traces for label in trace["text"] for mark in (NOT_TOLD, TOO_SHORT)):
+        titles.append(dict(text=NOT_TOLD_NOTE.replace("; ", ";<br>"), x=0, xref="paper", xanchor="left", y=-0.02,
+                           yref="paper", yanchor="top", showarrow=False, align="left",
+                           font=dict(size=11, color="#555555")))
+    layout = LAYOUT | {"margin": dict(l=20, r=20, t=40, b=56), "uirevision": "speed", "showlegend": False,
                        "annotations": titles, "uniformtext": dict(minsize=12, mode="show")} | axes
     return go.Figure(data=traces, layout=layout)
 

@@ -25,7 +25,7 @@ def test_compare_runs_full_then_each_method(media):
     assert re.match(r"holds 0\.\d\dx the full KV\n\n1\. What is this\?\n→ ", boxes[1])
     assert [row[:2] for row in table] == [["Full cache", 1], ["StreamingLLM", 1]]
     assert re.fullmatch(r"\d+\.\d\dx", table[1][2])  # bytes: exact
-    assert all(re.fullmatch(r"\d+\.\d\dx|≈", cell) for cell in (table[1][4], table[1][6]))
+    assert all(re.fullmatch(r"\d+\.\d\dx|≈|–", cell) for cell in (table[1][4], table[1][6]))
     assert table[1][9] == ""  # no right/wrong mark: the app did not draw this picture
     assert status.startswith("Done") and len(gallery) == 1 and gallery[0][1] is None  # the caption is drawn in
     assert {t.name.split(":")[0] for t in memory.data} == {"Full cache", "StreamingLLM"}
@@ -97,3 +97,33 @@ def test_compare_keeps_at_most_four_ticked():
     assert kept == ["h2o", "snapkv", "zipvl", "mpic"] and "at most 4" in status and "VL-Cache" in status
     kept, status = compare.limit_methods(["h2o"])
     assert status == "" and not isinstance(kept, list)  # within the limit the boxes are left as ticked (gr.skip)
+
+
+def test_a_refused_method_keeps_the_pictures_in_the_box():
+    """VisionZip refused on a tower without a CLS token: the example's pictures stay in the box, so
+    the next Compare without it still sends them."""
+    first, then = compare.example_rows(True)[2]
+    values = control_values(model=service.ARENA, budget=compare.DEFAULT_BUDGET)
+    (refused,) = list(compare.respond(first, ["visionzip", "kivi"], service.Session(), settings_from(values),
+                                      follow_up=then))
+    assert refused.status.startswith(chat.NOT_ANSWERED) and "VisionZip" in refused.status
+    assert refused.textbox["files"] == first["files"] and refused.textbox["text"] == first["text"]
+
+
+def test_four_runs_of_one_example_give_the_same_speed_verdicts():
+    """The same Compare example four times, each in a new session (the full cache run again): no
+    speed ratio that one run shows is called ≈ or "too short" by another, or read otherwise."""
+    first, then = compare.example_rows(True)[0]
+    values = control_values(model=service.ARENA, budget=compare.DEFAULT_BUDGET)
+    verdicts = []
+    for _ in range(4):
+        table = list(compare.respond(first, compare.DEFAULT_METHODS, service.Session(), settings_from(values),
+                                     follow_up=then))[-1].table
+        verdicts.append({(row[0], row[1]): (row[4], row[6]) for row in table[2:]})
+    for cell in verdicts[0]:
+        for column in (0, 1):
+            seen = {v[cell][column] for v in verdicts}
+            marks = {v for v in seen if not re.fullmatch(r"\d+\.\d\dx", v)}
+            assert not marks or len(seen) == 1, (cell, seen)  # a mark in one run is that mark in every run
+            numbers = [float(v[:-1]) for v in seen if v not in marks]
+            assert not numbers or max(numbers) / min(numbers) < 1.5 and (min(numbers) > 1) == (max(numbers) > 1)

@@ -359,27 +359,31 @@ def test_examples_are_those_of_the_selected_model():
     assert shown[0].visible is True and shown[1].visible is False
 
 
-def test_vs_full_shows_a_measured_ratio_only_where_its_spread_tells_it_from_1():
+def test_a_speed_ratio_is_shown_only_with_enough_timed_events_and_outside_the_noise():
     from components import plots
 
-    steady = plots.Drawn("H2O", service.Meters(step_s=[0.010, 0.011, 0.009, 0.010]))  # about 8% spread
-    spread = plots.step_spread(steady, steady)
+    def drawn(ttft=0.5, steps=(0.010,) * 10):
+        return plots.Drawn("H2O", service.Meters(ttft_s=ttft, step_s=list(steps)))
+
+    full = drawn()
     assert plots.vs_full(50, 100) == "0.50x" and plots.vs_full(100, 100) == "1.00x"  # bytes: exact
-    assert plots.vs_full(0.0105, 0.0100, spread) == plots.NOT_TOLD
-    assert plots.vs_full(0.0200, 0.0100, spread) == "2.00x"
-    one_step = plots.Drawn("H2O", service.Meters(step_s=[0.01]))
-    assert plots.vs_full(0.0200, 0.0100, plots.step_spread(one_step)) == plots.NOT_TOLD  # too few steps: no number
-    noisy = plots.Drawn("SnapKV", service.Meters(step_s=[0.001, 0.030, 0.002, 0.040]))  # a 20x "finding" in noise
-    assert plots.vs_full(20.6, 1.0, plots.step_spread(noisy)) == plots.NOT_TOLD
-    for ratio in (0.5, 0.9, 0.95, 1.05, 1.2, 3.0):
-        for s in (0.0001, 0.05, 0.1, 0.3, 1.5):
-            shown = plots.vs_full(ratio, 1.0, s)
-            band = (ratio * (1 - s), ratio * (1 + s))
-            assert (shown == plots.NOT_TOLD) == (band[0] <= 1 <= band[1]), (ratio, s, shown)
+    assert plots.speed_ratio(drawn(steps=(0.005,) * 10), full, "decode_tok_s") == 2.0
+    assert plots.speed_ratio(drawn(steps=(0.012,) * 10), full, "decode_tok_s") == plots.NOT_TOLD  # within 35%
+    # a 3-token answer (2 steps) is too short to time, however far apart its steps look
+    assert plots.speed_ratio(drawn(steps=(0.040, 0.050)), full, "decode_tok_s") == plots.TOO_SHORT
+    noisy = drawn(steps=(0.001, 0.030, 0.002, 0.040, 0.001, 0.030, 0.002, 0.040))  # a "finding" in noise
+    assert plots.speed_ratio(noisy, full, "decode_tok_s") == plots.NOT_TOLD
+    assert plots.speed_ratio(drawn(ttft=0.05), drawn(ttft=0.02), "ttft_s") == plots.TOO_SHORT  # one short event
+    assert plots.speed_ratio(drawn(ttft=1.0), full, "ttft_s") == 2.0
+    busy = drawn(ttft=1.0, steps=(0.01, 0.03) * 5)  # uneven steps: the machine was busy, one event says little
+    assert plots.speed_ratio(busy, full, "ttft_s") == plots.TOO_SHORT
+    assert plots.speed_ratio(drawn(ttft=0.6), full, "ttft_s") == plots.NOT_TOLD
+    assert plots.speed_ratio(drawn(ttft=1.0), drawn(ttft=0.3), "ttft_s") == plots.TOO_SHORT
     figure = plots.speed_figure([plots.Drawn("H2O", service.Meters(ttft_s=0.02, step_s=[0.01]))],
                                 plots.Drawn("Full cache", service.Meters(ttft_s=0.01, step_s=[0.01])))
-    assert plots.NOT_TOLD_NOTE in [a.text for a in figure.layout.annotations]
+    assert any(plots.TOO_SHORT in a.text and "<br>" in a.text for a in figure.layout.annotations)
     assert not any(re.search(r"\dx", label) for trace in figure.data for label in trace.text)
+    assert [list(trace.x) for trace in figure.data] == [[0.01, 0], [0.0, 0]]  # no bar for a ratio not shown
 
 
 def test_a_right_first_answer_with_part_of_the_picture_dropped_says_why_beside_it():
