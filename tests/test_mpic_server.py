@@ -1,8 +1,9 @@
 """MPIC's media KV on a shared Valkey/Redis server (issue #41), against a real server each test
 module starts itself (skipped only where no ``valkey-server`` or ``redis-server`` is installed):
-entries round-trip per tenant with their checks, a damaged or foreign entry is a miss, the server's
-own expiry and memory cap, every fault degrading to the local store, two app processes on one
-server, and a server killed mid-turn."""
+entries round-trip per tenant with their checks, a damaged, foreign, malformed or misplaced entry is
+a miss and goes, a load that fails or never comes never holds a turn, the server's own expiry and
+memory cap, every fault degrading to the local store, two app processes on one server, and a server
+killed mid-turn."""
 
 from __future__ import annotations
 
