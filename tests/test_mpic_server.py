@@ -1,8 +1,9 @@
 """MPIC's media KV on a shared Valkey/Redis server (issue #41), against a real server each test
 module starts itself (skipped only where no ``valkey-server`` or ``redis-server`` is installed):
-entries round-trip per tenant with their checks, a damaged or foreign entry is a miss, the server's
-own expiry and memory cap, every fault degrading to the local store, two app processes on one
-server, and a server killed mid-turn."""
+entries round-trip per tenant with their checks, a damaged, foreign, malformed or misplaced entry is
+a miss and goes, a load that fails or never comes never holds a turn, the server's own expiry and
+memory cap, every fault degrading to the local store, two app processes on one server, and a server
+killed mid-turn."""
 
 from __future__ import annotations
 
@@ -157,6 +158,123 @@ def test_public_examples_are_shared_across_tenants_only_when_enabled(fresh):
     assert fresh().get("bob", "m", public) is None  # not shared by a replica that does not opt in
 
 
+def outcome(store, session: str, key: str, within: float = 10.0) -> str:
+    """What a turn gets from looking ``key`` up and reading every tensor: "miss", "damaged" (the
+    linker recomputes) or "used"; "stuck" if that did not end within ``within`` s."""
+    got = []
+
+    def look():
+        entry = store.get(session, "m", key)
+        try:
+            got.append("miss" if entry is None else [entry.tensor(n) for n in entry.names] and "used")
+        except CorruptEntry:
+            got.append("damaged")
+    reading = threading.Thread(target=look, daemon=True)  # a stuck one must not hold the test run
+    reading.start()
+    reading.join(within)
+    return got[0] if got else "stuck"
+
+
+def gone(raw, name: str, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while raw.exists(name) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not raw.exists(name)
+
+
+MALFORMED = {  # the metadata of a stored entry, edited on the server; each breaks one rule
+    "float dims, same product": lambda m: m["shape"].update(embeds=[2.0, 3.0, 8]),
+    "negative dims, same product": lambda m: m["shape"].update(embeds=[-6, -8]),
+    "bool dims": lambda m: m["shape"].update(rope=[3, True, 6]),
+    "too many dims": lambda m: m["shape"].update(rope=[1] * 20 + [3, 6]),
+    "unknown dtype": lambda m: m["dtype"].update(embeds="complex64"),
+    "dtype not a string": lambda m: m["dtype"].update(embeds=["bfloat16"]),
+    "checksum a float": lambda m: m["crc"].update(embeds=float(m["crc"]["embeds"])),
+    "byte count a float": lambda m: m.update(bytes=float(m["bytes"])),
+    "a tensor without a shape": lambda m: m["shape"].pop("k.0"),
+    "names repeated": lambda m: m.update(names=m["names"] + m["names"][:1]),
+    "created as text": lambda m: m.update(created="yesterday"),
+    "a token prefix's kind": lambda m: m.update(kind="prefix"),
+}
+
+
+@pytest.mark.parametrize("edit", list(MALFORMED), ids=list(MALFORMED))
+def test_a_malformed_entry_is_a_miss_and_goes_and_the_next_request_is_served(server, fresh, edit):
+    writer = fresh()
+    for key in KEYS[:2]:
+        writer.put("alice", "m", key, tensors(), {"kind": "image", "tokens": 6, "label": "a.png"})
+    writer.flush()
+    raw = server.client()
+    name = writer.name(writer.salt("alice"), "m", KEYS[0])
+    meta = json.loads(raw.hget(name, META))
+    MALFORMED[edit](meta)
+    raw.hset(name, META, json.dumps(meta))
+    reader = fresh()
+    assert outcome(reader, "alice", KEYS[0]) == "miss"  # recomputed: never a loader left to fail
+    assert gone(raw, name)
+    assert outcome(reader, "alice", KEYS[1]) == "used"  # the same replica serves the next request
+    assert [row["label"] for row in reader.library("alice")] == ["a.png"]
+
+
+def test_a_loader_that_fails_fails_the_load_and_the_entry_goes(server, fresh, monkeypatch, caplog):
+    writer = fresh()
+    for key in KEYS[:2]:
+        writer.put("alice", "m", key, tensors(), {"kind": "image"})
+    writer.flush()
+    from kv_arena.mpic import server_store
+
+    def fails_once(data, meta, field, _read=server_store.read_tensor, _failed=[]):
+        if field == "k.0" and not _failed:
+            _failed.append(field)
+            raise RuntimeError("a loader's own fault")  # not a check that failed: anything a thread can raise
+        return _read(data, meta, field)
+    monkeypatch.setattr(server_store, "read_tensor", fails_once)
+    reader = fresh()
+    caplog.set_level("WARNING", logger="kv_arena.mpic.server_store")
+    assert outcome(reader, "alice", KEYS[0]) == "damaged"  # the waiting turn recomputes
+    assert gone(reader.server, reader.name(reader.salt("alice"), "m", KEYS[0]))
+    assert [r.getMessage() for r in caplog.records if "could not be loaded" in r.getMessage()] == [
+        f"shared media store {server.url}: entry {KEYS[0][:12]} could not be loaded "
+        "(RuntimeError: a loader's own fault): deleted, recomputed"]
+    assert outcome(reader, "alice", KEYS[1]) == "used"
+
+
+def test_a_load_that_never_comes_times_out_into_a_miss(server, fresh, tmp_path):
+    writer = fresh()
+    writer.put("alice", "m", KEYS[0], tensors(), {"kind": "image"})
+    writer.flush()
+    stuck = ServerStore(server.url, KVStore(tmp_path / "stuck", load_timeout_s=0.5))
+    release = threading.Event()
+    stuck.hold_loads(release)  # every loader busy: a load that never starts
+    try:
+        started = time.monotonic()
+        assert outcome(stuck, "alice", KEYS[0]) == "damaged"  # LoadTimeout: the turn recomputes
+        assert time.monotonic() - started < 3
+        assert outcome(stuck, "alice", KEYS[0]) == "damaged"  # and the next turn too, as long as it lasts
+    finally:
+        release.set()
+    assert outcome(stuck, "alice", KEYS[0]) == "used"  # the loaders back: the entry, kept, serves
+
+
+def test_an_entry_copied_under_another_name_is_not_used_and_goes(server, fresh):
+    """A red picture's KV, checksums valid, under the blue picture's name or another tenant's."""
+    writer = fresh()
+    red, blue = KEYS[:2]
+    writer.put("alice", "m", red, tensors(1), {"kind": "image"})
+    writer.flush()
+    raw = server.client()
+    fields = {k.decode(): v for k, v in raw.hgetall(writer.name(writer.salt("alice"), "m", red)).items()}
+    blues = writer.name(writer.salt("alice"), "m", blue)  # the name and key in it made the blue one's
+    raw.hset(blues, mapping=dict(fields, meta=json.dumps(dict(json.loads(fields[META]), key=blue, name=blues))))
+    bobs = writer.name(writer.salt("bob"), "m", red)
+    raw.hset(bobs, mapping=fields)  # alice's entry, byte for byte, in bob's name
+    reader = fresh()
+    assert outcome(reader, "alice", blue) in ("miss", "damaged")  # recomputed: never the red KV
+    assert outcome(reader, "bob", red) == "miss"
+    assert gone(raw, blues) and gone(raw, bobs)
+    assert outcome(reader, "alice", red) == "used"  # the entry in its own name still serves
+
+
 # --- with the model -------------------------------------------------------------------------
 
 
@@ -217,6 +335,58 @@ def test_a_second_app_process_links_what_the_first_stored_without_the_vision_tow
     for tab in (alice, bob):
         tab.close()
         service_store.bind_tenant(tab.id, None)
+
+
+def answered_within(seconds: float, image: str) -> str:
+    """The MPIC status line of a turn of client alice's new tab, which must end within ``seconds``
+    (a turn that waits for ever holds the replica's one processing slot)."""
+    tab, done = service.Session(), {}
+    service.track(tab, None, "alice")
+    answering = threading.Thread(target=lambda: done.update(zip(("outputs", "error"), turn(
+        tab, ask("Which colour?", image), method="mpic", params={"mpic": {"k": 4}}))), daemon=True)
+    answering.start()
+    answering.join(seconds)
+    assert done, f"the turn did not end within {seconds} s"
+    assert done["error"] is None, done["error"]
+    tab.close()
+    service_store.bind_tenant(tab.id, None)
+    return done["outputs"][-1].status
+
+
+def test_a_turn_never_waits_on_a_malformed_entry_or_a_stuck_load(server, media, models, tmp_path, monkeypatch):
+    models(MODEL)
+    server.client().flushall()
+    monkeypatch.setenv("KV_ARENA_KV_STORE_URL", server.url)
+    monkeypatch.setenv("KV_ARENA_KV_STORE_LOAD_TIMEOUT_S", "1")
+
+    def replica(folder: str):  # a new app process: an empty local tier, the shared server behind it
+        monkeypatch.setenv("KV_ARENA_KV_STORE", str(tmp_path / folder))
+        return service_store.using_store(service_store.make_store())
+    with replica("first") as first:
+        answered_within(120, media["image"])
+        first.flush()
+    raw = server.client()
+    (name,) = raw.keys("kv-arena:mpic:*")
+    meta = json.loads(raw.hget(name, META))
+    rows, cols = meta["shape"]["embeds"]
+    meta["shape"]["embeds"] = [2.0, -rows / 2, -cols]  # the same product
+    raw.hset(name, META, json.dumps(meta))
+    with replica("second") as second:
+        assert "recomputed (" not in answered_within(60, media["image"])  # a miss: stored anew, then linked
+        second.flush()
+        shapes = json.loads(raw.hget(name, META))["shape"].values()
+        assert all(type(d) is int and d >= 0 for shape in shapes for d in shape)  # the malformed one went
+    with replica("third") as third:
+        release = threading.Event()
+        third.hold_loads(release)  # every load stuck before it starts
+        try:
+            for _ in range(2):  # the turn, and the next request on this process
+                status = answered_within(60, media["image"])
+                assert "image/video 1 recomputed (stored entry not loaded within 1 s)" in status
+        finally:
+            release.set()
+        status = answered_within(60, media["image"])
+        assert "reused from the media store" in status and "recomputed (" not in status
 
 
 def test_a_server_killed_mid_turn_leaves_the_answer_correct(models, tmp_path, media):

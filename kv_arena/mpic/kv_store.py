@@ -14,6 +14,8 @@ memory and on local disk (safetensors), keyed by model and content hash, namespa
 * Integrity: every tensor carries a CRC-32 in the file's metadata and the header's offsets must
   match the file size, so a truncated or damaged file is detected, deleted and reported as a miss
   (the caller recomputes) rather than read as wrong numbers.
+* Loads never hold a turn: a load that fails (any exception) fails its entry, and a wait for a
+  tensor ends :data:`LOAD_TIMEOUT_S` seconds after the load began with :class:`LoadTimeout`.
 
 Token prefixes (for the prefix-caching baseline) are kept in memory only, as serving engines do.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -39,10 +42,17 @@ from safetensors.torch import save_file
 
 KEY = re.compile(r"^[0-9a-f]{64}$")
 SUFFIX = ".safetensors"
+LOAD_TIMEOUT_S = 30.0  # the longest a turn waits for a load (KV_ARENA_KV_STORE_LOAD_TIMEOUT_S)
+
+log = logging.getLogger(__name__)
 
 
 class CorruptEntry(RuntimeError):
     """A stored file failed its integrity check while loading."""
+
+
+class LoadTimeout(CorruptEntry):
+    """A load did not deliver in time: the waiting turn recomputes (the store may only be slow)."""
 
 
 def _crc(t: torch.Tensor) -> int:
@@ -65,15 +75,18 @@ class Entry:
     """One stored item: tensors by name (``embeds``, ``rope``, ``k.<layer>``, ``v.<layer>``).
 
     ``tensor(name)`` blocks until that tensor is loaded and raises :class:`CorruptEntry` if the
-    file turned out damaged; tensors read from disk come back on the CPU.
+    file turned out damaged, :class:`LoadTimeout` once ``timeout_s`` have passed since the entry
+    was made (its load began) without it; tensors read from disk come back on the CPU.
     """
 
-    def __init__(self, key: str, meta: dict, tensors: dict[str, torch.Tensor] | None = None):
+    def __init__(self, key: str, meta: dict, tensors: dict[str, torch.Tensor] | None = None,
+                 timeout_s: float = LOAD_TIMEOUT_S):
         self.key, self.meta = key, meta
         self.names: list[str] = meta["names"]
         self._tensors: dict[str, torch.Tensor] = dict(tensors or {})
         self._arrived = threading.Condition()
         self._error: Exception | None = None
+        self.timeout_s, self._deadline = timeout_s, time.monotonic() + timeout_s
         self.used = time.time()
 
     @property
@@ -84,16 +97,38 @@ class Entry:
     def complete(self) -> bool:
         return len(self._tensors) == len(self.names)
 
+    @property
+    def failed(self) -> bool:
+        """The load failed or timed out: its loader stops, and nothing keeps the entry."""
+        with self._arrived:
+            return self._error is not None
+
     def tensor(self, name: str) -> torch.Tensor:
         with self._arrived:
             while name not in self._tensors and self._error is None:
-                self._arrived.wait()
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    self._time_out()
+                    break
+                self._arrived.wait(left)
             if name in self._tensors:
                 return self._tensors[name]
+            if isinstance(self._error, LoadTimeout):
+                raise self._error
             raise CorruptEntry(f"stored entry {self.key[:12]} is damaged: {self._error}")
 
+    def _time_out(self) -> None:
+        """Fail the load for every waiter (called holding the condition): said once, in the log."""
+        self._error = LoadTimeout(f"stored entry not loaded within {self.timeout_s:g} s")
+        self._arrived.notify_all()
+        log.warning("media store: entry %s not loaded within %g s (KV_ARENA_KV_STORE_LOAD_TIMEOUT_S): recomputed",
+                    self.key[:12], self.timeout_s)
+
     def deliver(self, name: str, value: torch.Tensor | None = None, error: Exception | None = None) -> None:
+        """A loaded tensor, or the load's failure; nothing after a failure (a late loader's tensors)."""
         with self._arrived:
+            if self._error is not None:
+                return
             if error is not None:
                 self._error = error
             else:
@@ -105,9 +140,10 @@ class KVStore:
     """Media KV by (session, model, content hash), in memory and under ``root`` on disk."""
 
     def __init__(self, root: str | Path, memory_bytes: int = 4 << 30, disk_bytes: int = 32 << 30,
-                 ttl_s: float = 24 * 3600.0):
+                 ttl_s: float = 24 * 3600.0, load_timeout_s: float = LOAD_TIMEOUT_S):
         self.root = Path(root)
         self.memory_bytes, self.disk_bytes, self.ttl_s = memory_bytes, disk_bytes, ttl_s
+        self.load_timeout_s = load_timeout_s  # also the server tier's (ServerStore)
         self._memory: OrderedDict[tuple[str, str, str], Entry] = OrderedDict()  # LRU order, newest last
         self._lock = threading.RLock()
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-store")  # loads and writes
@@ -179,7 +215,7 @@ class KVStore:
         if meta is None:
             return None
         _touch(path)
-        entry = Entry(key, meta)
+        entry = Entry(key, meta, timeout_s=self.load_timeout_s)
         self._io.submit(self._load, path, entry, mem_key)
         return entry
 
@@ -211,6 +247,8 @@ class KVStore:
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in entry.names:
+                    if entry.failed:  # timed out: the turn has recomputed
+                        return
                     tensor = f.get_tensor(name)
                     if _crc(tensor) != entry.meta["crc"][name]:
                         raise CorruptEntry(f"checksum mismatch in '{name}'")
@@ -218,6 +256,8 @@ class KVStore:
         except Exception as exc:  # noqa: BLE001 - any failure means: do not use this file
             entry.deliver("", error=exc)
             path.unlink(missing_ok=True)
+            return
+        if entry.failed:
             return
         with self._lock:
             self._remember(mem_key, entry)

@@ -32,7 +32,7 @@ from ..runtime.forward import position_ids
 from ..runtime.generate import Conversation
 from ..runtime.inputs import DEFAULT_SYSTEM, Chunk, Message
 from ..runtime.models import LoadedModel
-from .kv_store import CorruptEntry, Entry
+from .kv_store import CorruptEntry, Entry, LoadTimeout
 from .store_api import MediaStore
 
 # stored first, so a disk load delivers them before any layer
@@ -49,6 +49,12 @@ def media_key(media) -> str:
         h.update(f"image {media.mode} {media.size}".encode())
         h.update(media.tobytes())
     return h.hexdigest()
+
+
+def recomputed(exc: Exception, otherwise: str) -> str:
+    """Why a stored entry was not used, as the status line says it: a load that timed out says so
+    (the store may be slow, not the entry damaged), anything else ``otherwise``."""
+    return f"recomputed ({exc})" if isinstance(exc, LoadTimeout) else f"recomputed ({otherwise})"
 
 
 class _Stop(Exception):
@@ -167,8 +173,8 @@ class Linker:
             return conv.forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
         try:
             return self._linked(conv, chunk, links, entries)
-        except CorruptEntry:  # a file failed half-way: forget the links, compute as without a cache
-            self.status = ["recomputed (damaged file)"] * len(links)
+        except CorruptEntry as exc:  # a load failed half-way: forget the links, compute as without a cache
+            self.status = [recomputed(exc, "damaged file")] * len(links)
             return conv.forward(chunk.input_ids, chunk.rope_ids, chunk.layout, chunk.model_kwargs)
 
     def _link(self, chunk: Chunk, visual, entry: Entry | None, key: str, i: int) -> StoredMedia | None:
@@ -179,8 +185,8 @@ class Linker:
         first, end = visual.span[0] - chunk.layout.start, visual.span[1] - chunk.layout.start
         try:
             shift = chunk.rope_ids[:, first:end] - entry.tensor(ROPE)
-        except (CorruptEntry, RuntimeError):  # damaged, or a different token count
-            self.status[i] = "recomputed (stored entry unusable)"
+        except (CorruptEntry, RuntimeError) as exc:  # damaged, not loaded in time, or a different token count
+            self.status[i] = recomputed(exc, "stored entry unusable")
             return None
         delta = int(shift.flatten()[0])
         if not bool((shift == delta).all()):  # another grid or frame timing: moving it is not a shift

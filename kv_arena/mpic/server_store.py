@@ -18,9 +18,11 @@ reads only what its tenant stored, on any replica. ``tenant_of`` maps the store'
 tenants (the app: the client's cookie, so one browser's tabs on any replica share); opt-in,
 ``public_keys`` names content (the app's shipped examples) stored once for every tenant.
 
-Integrity: the metadata carries a format version, the key, the model, and each tensor's dtype,
-shape and CRC-32; an entry that fails any check is deleted and is a miss (recomputed), never read
-as wrong numbers. Faults (server down at start, gone mid-turn, slow past ``timeout_s``, full, or
+Integrity (:mod:`.server_entry`): the metadata carries a format version, the entry's name, key and
+model, and each tensor's dtype, shape and a CRC-32 chained from the name; every field is checked
+for its type and range. An entry that fails any check is deleted and is a miss (recomputed), never
+read as wrong numbers or as another picture's KV. A load that fails in any way fails its entry
+(deleted, one log line); a turn waits for a load at most the local store's ``load_timeout_s``. Faults (server down at start, gone mid-turn, slow past ``timeout_s``, full, or
 read-only) degrade to the local store: one log line when it happens and one when the server is
 back, :meth:`ServerStore.health_note` for the app's status line meanwhile; the server is tried
 again after ``retry_s``. An entry whose load fails half-way raises :class:`CorruptEntry` to the
@@ -32,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -47,16 +48,13 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError, Respon
 from redis.exceptions import TimeoutError as ServerSlow
 from redis.retry import Retry
 
-from .kv_store import KEY, CorruptEntry, Entry, KVStore, _crc
+from .kv_store import KEY, Entry, KVStore
+from .server_entry import FORMAT, META, checked_meta, read_tensor, tensor_bytes, wire_meta
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # in every key name and every entry's metadata: other versions never meet ours
 PREFIX = f"kv-arena:mpic:v{FORMAT}"
-META = "meta"
 PUBLIC_SALT = hashlib.sha256(b"public media").hexdigest()[:32]  # no tenant's digest: those hash "session:..."
-DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64,
-                                                      torch.int64, torch.int32, torch.uint8, torch.bool)}
 LISTED = 500  # at most this many of a tenant's server entries in its library
 
 
@@ -124,48 +122,6 @@ class Health:
         return ""
 
 
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def wire_meta(entry: Entry, key: str, tensors: dict[str, torch.Tensor]) -> dict:
-    """The entry's metadata as stored on the server: what the local store keeps, plus the format,
-    the key, and each tensor's dtype, shape and checksum."""
-    return dict(entry.meta, format=FORMAT, key=key,
-                dtype={n: str(t.dtype).removeprefix("torch.") for n, t in tensors.items()},
-                shape={n: list(t.shape) for n, t in tensors.items()},
-                crc={n: _crc(t) for n, t in tensors.items()})
-
-
-def checked_meta(raw: bytes | None, model: str, key: str) -> dict | None:
-    """The server's metadata of an entry if it is ours and whole: this format, key and model, and a
-    known dtype, a shape and a checksum for every tensor whose sizes add up to its byte count."""
-    if raw is None:
-        return None
-    try:
-        meta = json.loads(raw)
-        names = meta["names"]
-        if meta["format"] != FORMAT or meta["key"] != key or meta["model"] != model or not names:
-            return None
-        sizes = [math.prod(meta["shape"][n]) * DTYPES[meta["dtype"][n]].itemsize for n in names]
-        if sum(sizes) != meta["bytes"] or not all(isinstance(meta["crc"][n], int) for n in names):
-            return None
-        return meta
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def read_tensor(data: bytes | None, meta: dict, name: str) -> torch.Tensor:
-    """One stored tensor, checked against its metadata; :class:`CorruptEntry` if it does not match."""
-    dtype, shape = DTYPES[meta["dtype"][name]], meta["shape"][name]
-    if data is None or len(data) != math.prod(shape) * dtype.itemsize:
-        raise CorruptEntry(f"'{name}' is missing or has the wrong size")
-    tensor = torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape) if data else torch.empty(shape, dtype=dtype)
-    if _crc(tensor) != meta["crc"][name]:
-        raise CorruptEntry(f"checksum mismatch in '{name}'")
-    return tensor
-
-
 class ServerStore:
     """Media KV on a Valkey/Redis server at ``url``, with ``local`` in front (module docstring)."""
 
@@ -229,7 +185,7 @@ class ServerStore:
     def _send(self, name: str, key: str, entry: Entry) -> None:
         tensors = {n: entry.tensor(n).detach().cpu() for n in entry.names}
         fields = {n: tensor_bytes(t) for n, t in tensors.items()}
-        fields[META] = json.dumps(wire_meta(entry, key, tensors)).encode()
+        fields[META] = json.dumps(wire_meta(entry.meta, name, key, tensors, fields)).encode()
         pipe = self.server.pipeline(transaction=True)  # a reader sees the whole entry or none of it
         pipe.delete(name)
         pipe.hset(name, mapping=fields)
@@ -259,31 +215,40 @@ class ServerStore:
             if answer is None:  # the server failed: the local store alone serves
                 return None
             raw = answer[0] if not isinstance(answer[0], Exception) else None
-            meta = checked_meta(raw, model, key)
+            meta = checked_meta(raw, name, model, key)
             if meta is None:
                 if raw is not None or isinstance(answer[0], ResponseError):
-                    self._call(self.server.unlink, name)  # damaged or foreign: recomputed and stored anew
+                    self._discard(name, key, "failed its checks")  # damaged or foreign: recomputed, stored anew
                 continue
-            entry = Entry(key, meta)
+            entry = Entry(key, meta, timeout_s=self.local.load_timeout_s)
             self._io.submit(self._load, name, entry, (session, model, key))
             return entry
         return None
 
     def _load(self, name: str, entry: Entry, where: tuple[str, str, str]) -> None:
-        """Tensors in stored order (layer by layer), each checked as it arrives."""
+        """Tensors in stored order (layer by layer), each checked as it arrives. Whatever goes wrong
+        fails the entry, so no turn waits on a loader that is gone."""
         try:
             for tensor_name in entry.names:
+                if entry.failed:  # timed out: the turn recomputed without it
+                    return
                 data = self.server.hget(name, tensor_name)
                 entry.deliver(tensor_name, read_tensor(data, entry.meta, tensor_name))
-        except CorruptEntry as exc:
-            entry.deliver("", error=exc)
-            self._call(self.server.unlink, name)
-            return
-        except RedisError as exc:  # gone or slow mid-load: the linker recomputes this prompt
+        except (ServerGone, ServerSlow) as exc:  # the server, not the entry: the linker recomputes this prompt
             self.health.fault(exc)
             entry.deliver("", error=exc)
             return
-        self.local.remember(*where, entry)
+        except Exception as exc:  # noqa: BLE001 - damaged, foreign, or a fault of ours: never use it
+            entry.deliver("", error=exc)
+            self._discard(name, entry.key, f"could not be loaded ({exc.__class__.__name__}: {exc})")
+            return
+        if not entry.failed:
+            self.local.remember(*where, entry)
+
+    def _discard(self, name: str, key: str, why: str) -> None:
+        """Delete an entry that cannot be used (it is recomputed and stored anew), in one log line."""
+        log.warning("shared media store %s: entry %s %s: deleted, recomputed", self.url, key[:12], why[:200])
+        self._call(self.server.unlink, name)
 
     # --- token prefixes: memory only, as serving engines keep them -------------------------------
     def put_prefix(self, session: str, model: str, identity: torch.Tensor, tensors: dict[str, torch.Tensor]) -> None:
@@ -307,8 +272,8 @@ class ServerStore:
             pipe.hget(name, META)
         metas = self._call(pipe.execute, raise_on_error=False) if names else []
         now = time.time()
-        for raw in metas or []:
-            meta = checked_meta(raw, *self._model_key(raw)) if isinstance(raw, bytes) else None
+        for name, raw in zip(names, metas or []):
+            meta = checked_meta(raw, name, *self._model_key(raw)) if isinstance(raw, bytes) else None
             if meta is None:
                 continue
             row = rows.setdefault((meta["model"], meta["key"]), {

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..media import load_image
-from ..mpic.kv_store import KVStore
+from ..mpic.kv_store import LOAD_TIMEOUT_S, KVStore
 from ..mpic.linking import media_key
 from ..mpic.store_api import MediaStore
 from .current import current_app, using_app
@@ -85,7 +85,10 @@ def make_store() -> MediaStore:
     root = local_root()
     disk = int(float(os.environ.get("KV_ARENA_KV_STORE_MB", "8192")) * 2**20)
     ttl = float(os.environ.get("KV_ARENA_KV_STORE_TTL_S", 24 * 3600))
-    local = KVStore(own_folder(Path(root)), memory_bytes=disk // 4, disk_bytes=disk, ttl_s=ttl)
+    # the longest a turn waits for a stored entry's load (local disk or server) before it recomputes
+    load_timeout = float(os.environ.get("KV_ARENA_KV_STORE_LOAD_TIMEOUT_S", LOAD_TIMEOUT_S))
+    local = KVStore(own_folder(Path(root)), memory_bytes=disk // 4, disk_bytes=disk, ttl_s=ttl,
+                    load_timeout_s=load_timeout)
     url = os.environ.get("KV_ARENA_KV_STORE_URL", "").strip()
     if not url:
         return local
