@@ -17,7 +17,9 @@ Printed per method: ``kv_ratio`` (bytes held after prefill / full's), ``scoring_
 method's hooks during prefill / full's prefill; a method whose scores the prefill attention sums in
 its own pass, ``needs_prefill_column_sums``, pays inside the prefill: its ``prefill_ratio`` - 1), ``prefill_ratio`` and ``decode_ratio`` (step time /
 full's), and ``ideal`` = (W + KV_kept) / (W + KV_full): a batch-1 decode step reads the weights W
-and the cache, so that is the best a smaller cache can do. The ``sdpa`` row compares the full cache
+and the cache, so that is the best a smaller cache can do. On CUDA, times are read from CUDA events and
+``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated`` over one method's prefill and step run alone
+(None on a CPU), against ``memory_bound_bytes``, the weights plus the KV it holds. The ``sdpa`` row compares the full cache
 through the runtime with stock attention (its ratios are runtime / stock). A method that picks an
 image's tokens before the decoder (VisionZip) has no tower to read here: named, it is refused; with
 every method, left out. Exit code 2 on bad input.

@@ -184,7 +184,7 @@ def markdown(report: dict) -> str:
     """The table docs/gpu.md holds: one line per method and size."""
     mib = lambda b: "-" if b is None else f"{b / 2**20:,.1f}"  # noqa: E731
     lines = [f"Device: **{report['device']}**, torch {report['torch']}, {report['dtype']}, {report['date']}; "
-             f"model {report['model']} (decoder at full size, random weights); budget {report['budget']}; "
+             f"model {report['model']} (its decoder, random weights); budget {report['budget']}; "
              f"{report['repeats']} repeats of {report['steps']} decode steps; {report['minutes']} min.", "",
              "| visual | method | KV MiB | KV / full | TTFT s | TTFT / full | step ms | decode / full | "
              "peak MiB | weights + KV MiB | same tokens at lossless |", "|---|---|---|---|---|---|---|---|---|---|---|"]
