@@ -89,6 +89,8 @@ def test_bench_list(capsys):
     (["--image", "/nonexistent.png"], "not found"),
     (["--model", "tiny-qwen2-vl", "--methods", "visionzip"], "CLS token"),  # a tower without one: refused
     (["--mode", "decode", "--methods", "visionzip"], "before the decoder"),  # no tower at all in that mode
+    (["--mode", "gpu-check", "--device", "cpu"], "runs on CUDA"),  # only --smoke runs off a GPU
+    (["--mode", "gpu-check", "--smoke", "--limit-minutes", "0"], "--limit-minutes"),
 ])
 def test_bench_errors_are_one_line(capsys, argv, message):
     code, out = run_json(capsys, *argv)
@@ -307,3 +309,39 @@ def test_the_readmes_methods_table_is_the_registry():
     section = readme.split("\n## Methods\n", 1)[1].split("\n## ", 1)[0]
     table = [line for line in section.splitlines() if line.startswith("|")]
     assert table == methods_markdown().splitlines(), "regenerate it: python -m kv_arena.bench --list --markdown"
+
+
+# --- the GPU check: its CPU smoke prints the rows a lent GPU fills ------------------------------
+def test_gpu_check_smoke_gives_a_row_per_method_with_the_gpu_fields(capsys):
+    import backends
+
+    code, out = run_json(capsys, "--mode", "gpu-check", "--smoke")
+    assert code == 0, out.err
+    report = json.loads(out.out)
+    assert report["device"] == "cpu" and report["smoke"] and report["skipped"] == []
+    rows = {r["method"]: r for r in report["rows"]}
+    assert list(rows) == backends.available() and len(report["rows"]) == len(rows)  # one size: 64 visual tokens
+    before_decoder = {m for m in rows if backends.make_backend(m).selects_visual_tokens}
+    for name, r in rows.items():
+        assert {"decode_vs_full", "peak_memory_bytes", "same_tokens_at_lossless"} <= r.keys()
+        assert r["peak_memory_bytes"] is None  # no allocator to ask on a CPU
+        assert r["same_tokens_at_lossless"] is True, name
+        if name in before_decoder:  # no vision tower in the timed decoder
+            assert r["kv_bytes"] is None and r["not_timed"] == "picks tokens before the decoder"
+            continue
+        low, high = r["decode_vs_full_range"]
+        assert low <= r["decode_vs_full"] <= high and r["memory_bound_bytes"] > r["kv_bytes"] > 0
+    full = rows["full"]
+    assert full["kv_ratio"] == 1.0 and full["decode_vs_full_range"] == [1.0, 1.0]
+    assert rows["snapkv"]["kv_ratio"] <= 0.25  # budget 0.2 of a 64-token picture and its text
+    assert report["offline"]["same_answers_float32"] == 1.0 and report["offline"]["items"] == 4
+
+
+def test_gpu_check_skips_what_would_start_past_its_time_limit(capsys):
+    code, out = run_json(capsys, "--mode", "gpu-check", "--smoke", "--limit-minutes", "1e-9")
+    assert code == 0, out.err
+    report = json.loads(out.out)
+    assert [s.split(":")[0] for s in report["skipped"]] == ["speed at 64 visual tokens", "lossless", "offline"]
+    assert report["offline"] is None
+    assert all(r["kv_bytes"] is None and r["same_tokens_at_lossless"] is None and r["not_timed"] == "skipped"
+               for r in report["rows"])

@@ -25,11 +25,18 @@ Three probes check the regime (full cache, media prefilled, visual KV removed by
 first question): keep only the object tokens (should cost nothing), drop exactly the tokens the
 answer needs (should fall to chance), drop a random 75% of the visual tokens (should cost a lot).
 Prints a table; writes JSON and a Plotly figure (HTML, and PNG when kaleido and a Chrome are installed).
+
+``--dataset ID_OR_PATH --metric anls|vqa|relaxed|choice`` asks a public data set's items instead
+(:mod:`.datasets_items`: DocVQA, TextVQA, ChartQA, MMBench, Video-MME; a ``save_to_disk`` folder or a
+hub id, streamed, ``--limit`` rows), scored by its metric (:mod:`.metrics`), by the same protocols:
+an item has one question, so the follow-up asks it after an opener turn the method compressed with.
+No probes (they need the scenes' object tokens).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import re
@@ -50,6 +57,8 @@ from ..runtime.vision_tokens import refusal
 from ..tiny import arena_scenes
 from ..tiny.arena_model import GENERATION
 from .common import REFERENCE
+from .datasets_items import load_items
+from .metrics import METRICS
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 PROBES = ("keep only the object tokens", "drop exactly the needed tokens", "drop a random 75% of visual tokens")
@@ -80,6 +89,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="run only --methods on that earlier run's items (its model, types and count) and write "
                         "it back with their rows added (or replaced)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the report's JSON (progress and tables go to stderr)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on CUDA)")
+    p.add_argument("--dataset", default=None, metavar="ID_OR_PATH",
+                   help="a data set's items instead of the scenes: a save_to_disk folder or a hub id (streamed)")
+    p.add_argument("--split", default=None, help="the data set's split (a hub id: default test)")
+    p.add_argument("--subset", default=None, help="the hub data set's configuration, e.g. DocVQA")
+    p.add_argument("--limit", type=int, default=None, help="read the first N items only")
+    p.add_argument("--metric", default=None, choices=METRICS, help="how a data set's answers are scored")
+    p.add_argument("--frames", type=int, default=8, help="frames sampled per video of a data set")
     return p.parse_args(argv)
 
 
@@ -89,8 +108,8 @@ def answer_words(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Verdict:
-    right: bool  # the whole answer, word for word
-    ran_on: bool  # started with the answer and went on past it
+    right: float  # the whole answer, word for word (1 or 0); a data set's metric: its score in [0, 1]
+    ran_on: bool  # started with the answer and went on past it (and is not right)
 
 
 def judge(text: str, expected: str) -> Verdict:
@@ -117,15 +136,23 @@ def answer_budget(expected: str) -> int:
     return 2 * len(answer_words(expected)) + 4
 
 
-def chat(loaded, backend, it) -> tuple[list[Verdict], int]:
-    """The item's questions asked one after another in one chat (media with the first); a verdict
-    per turn, and the cache's bytes after the first prompt."""
+def verdict(q, text: str) -> Verdict:
+    """A scene's question: the whole answer; a data set's (it has ``score``): its metric's score."""
+    if not hasattr(q, "score"):
+        return judge(text, q.answer)
+    right = q.score(text)
+    return Verdict(right, not right and judge(text, q.answer).ran_on)
+
+
+def chat(loaded, backend, it, turns=None) -> tuple[list[Verdict], int]:
+    """The item's questions (or ``turns``) asked one after another in one chat (media with the
+    first); a verdict per turn, and the cache's bytes after the first prompt."""
     conv = Conversation(loaded, backend)
     verdicts, first_bytes = [], 0
-    for k, q in enumerate(it.turns):
+    for k, q in enumerate(it.turns if turns is None else turns):
         update = conv.ask(Message(q.text, **(it.media() if k == 0 else {})), max_new_tokens=answer_budget(q.answer))
         first_bytes = first_bytes or update.metrics.kv_bytes_prefill
-        verdicts.append(judge(update.text, q.answer))
+        verdicts.append(verdict(q, update.text))
     return verdicts, first_bytes
 
 
@@ -134,7 +161,7 @@ def asked_before(loaded, backend, it) -> Verdict:
     conv = Conversation(loaded, backend)
     conv.feed(Message("", **it.media()))
     q = it.question
-    return judge(conv.ask(Message(q.text), max_new_tokens=answer_budget(q.answer)).text, q.answer)
+    return verdict(q, conv.ask(Message(q.text), max_new_tokens=answer_budget(q.answer)).text)
 
 
 def visual_positions(layout) -> list[int]:
@@ -179,9 +206,11 @@ def knob_of(method: str) -> str | None:
 def point(loaded, method: str, kwargs: dict, items: list, full_bytes: list[int]) -> dict:
     """One method at one knob value over ``items``: each protocol's rate and run-on share, and the
     realised KV fraction."""
-    chats = [chat(loaded, backends.make_backend(method, **kwargs), it) for it in items]
-    before = [asked_before(loaded, backends.make_backend(method, **kwargs), it) for it in items]
-    verdicts = {"with": [v[0] for v, _ in chats], "before": before, "follow": [v[1] for v, _ in chats]}
+    make = lambda: backends.make_backend(method, **kwargs)  # noqa: E731 - a fresh cache per chat
+    chats = [chat(loaded, make(), it) for it in items]
+    before = [asked_before(loaded, make(), it) for it in items]
+    follow = [v[1] if len(v) > 1 else chat(loaded, make(), it, it.follow_turns)[0][-1] for (v, _), it in zip(chats, items)]
+    verdicts = {"with": [v[0] for v, _ in chats], "before": before, "follow": follow}
     out = {"n": len(items), "realised": float(np.mean([b / f for (_, b), f in zip(chats, full_bytes)]))}
     for name, vs in verdicts.items():
         out[name] = float(np.mean([v.right for v in vs]))
@@ -223,13 +252,14 @@ def run(args) -> dict:
     methods = backends.available() if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         backends.backend_class(m)
-    kinds = [k.strip() for k in args.types.split(",") if k.strip()]
+    data = dataset_items(args)  # its one "type": read before the model loads, so a bad source fails fast
+    kinds = list(data) or [k.strip() for k in args.types.split(",") if k.strip()]
     for k in kinds:
-        if k not in arena_scenes.QUESTION_TYPES:
+        if k not in arena_scenes.QUESTION_TYPES and k not in data:
             raise UserError(f"unknown question type '{k}'; choose from: {', '.join(arena_scenes.QUESTION_TYPES)}")
     if args.per_type < 1:
         raise UserError(f"--per-type must be at least 1; got {args.per_type}")
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     refused = {m: refusal(loaded.model, backends.make_backend(m)) for m in methods}
     refused = {m: reason for m, reason in refused.items() if reason}  # VisionZip on a tower without a CLS token
     for m, reason in refused.items():
@@ -240,7 +270,7 @@ def run(args) -> dict:
     probes: dict[str, dict[str, float]] = {}
     rng = np.random.default_rng(args.seed)
     for kind in kinds:
-        items = arena_scenes.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
+        items = data.get(kind) or arena_scenes.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
         full_bytes = [chat(loaded, backends.make_reference(), it)[1] for it in items]
         points[kind] = {}
         for method in [REFERENCE] + [m for m in methods if m != REFERENCE]:
@@ -254,7 +284,25 @@ def run(args) -> dict:
               "protocols": PROTOCOL_TITLES, "scoring": "whole answer, normalised exact match",
               "x": "realised KV fraction (bytes after the first prompt / full cache's bytes)",
               "points": points, "probe": probes, "refused": refused}
+    if data:
+        report |= {"per_type": len(items), "dataset": args.dataset, "split": args.split, "metric": args.metric,
+                   "scoring": f"{args.metric} (kv_arena.bench.metrics), the mean score"}
     return added(earlier, report) if args.add else report
+
+
+def dataset_items(args) -> dict[str, list]:
+    """``--dataset``'s items under its name (nothing without it); it needs ``--metric``."""
+    if not args.dataset:
+        if args.metric or args.limit or args.split:
+            raise UserError("--metric, --limit and --split go with --dataset")
+        return {}
+    if not args.metric:
+        raise UserError(f"--dataset needs --metric: one of {', '.join(METRICS)}")
+    if args.add:
+        raise UserError("--add reruns the scenes' items; with --dataset, run the data set again")
+    args.no_probe = True  # the probes edit the scenes' object tokens, which a data set does not mark
+    name = Path(args.dataset).name if Path(args.dataset).is_dir() else args.dataset
+    return {name: load_items(args.dataset, args.metric, args.split, args.limit, args.subset, args.frames)}
 
 
 def added(earlier: dict, report: dict) -> dict:
@@ -279,8 +327,9 @@ def _cell(points: list[dict], key: str) -> str:
 
 
 def table(report: dict) -> str:
-    lines = [f"model {report['model']} (scenes v{report.get('generation', 2)}): {report['per_type']} held-out two-turn "
-             f"chats per type; whole answers right: with = first question compressed with it, before = compressed "
+    source = (f"{report['per_type']} items of {report['dataset']}, {report['metric']} score" if report.get("dataset") else
+              f"scenes v{report.get('generation', 2)}: {report['per_type']} held-out two-turn chats per type; whole answers right")
+    lines = [f"model {report['model']} ({source}): with = first question compressed with it, before = compressed "
              "before it, follow = follow-up; kv = realised KV fraction"]
     for kind, per_method in report["points"].items():
         lines.append(f"\n[{kind}]")
@@ -361,6 +410,16 @@ def figure(report: dict, out: Path) -> list[str]:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.json:
+        return report_main(args)
+    with contextlib.redirect_stdout(sys.stderr):  # progress and tables to stderr: stdout is the JSON alone
+        code = report_main(args)
+    if code == 0:
+        print(Path(str(args.out) + ".json").read_text() if not args.from_json else Path(args.from_json).read_text())
+    return code
+
+
+def report_main(args) -> int:
     out = Path(args.out)
     try:
         report = json.loads(Path(args.from_json).read_text()) if args.from_json else run(args)

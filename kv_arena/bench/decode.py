@@ -17,7 +17,9 @@ Printed per method: ``kv_ratio`` (bytes held after prefill / full's), ``scoring_
 method's hooks during prefill / full's prefill; a method whose scores the prefill attention sums in
 its own pass, ``needs_prefill_column_sums``, pays inside the prefill: its ``prefill_ratio`` - 1), ``prefill_ratio`` and ``decode_ratio`` (step time /
 full's), and ``ideal`` = (W + KV_kept) / (W + KV_full): a batch-1 decode step reads the weights W
-and the cache, so that is the best a smaller cache can do. The ``sdpa`` row compares the full cache
+and the cache, so that is the best a smaller cache can do. On CUDA, times are read from CUDA events and
+``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated`` over one method's prefill and step run alone
+(None on a CPU), against ``memory_bound_bytes``, the weights plus the KV it holds. The ``sdpa`` row compares the full cache
 through the runtime with stock attention (its ratios are runtime / stock). A method that picks an
 image's tokens before the decoder (VisionZip) has no tower to read here: named, it is refused; with
 every method, left out. Exit code 2 on bad input.
@@ -76,15 +78,33 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 class Clock:
-    """Wall time that waits for the device where it runs asynchronously."""
+    """Seconds: on CUDA the device's own clock (an event recorded and waited for, read against one
+    recorded at the start: kernels queued, not Python, are timed), elsewhere ``perf_counter``."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.origin = torch.cuda.Event(enable_timing=True)
+            self.origin.record()
 
     def __call__(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        event.synchronize()
+        return self.origin.elapsed_time(event) / 1000  # milliseconds between the events
+
+
+def peak_memory(device: torch.device, work) -> int | None:
+    """``torch.cuda.max_memory_allocated`` over ``work()`` alone; None off CUDA (no allocator to ask)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    work()
+    return torch.cuda.max_memory_allocated(device)
 
 
 class Session:
@@ -209,6 +229,8 @@ def run(args: argparse.Namespace) -> list[dict]:
             for name, figures in measure(visual, rotated(names, r), args.steps).items():
                 runs[name].append(figures)
         med = {name: {k: statistics.median(x[k] for x in runs[name]) for k in runs[name][0]} for name in names}
+        # each method alone (the timed repeats hold every method's cache at once): one prefill and a step
+        peaks = {name: peak_memory(device, lambda n=name: measure(visual, [n], 1)) for name in names}
 
         def ratio(name: str, key: str, ref: str = REFERENCE, by: str | None = None) -> Spread:
             """``key`` of ``name`` / ``by`` (default: ``key``) of ``ref``, per repeat."""
@@ -227,6 +249,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 **ratio(name, "overhead_s", by="prefill_s").fields("scoring_ratio"),
                 **ratio(name, "prefill_s").fields("prefill_ratio"), **ratio(name, "step_s").fields("decode_ratio"),
                 "ideal": (weight_bytes + m["kv_bytes"]) / (weight_bytes + full["kv_bytes"]),
+                "peak_memory_bytes": peaks[name], "memory_bound_bytes": weight_bytes + m["kv_bytes"],
                 "params": params.get(name, {}),
             })
             if name == REFERENCE:  # the seam: runtime's full cache / stock sdpa
