@@ -265,11 +265,12 @@ class ClientCookie:
         await self.app(scope, receive_noted, send_with_cookie)
 
 
-def launch_kwargs() -> dict:
-    """What ``launch`` takes for this middleware (app.launch_options): new dicts each call, since
+def launch_kwargs(*inner) -> dict:
+    """What ``launch`` takes for this middleware and the ``inner`` ones (ASGI middleware classes,
+    run after it, e.g. ``queue_limit.QueueLimit``; app.launch_options): new dicts each call, since
     Gradio writes its MCP server's lifespan into the ``app_kwargs`` it is given, and a later launch
     handed the same dict would run that lifespan again (and fail to start)."""
-    return {"app_kwargs": {"middleware": [Middleware(ClientCookie)]}}
+    return {"app_kwargs": {"middleware": [Middleware(ClientCookie), *(Middleware(m) for m in inner)]}}
 
 
 def client_of(request: gr.Request | None) -> str | None:
