@@ -361,8 +361,9 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
                             "or wrong)" if kind else "Examples (for hub models)", api_visibility="private")
             if kind:
                 with gr.Row():
-                    scene_kind = gr.Dropdown(list(service.scene_types()), value=service.scene_types()[0],
-                                             label="Scene type", scale=1, elem_id="scene-kind")
+                    scene_kind = checked_controls.Dropdown(  # an unknown kind: the app's one line, not Gradio's
+                        list(service.scene_types()), value=service.scene_types()[0], label="Scene type", scale=1,
+                        elem_id="scene-kind")
                     scene_button = gr.Button("New scene", scale=1, elem_id="new-scene")
         example_sets.append(column)
     button = gr.Button("Compare", variant="primary", elem_id="compare-run")
