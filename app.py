@@ -116,7 +116,8 @@ def launch_options() -> dict:
     return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS,
             "enable_monitoring": os.environ.get("KV_ARENA_MONITORING") == "1",  # its traffic is no visitor's business
             # off by default: Gradio's MCP bridge sends every tool call through one client of its own, so
-            # all MCP callers would share one session and one upload owner (docs/mcp.md)
+            # all MCP callers are one upload owner and one client to the queue limit; each call gets a
+            # session of its own (components/mcp_calls.py, docs/mcp.md)
             "mcp_server": os.environ.get("KV_ARENA_MCP") == "1",
             **clients.launch_kwargs(queue_limit.QueueLimit)}
 
