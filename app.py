@@ -5,6 +5,7 @@ what it saves. ``python app.py`` serves it on ``GRADIO_SERVER_NAME``:``GRADIO_SE
 Environment: ``KV_ARENA_MODEL`` (the model picked at start; default: a hub model with a GPU and
 network, else the offline ``tiny-arena-vl``), ``KV_ARENA_PRELOAD=0`` (load it on first use instead),
 ``KV_ARENA_MAX_VIDEO_SECONDS`` / ``KV_ARENA_MAX_VIDEO_MB`` (upload limits), ``KV_ARENA_QUEUE``,
+``KV_ARENA_MAX_QUEUED_PER_CLIENT`` (events one client may have waiting or running, 4),
 ``KV_ARENA_KV_STORE`` / ``KV_ARENA_KV_STORE_MB`` (MPIC's media KV store: directory, disk cap),
 ``KV_ARENA_SESSION_IDLE_S`` (a session without a heartbeat ends after this long idle),
 ``KV_ARENA_MAX_SCENES`` (drawn scenes kept on disk), ``KV_ARENA_RANDOM_MODELS=1`` /
@@ -27,7 +28,7 @@ except ImportError:
 import gradio as gr
 
 from components.about import build_about
-from components import clients
+from components import clients, queue_limit
 from components.chat import build_chat
 from components.compare import build_compare
 from components.settings import build_settings
@@ -115,9 +116,10 @@ def launch_options() -> dict:
     return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS,
             "enable_monitoring": os.environ.get("KV_ARENA_MONITORING") == "1",  # its traffic is no visitor's business
             # off by default: Gradio's MCP bridge sends every tool call through one client of its own, so
-            # all MCP callers would share one session and one upload owner (docs/mcp.md)
+            # all MCP callers are one upload owner and one client to the queue limit; each call gets a
+            # session of its own (components/mcp_calls.py, docs/mcp.md)
             "mcp_server": os.environ.get("KV_ARENA_MCP") == "1",
-            **clients.launch_kwargs()}
+            **clients.launch_kwargs(queue_limit.QueueLimit)}
 
 
 def configure_logging() -> None:

@@ -20,7 +20,7 @@ import gradio as gr
 from kv_arena import service
 from kv_arena.errors import UserError
 
-from . import api_docs, at_scale, checked_controls, clients, media_library, overlay, plots
+from . import api_docs, at_scale, checked_controls, clients, mcp_calls, media_library, overlay, plots
 from .outputs import KEEP, Outputs, by_component, components_of
 from .plots import Drawn, fmt_bytes
 from .settings import SettingsPanel, realised_note, settings_from_named
@@ -512,7 +512,7 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
     tab = ChatTab(chatbot, textbox, status, memory, speed, layers, picker, gallery, scale, settings.realised)
     settings.model.change(show_examples, settings.model, example_sets, api_visibility="private")
 
-    event = api_docs.documented(by_component(tab, submit), "chat", CHAT_RETURNS)
+    event = api_docs.documented(by_component(tab, mcp_calls.own_session(submit)), "chat", CHAT_RETURNS)
     textbox.submit(event, [textbox, chatbot, session], tab.outputs, inputs_kwargs=settings.named,
                    api_name="chat", concurrency_id="gpu", concurrency_limit=1).success(
         by_component(panels, media_library.after_turn), [session, settings.method],

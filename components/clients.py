@@ -15,8 +15,10 @@ changing, and each query value) is resolved as Gradio's file routes resolve it, 
 ``/file/``, encoded forms and any later alias meet the same check. The middleware also answers 404
 to a request for the messages of an event or session this server never had (``/call/<api>/<id>``,
 ``/queue/data``: Gradio would log a traceback), takes Gradio's file marker off any file an event
-names outside the upload folder (the app then refuses it in one line, where Gradio would fail
-with a traceback), and keeps a session awake while its heartbeat stream is open (``service.active``).
+names outside the upload folder, a URL included (the app then refuses it in one line, where Gradio
+would download the URL or fail with a traceback), answers an event that names no event of the app
+or sends too few values, or one posted around the queue (``/run``), in one line (``event_shape``),
+and keeps a session awake while its heartbeat stream is open (``service.active``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from starlette.middleware import Middleware
 
 from kv_arena import service
 
+from . import event_shape
 from .request_size import RequestSizeLimit
 
 COOKIE = "kv_arena_client"
@@ -44,6 +47,7 @@ CALL_RESULT = re.compile(r"/call(?:/v2)?/[^/]+/([^/]+)/?$")  # GET: that event's
 HEARTBEAT = re.compile(r"/heartbeat/([^/]+)/?$")
 JOIN = re.compile(r"/queue/join/?$")  # POST: an event queued for the body's session_hash
 QUEUE_DATA = re.compile(r"/queue/data/?$")  # GET ?session_hash=...: that session's messages
+RUN = re.compile(r"/run/[^/]+/?$")  # POST: an event around the queue (api_open=False: none is allowed)
 REMEMBERED = 10_000  # started events (and sessions) whose messages may still be fetched
 
 
@@ -142,8 +146,9 @@ def _uploaded(body: bytes) -> list[str]:
 
 def _outside_files_unmarked(body: bytes) -> bytes | None:
     """An event's body with Gradio's file marker (``meta``) taken off every file it names outside
-    the upload folder: Gradio would refuse such a file with a traceback before any event runs;
-    unmarked, the event receives it and the app refuses it in one line. None: nothing to change."""
+    the upload folder, a URL included: Gradio would refuse such a file with a traceback before any
+    event runs (and download a URL first: the server never fetches a client's URL); unmarked, the
+    event receives it and the app refuses it in one line. None: nothing to change."""
     try:
         sent = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -158,7 +163,7 @@ def _outside_files_unmarked(body: bytes) -> bytes | None:
         elif isinstance(node, dict):
             path, meta = node.get("path"), node.get("meta")
             if (isinstance(meta, dict) and meta.get("_type") == "gradio.FileData" and isinstance(path, str)
-                    and not re.match(r"^https?://", path) and not service.in_upload_dir(path)):
+                    and not service.in_upload_dir(path)):
                 del node["meta"]
                 changed = True
             for value in node.values():
@@ -186,6 +191,12 @@ def _with_length(scope, size: int) -> dict:
 async def _not_found(send) -> None:
     await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
     await send({"type": "http.response.body", "body": b"Not found."})
+
+
+async def _refuse(send, status: int, line: str) -> None:
+    """One line, as Gradio words its own refusals (``{"detail": ...}``)."""
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps({"detail": line}).encode()})
 
 
 def _unknown_event(scope) -> bool:
@@ -220,6 +231,9 @@ class ClientCookie:
         if not _readable(scope, sent) or _unknown_event(scope):
             await _not_found(send)
             return
+        if scope.get("method") == "POST" and RUN.search(path):  # Gradio: a 500 and a traceback for an unknown name
+            await _refuse(send, 404, "Every event goes through the queue: use /gradio_api/call/<api> or gradio_client.")
+            return
         beating = HEARTBEAT.search(path)
         with service.active(beating.group(1)) if beating else contextlib.nullcontext():
             await self._serve(scope, receive, send, sent, client)
@@ -239,6 +253,10 @@ class ClientCookie:
             if unmarked is not None:
                 pending, sent_body = [{"type": "http.request", "body": unmarked, "more_body": False}], unmarked
                 scope = _with_length(scope, len(unmarked))
+            refused = event_shape.refusal(scope, sent_body)  # no such event, or too few values for it
+            if refused:
+                await _refuse(send, *refused)
+                return
 
         async def receive_noted():
             return pending.pop(0) if pending else await receive()
@@ -267,11 +285,13 @@ class ClientCookie:
         await self.app(scope, receive_noted, send_with_cookie)
 
 
-def launch_kwargs() -> dict:
-    """What ``launch`` takes for this middleware (app.launch_options): new dicts each call, since
+def launch_kwargs(*inner) -> dict:
+    """What ``launch`` takes for this middleware and the ``inner`` ones (ASGI middleware classes,
+    run after it, e.g. ``queue_limit.QueueLimit``; app.launch_options): new dicts each call, since
     Gradio writes its MCP server's lifespan into the ``app_kwargs`` it is given, and a later launch
     handed the same dict would run that lifespan again (and fail to start)."""
-    return {"app_kwargs": {"middleware": [Middleware(RequestSizeLimit), Middleware(ClientCookie)]}}
+    return {"app_kwargs": {"middleware": [Middleware(RequestSizeLimit), Middleware(ClientCookie),
+                                          *(Middleware(m) for m in inner)]}}
 
 
 def client_of(request: gr.Request | None) -> str | None:

@@ -19,7 +19,7 @@ import gradio as gr
 from kv_arena import service
 from kv_arena.errors import UserError
 
-from . import api_docs, at_scale, checked_controls, clients, overlay, plots
+from . import api_docs, at_scale, checked_controls, clients, mcp_calls, overlay, plots
 from .outputs import KEEP, Outputs, by_component, components_of
 from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
 from .settings import RANGES, SettingsPanel, control, own_params, quoted, settings_from_named
@@ -362,8 +362,9 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
                             "or wrong)" if kind else "Examples (for hub models)", api_visibility="private")
             if kind:
                 with gr.Row():
-                    scene_kind = gr.Dropdown(list(service.scene_types()), value=service.scene_types()[0],
-                                             label="Scene type", scale=1, elem_id="scene-kind")
+                    scene_kind = checked_controls.Dropdown(  # an unknown kind: the app's one line, not Gradio's
+                        list(service.scene_types()), value=service.scene_types()[0], label="Scene type", scale=1,
+                        elem_id="scene-kind")
                     scene_button = gr.Button("New scene", scale=1, elem_id="new-scene")
         example_sets.append(column)
     button = gr.Button("Compare", variant="primary", elem_id="compare-run")
@@ -397,7 +398,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
                        concurrency_id="scenes", concurrency_limit=1, api_visibility="private")
     own = {"budget": budget} | {f"{m}_{p['name']}": knob for (m, p), knob in zip(knob_specs(), knobs)}
     lines = api_docs.control_lines() | {"budget": "the budget of every method compared: " + api_docs.BASE["budget"]}
-    event = api_docs.documented(by_component(tab, run), "compare", COMPARE_RETURNS, lines)
+    event = api_docs.documented(by_component(tab, mcp_calls.own_session(run)), "compare", COMPARE_RETURNS, lines)
     button.click(event, [textbox, methods, follow_up, session], tab.outputs,
                  inputs_kwargs=settings.named | own,
                  api_name="compare", concurrency_id="gpu", concurrency_limit=1)

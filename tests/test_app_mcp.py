@@ -12,6 +12,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from components.chat import NEW_CONVERSATION
 from components.settings import control_names
 from tests.test_app_client import free_port
 
@@ -72,10 +73,24 @@ def test_chat_through_mcp_answers(mcp_url):
     assert question["content"][0]["text"] == "What is in the picture?"
     assert answer["role"] == "assistant" and answer["content"][-1]["text"].strip()
     assert status.startswith("**SnapKV**") and "saved" in status
-    # the conversation goes on: its chat sent back as the history
-    arguments |= {"message": {"text": "And then?", "files": []}, "history": [question, answer]}
-    (block,) = with_session(mcp_url, lambda s: s.call_tool("chat", arguments)).content
-    assert len(ast.literal_eval(block.text)[0]) == 4  # continued: no "New conversation" line
+
+
+def test_each_mcp_call_has_a_session_of_its_own(mcp_url):
+    """Every MCP caller reaches the app through Gradio's one bridge client: no call may see what
+    another asked, or reset its conversation (security audit, item 8)."""
+    def ask(arguments):
+        (block,) = with_session(mcp_url, lambda s: s.call_tool("chat", arguments)).content
+        return ast.literal_eval(block.text)
+
+    asked = {"message": {"text": "What colour is the sky?", "files": []}, "history": [], "model": MODEL,
+             "method": "snapkv", "budget": 0.5, "max_new_tokens": 5}
+    chat_a, _, status_a, *_ = ask(asked)  # caller A
+    _, _, status_b, *_ = ask(asked)  # caller B, the same question: nothing "(cached)" from A's call
+    assert "cached" not in status_a and "cached" not in status_b, status_b
+    # A's chat sent back as its history: a call is answered on its own, so a new conversation, said
+    chat, _, status, *_ = ask(asked | {"message": {"text": "And then?", "files": []}, "history": chat_a})
+    assert chat[:2] == chat_a and chat[2]["metadata"]["title"] == NEW_CONVERSATION, chat
+    assert "cached" not in status
 
 
 def test_the_client_in_docs_mcp_md_runs_as_pasted(mcp_url, capsys):

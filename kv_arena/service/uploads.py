@@ -160,6 +160,9 @@ def check_sent_files(files: list[str]) -> None:
     """Files an event received from a client must be in Gradio's upload folder (or be the shipped
     examples): a path anywhere else on the server is refused, whatever it names."""
     for name in files:
+        if re.match(r"^[a-z][a-z0-9+.-]*://", str(name), re.IGNORECASE):  # never downloaded here
+            raise UserError(f"'{str(name)[:80]}' is a URL: this app does not download files; attach it from your "
+                            "computer.")
         try:
             path = Path(name).resolve()
         except (OSError, ValueError, RuntimeError):
