@@ -109,7 +109,8 @@ DRAWN_REMEMBERED = 4096  # the newest drawn files stay public (their files are c
 
 
 def make_public(paths) -> None:
-    """Files the app wrote itself (drawn scenes): any session may use them, as the examples."""
+    """Files the app wrote itself (drawn scenes): any session may use them in a message, as the
+    examples (who may read them is :func:`note_private`'s)."""
     book = _book()
     with book.lock:
         for path in paths:
@@ -119,8 +120,15 @@ def make_public(paths) -> None:
 
 
 def _public(path: Path) -> bool:
+    """Any session may use it: a copy of a shipped example, or media the app drew."""
     size, content = path.stat().st_size, file_hash(str(path))
     return content in _public_hashes().get(size, ()) or (size, content) in _book().drawn
+
+
+def _shipped(path: Path) -> bool:
+    """Anyone may read it: Gradio's copy of a shipped example (hashed only when a size matches)."""
+    size = path.stat().st_size
+    return size in _public_hashes() and file_hash(str(path)) in _public_hashes()[size]
 
 
 def check_uploads(session: Uploader, files: list[str]) -> None:
@@ -172,8 +180,8 @@ def check_sent_files(files: list[str]) -> None:
 def may_read(name: str, client: str | None) -> bool:
     """Whether ``client`` may fetch the file at ``name`` (a path, absolute or relative to the working
     directory, as Gradio's file routes resolve it): an upload or a private file the app wrote
-    (:func:`save_private_images`) only by its client; anything else (the examples, what the app
-    drew) as Gradio decides."""
+    (:func:`save_private_images`, drawn scenes) only by its client; anything else (the examples) as
+    Gradio decides."""
     book = _book()
     try:
         path = Path(name).resolve()
@@ -181,7 +189,7 @@ def may_read(name: str, client: str | None) -> bool:
         return True
     with book.lock:
         record = book.files.get(str(path))
-    if record is None or not _in_upload_dir(path) or _public(path):
+    if record is None or not _in_upload_dir(path) or _shipped(path):
         return True
     return bool(client) and client in record.clients
 
