@@ -137,6 +137,8 @@ def configure_logging() -> None:
 def main() -> None:
     configure_logging()
     service.open_app(service.AppState())  # this process's models, sessions, store and uploads' ledger
+    # before Gradio is built: its uploads go to this process's own folder, an earlier run's are swept
+    service.use_own_upload_folder()
     service.sweep_dead_sessions()  # what sessions of an earlier run left on disk
     if os.environ.get("KV_ARENA_PRELOAD", "1") != "0":  # the first visitor should not wait for it
         try:

@@ -8,7 +8,11 @@ requests. This module is the ledger: which clients uploaded each file (:func:`no
 whether an event's session may use a file (:func:`check_uploads`) and whether a client may read a
 file's URL (:func:`may_read`). An upload made without the cookie (a raw HTTP client that keeps no
 cookies) belongs to no client: such an upload may be used by one session, the first that names its
-path, as many times as it was uploaded that way."""
+path, as many times as it was uploaded that way.
+
+The ledger is this process's own: a file another app process received (a replica on the same
+temp folder, or this app before a restart) has no record here, so it is no one's to read or use
+(each process keeps its uploads in a folder of its own: :mod:`.upload_folder`)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,6 @@ import hashlib
 import os
 import re
 import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -29,6 +32,7 @@ from typing import Protocol
 from ..errors import UserError
 from .current import current_app
 from .instance import own_folder, sweep_gone
+from .upload_folder import host_folder, upload_dir
 
 
 class Uploader(Protocol):
@@ -70,11 +74,6 @@ class UploadBook:
 
 def _book() -> UploadBook:
     return current_app().uploads
-
-
-def upload_dir() -> Path:
-    """Where Gradio keeps uploads (its own rule: ``GRADIO_TEMP_DIR``, else <temp>/gradio)."""
-    return Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
 
 
 def note_uploads(paths, client: str | None = None) -> None:
@@ -179,19 +178,26 @@ def check_sent_files(files: list[str]) -> None:
 
 def may_read(name: str, client: str | None) -> bool:
     """Whether ``client`` may fetch the file at ``name`` (a path, absolute or relative to the working
-    directory, as Gradio's file routes resolve it): an upload or a private file the app wrote
-    (:func:`save_private_images`, drawn scenes) only by its client; anything else (the examples) as
-    Gradio decides."""
-    book = _book()
+    directory, as Gradio's file routes resolve it). Anything under Gradio's folder, this process's
+    or another's (:func:`.upload_folder.host_folder`), only when this process's ledger says
+    ``client`` uploaded it or the app wrote it for ``client`` (:func:`note_private`), or when it is
+    a copy of a shipped example: what this process cannot prove is the caller's (another process's
+    file, a previous run's, one gone) is no one's. Anything elsewhere as Gradio decides (it serves
+    nothing else of ours)."""
     try:
         path = Path(name).resolve()
     except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop: no file of ours
         return True
-    with book.lock:
-        record = book.files.get(str(path))
-    if record is None or not _in_upload_dir(path) or _shipped(path):
+    if host_folder() not in path.parents:
         return True
-    return bool(client) and client in record.clients
+    with _book().lock:
+        record = _book().files.get(str(path))
+    if record is not None and client and client in record.clients:
+        return True
+    try:
+        return path.is_file() and _shipped(path)
+    except (OSError, ValueError):  # removed meanwhile, or no path this system can name
+        return False
 
 
 def forget_uploads(session: Uploader) -> None:
