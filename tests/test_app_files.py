@@ -1,7 +1,9 @@
-"""Who may read the public app's files, through real app processes where processes are the point
-(``python app.py`` on one temp folder: two replicas, a restart; ``tools/app_process.py``) and raw
-HTTP, on 127.0.0.1 only: a replica and a restarted app serve no file they hold no record of,
-whatever the cookie; a drawn scene ("New scene") is served to its own client only."""
+"""Who may read the public app's files, and how much of them may wait unused, through real app
+processes where processes are the point (``python app.py`` on one temp folder: two replicas, a
+restart; ``tools/app_process.py``) and raw HTTP, on 127.0.0.1 only: a replica and a restarted app
+serve no file they hold no record of, whatever the cookie; one client's unused uploads and
+everyone's are capped, and none outlive a restart; a drawn scene ("New scene") is served to its own
+client only."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from tests.support import make_image
 from tests.test_app_client import free_port
 from tests.test_app_hostile import chat_data, file_data, raw_event, raw_upload, spellings
 from tools.app_process import AppProcess
+from tools.upload_flood import flood, kept_bytes
+
+MB = 2**20
 
 
 def fn_index_at(url: str, name: str) -> int:
@@ -61,6 +66,34 @@ def test_a_replica_and_a_restarted_app_serve_no_file_they_cannot_prove_is_the_ca
                             assert status(again.url + route, cookies) == 404, (route, bool(cookies))
     finally:
         first.stop(), second.stop()
+
+
+def test_unused_uploads_are_capped_per_client_and_in_all_and_none_outlive_a_restart(tmp_path):
+    """The audit's flood, scaled down (``python -m tools.upload_flood`` runs it at 20 x 50 MB with the
+    default caps): one client without cookies sends 20 uploads of 2 MB under a 10 MB cap per client
+    and 25 MB in all; then two clients with cookies meet the total."""
+    caps = {"KV_ARENA_MAX_UNUSED_UPLOAD_MB": "10", "KV_ARENA_MAX_UNUSED_UPLOADS_MB": "25"}
+    host_tmp = tmp_path / "host-tmp"
+    with AppProcess(host_tmp, caps) as app:
+        answers = flood(app.url, 20, 2)
+        assert [a.status_code for a in answers] == [200] * 5 + [413] * 15
+        line = answers[-1].text
+        assert "\n" not in line and "over the 10 MB allowed" in line, line
+        after_flood = kept_bytes(host_tmp)
+        assert after_flood == 10 * MB
+        with httpx.Client() as a, httpx.Client() as b:
+            for client in (a, b):
+                client.get(app.url, timeout=10)  # each its cookie: its own allowance
+            assert [r.status_code for r in flood(app.url, 6, 2, a, first=100)] == [200] * 5 + [413]
+            answers = flood(app.url, 3, 2, b, first=200)  # 24 MB kept in all: the next would make 26
+            assert [r.status_code for r in answers] == [200, 200, 413]
+            assert "this server holds 25 MB" in answers[-1].text, answers[-1].text
+        assert kept_bytes(host_tmp) == 24 * MB
+    with AppProcess(host_tmp, caps):  # a restart on the same folder
+        after_restart = kept_bytes(host_tmp)
+    print(f"\nunused uploads kept on disk: {after_flood / MB:.0f} MB of the 40 MB flood, "
+          f"{after_restart / MB:.0f} MB after a restart")
+    assert after_restart == 0
 
 
 # --- drawn scenes: one app launched in this process (nothing here is about processes) -------------

@@ -12,10 +12,12 @@ path, as many times as it was uploaded that way.
 
 The ledger is this process's own: a file another app process received (a replica on the same
 temp folder, or this app before a restart) has no record here, so it is no one's to read or use
-(each process keeps its uploads in a folder of its own: :mod:`.upload_folder`)."""
+(each process keeps its uploads in a folder of its own: :mod:`.upload_folder`). Unused uploads are
+capped per client and in all (:mod:`.upload_caps`)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import os
@@ -32,6 +34,7 @@ from typing import Protocol
 from ..errors import UserError
 from .current import current_app
 from .instance import own_folder, sweep_gone
+from .upload_caps import refusal, room_refusal, unused_bytes
 from .upload_folder import host_folder, upload_dir
 
 
@@ -54,10 +57,15 @@ class _Upload:
     owners: set[str] = field(default_factory=set)  # ids of the live sessions using it
     users: set[str] = field(default_factory=set)  # ids of the clients whose sessions used it
     noted: float = field(default_factory=time.monotonic)  # when it was last uploaded
+    size: int = 0  # bytes on disk (an upload's; the app's own files count as none)
 
     def awaited(self) -> bool:
         """Whether an upload of it has not been used yet (its file must stay)."""
         return bool(self.clients - self.users) or self.claimed < self.anonymous
+
+    def awaits(self, client: str | None) -> bool:
+        """Whether ``client`` (None: the clients without a cookie) uploaded it and has not used it yet."""
+        return client in self.clients - self.users if client else self.claimed < self.anonymous
 
 
 class UploadBook:
@@ -76,17 +84,49 @@ def _book() -> UploadBook:
     return current_app().uploads
 
 
-def note_uploads(paths, client: str | None = None) -> None:
-    """Gradio received these files from ``client`` (None: a request without the client cookie)."""
+def note_uploads(paths, client: str | None = None) -> str | None:
+    """Gradio received these files from ``client`` (None: a request without the client cookie).
+    Returns the line refusing them when they would take unused uploads over a cap
+    (:mod:`.upload_caps`): then none is noted, and the files no one else uploaded are deleted."""
     book = _book()
+    names = [str(Path(path).resolve()) for path in paths]
     with book.lock:
-        for path in paths:
-            record = book.files.setdefault(str(Path(path).resolve()), _Upload())
+        before = unused_bytes(book.files.values(), client)
+        earlier = {name: copy.deepcopy(book.files[name]) for name in names if name in book.files}
+        for name in names:
+            record = book.files.setdefault(name, _Upload(size=_size(name)))
             record.noted = time.monotonic()
             if client:
                 record.clients.add(client)
             else:
                 record.anonymous += 1
+        refused = refusal(before, unused_bytes(book.files.values(), client))
+        if refused:  # the ledger as it was
+            for name in names:
+                if name in earlier:
+                    book.files[name] = earlier[name]
+                else:
+                    book.files.pop(name, None)
+    for name in (n for n in names if n not in earlier) if refused else ():
+        _unlink_upload(name)
+    return refused
+
+
+def upload_room(client: str | None, declared: int) -> str | None:
+    """Before an upload request is read: the line refusing it when its declared size (the
+    request's ``Content-Length``) cannot fit under the caps, else None (:func:`note_uploads` checks
+    the files themselves once they are written)."""
+    book = _book()
+    with book.lock:
+        unused = unused_bytes(book.files.values(), client)
+    return room_refusal(unused, declared)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 @functools.lru_cache(maxsize=1)
