@@ -8,8 +8,10 @@ network, else the offline ``tiny-arena-vl``), ``KV_ARENA_PRELOAD=0`` (load it on
 ``KV_ARENA_MAX_QUEUED_PER_CLIENT`` (events one client may have waiting or running, 4),
 ``KV_ARENA_KV_STORE`` / ``KV_ARENA_KV_STORE_MB`` (MPIC's media KV store: directory, disk cap),
 ``KV_ARENA_SESSION_IDLE_S`` (a session without a heartbeat ends after this long idle),
-``KV_ARENA_MAX_SCENES`` (drawn scenes kept on disk), ``KV_ARENA_RANDOM_MODELS=1`` /
-``KV_ARENA_RANDOM_MAX_PARAMS`` (offer ``random:`` architectures, under that size),
+``KV_ARENA_MAX_SCENES`` (drawn scenes kept on disk), ``KV_ARENA_MAX_UNUSED_UPLOAD_MB`` /
+``KV_ARENA_MAX_UNUSED_UPLOADS_MB`` (uploads no event used yet: per client, in all),
+``KV_ARENA_RANDOM_MODELS=1`` / ``KV_ARENA_RANDOM_MAX_PARAMS`` (offer ``random:`` architectures, under
+that size),
 ``KV_ARENA_MONITORING=1`` (Gradio's ``/monitoring``; off otherwise), ``KV_ARENA_MCP=1`` (``/chat`` and
 ``/compare`` also as MCP tools at ``/gradio_api/mcp/``; off otherwise, docs/mcp.md says why). See
 README.md and docs/.
@@ -139,6 +141,8 @@ def configure_logging() -> None:
 def main() -> None:
     configure_logging()
     service.open_app(service.AppState())  # this process's models, sessions, store and uploads' ledger
+    # before Gradio is built: its uploads go to this process's own folder, an earlier run's are swept
+    service.use_own_upload_folder()
     service.sweep_dead_sessions()  # what sessions of an earlier run left on disk
     if os.environ.get("KV_ARENA_PRELOAD", "1") != "0":  # the first visitor should not wait for it
         try:

@@ -18,7 +18,8 @@ to a request for the messages of an event or session this server never had (``/c
 names outside the upload folder, a URL included (the app then refuses it in one line, where Gradio
 would download the URL or fail with a traceback), answers an event that names no event of the app
 or sends too few values, or one posted around the queue (``/run``), in one line (``event_shape``),
-and keeps a session awake while its heartbeat stream is open (``service.active``).
+keeps a session awake while its heartbeat stream is open (``service.active``), and refuses an upload
+over the caps on unused uploads with 413 and one line (``kv_arena.service.upload_caps``).
 """
 
 from __future__ import annotations
@@ -199,6 +200,29 @@ async def _refuse(send, status: int, line: str) -> None:
     await send({"type": "http.response.body", "body": json.dumps({"detail": line}).encode()})
 
 
+async def _too_large(send, line: str, headers: list) -> None:
+    """An upload refused by a cap on unused uploads: 413 and its one line (the browser shows it)."""
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), *headers]})
+    await send({"type": "http.response.body", "body": line.encode()})
+
+
+def _declared_length(scope) -> int:
+    try:
+        return int(dict(scope.get("headers", [])).get(b"content-length", b"0"))
+    except ValueError:
+        return 0
+
+
+async def _drain(receive) -> None:
+    """Read a refused request's body to its end, writing nothing (a client still sending it would
+    otherwise see the connection close instead of the answer)."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return
+
+
 def _unknown_event(scope) -> bool:
     """Whether the request asks for the messages of an event, or a session, this server never had."""
     if scope.get("method") not in ("GET", "HEAD"):
@@ -246,6 +270,13 @@ class ClientCookie:
         joining = scope.get("method") == "POST" and JOIN.search(path) is not None
         status, body, sent_body = 0, b"", b""
         pending: list[dict] = []
+        cookie = [] if sent else [(b"set-cookie", _set_cookie(client, _secure(scope)))]
+        refused = service.upload_room(sent, _declared_length(scope)) if upload else None
+        if refused:  # over a cap on unused uploads: refused before Gradio writes anything
+            await _drain(receive)
+            await _too_large(send, refused, cookie)
+            return
+        held: dict | None = None  # an upload's answer, until its files are noted (or refused)
         if joining or started:  # an event's inputs: read whole, files outside the upload folder unmarked
             pending = await _whole_body(receive)
             sent_body = b"".join(m.get("body", b"") for m in pending if m["type"] == "http.request")
@@ -262,21 +293,31 @@ class ClientCookie:
             return pending.pop(0) if pending else await receive()
 
         async def send_with_cookie(message) -> None:
-            nonlocal status, body
+            nonlocal status, body, held
             if message["type"] == "http.response.start":
                 status = message["status"]
                 if joining and status == 200:  # noted before the client can ask for its messages
                     SESSIONS.note(sent_body)
-                if not sent:
-                    message = {**message, "headers": [*message.get("headers", []),
-                                                      (b"set-cookie", _set_cookie(client, _secure(scope)))]}
-            elif message["type"] == "http.response.body" and (upload or started) and status == 200:
+                message = {**message, "headers": [*message.get("headers", []), *cookie]}
+                if upload and status == 200:
+                    held = message
+                    return
+            elif message["type"] == "http.response.body" and upload and status == 200:
                 body += message.get("body", b"")
-                if not message.get("more_body") and upload:  # noted before the client can name the paths
-                    # under the cookie the client sent: one that sent none keeps none (raw HTTP), so its
-                    # upload belongs to no client (usable once, by the first session naming it)
-                    service.note_uploads(_uploaded(body), sent)
-                elif not message.get("more_body"):  # the event's id, before the client can ask for it
+                if message.get("more_body"):
+                    return
+                # noted before the client can name the paths, under the cookie the client sent: one that
+                # sent none keeps none (raw HTTP), so its upload belongs to no client (usable once, by
+                # the first session naming it)
+                refused = service.note_uploads(_uploaded(body), sent)
+                if refused:  # over a cap: the files just written are gone, the client told why
+                    await _too_large(send, refused, cookie)
+                    return
+                await send(held)
+                message = {**message, "body": body}
+            elif message["type"] == "http.response.body" and started and status == 200:
+                body += message.get("body", b"")
+                if not message.get("more_body"):  # the event's id, before the client can ask for it
                     EVENTS.note(body)
             elif message["type"] == "http.response.body" and result and not message.get("more_body"):
                 EVENTS.done(result.group(1))

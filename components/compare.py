@@ -279,11 +279,12 @@ class SceneOutputs(Outputs):
 def new_scene(kind: str, session: service.Session | None = None, request: gr.Request = None) -> SceneOutputs:
     """A fresh scene of ``kind`` from the model's scene generator, with its true answers: it fills
     the first question (with its media) and the follow-up. Its files are the session's (they go
-    with it; :func:`kv_arena.service.draw_scene` caps them)."""
+    with it and are served to its client only; :func:`kv_arena.service.draw_scene` caps them)."""
     try:
         if session is not None:
             service.track(session, getattr(request, "session_hash", None), clients.client_of(request))
-        scene = service.draw_scene(kind, owner=session.id if session is not None else "anonymous")
+        scene = (service.draw_scene(kind, owner=session.id, client=session.client) if session is not None
+                 else service.draw_scene(kind))
     except UserError as exc:
         return SceneOutputs(status=refusal(exc))
     return SceneOutputs({"text": scene.questions[0], "files": list(scene.files)},

@@ -23,7 +23,7 @@ def test_examples_have_a_follow_up_about_another_object_and_known_answers():
     assert scenes.true_answer("", "What colour is the circle?") is None  # no media, no scene
 
 
-def test_a_new_scene_is_drawn_with_its_answers_and_its_files_are_public():
+def test_a_new_scene_is_drawn_with_its_answers():
     scene = scenes.draw_scene("colour", seed=5)
     assert scenes.scene_of(scenes.media_digest(scene.files)) == scene
     assert scenes.is_right(f" {scene.answers[0].upper()}.", scene.answers[0]) is True

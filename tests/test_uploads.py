@@ -66,3 +66,29 @@ def test_the_shipped_examples_are_public(folder):
     uploads.note_uploads([str(copy)], "client-d")  # uploaded by someone, still the example everyone may use
     uploads.check_uploads(session("client-e"), [str(copy)])
     assert uploads.may_read(str(copy), "client-e")
+
+
+def blob(folder, i: int, size: int) -> str:
+    path = folder / f"blob{i}" / f"blob{i}.bin"
+    path.parent.mkdir()
+    path.write_bytes(i.to_bytes(4, "big") + bytes(size - 4))
+    return str(path)
+
+
+def test_unused_uploads_are_capped_per_client_and_in_all_and_a_used_one_no_longer_counts(folder, monkeypatch):
+    monkeypatch.setenv("KV_ARENA_MAX_UNUSED_UPLOAD_MB", "1")
+    monkeypatch.setenv("KV_ARENA_MAX_UNUSED_UPLOADS_MB", "2")
+    third = 2**20 // 3
+    a = [blob(folder, i, third) for i in range(4)]
+    assert uploads.note_uploads(a[:3], "client-a") is None  # 1 MB less a byte or two: fits
+    assert "over the 1 MB allowed" in uploads.note_uploads([a[3]], "client-a")
+    assert not (folder / "blob3" / "blob3.bin").exists()  # refused: its file is gone, nothing was noted
+    assert not uploads.may_read(a[3], "client-a")
+    assert uploads.note_uploads(a[:1], "client-a") is None  # the same bytes again add nothing
+    assert uploads.upload_room("client-a", 2**20) is not None and uploads.upload_room("client-b", 2**20) is None
+    uploads.check_uploads(session("client-a"), a[:3])  # sent in a message: they no longer count
+    assert uploads.note_uploads([blob(folder, 4, third)], "client-a") is None
+    others = [blob(folder, i, third) for i in range(10, 15)]
+    assert uploads.note_uploads(others[:2], "client-b") is None
+    assert uploads.note_uploads(others[2:], None) is None  # the clients without a cookie: one more client
+    assert "this server holds 2 MB" in uploads.note_uploads([blob(folder, 20, third)], "client-c")

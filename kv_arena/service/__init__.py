@@ -32,7 +32,9 @@ tensor and never imports torch. The app imports this package only; its modules, 
   live in a namespace named by the server-side :attr:`Session.id` (never by anything a client
   sends), are stored when an MPIC turn adds media, listed by :func:`media_library` and dropped when
   the session closes or its model changes; :func:`mpic_default_k` suits MPIC-k's k to the model.
-* :mod:`.uploads`: which uploaded files a session may use, and which client may read them.
+* :mod:`.uploads`: which uploaded files a session may use, and which client may read them;
+  :mod:`.upload_caps`: how much of them may wait unused; :mod:`.upload_folder`: each app process's
+  own upload folder.
 * :mod:`.methods`: the KV-cache methods described in plain values (titles, papers, parameters,
   whether one reuses stored media).
 * :mod:`.scenes`: the offline model's scenes with their true answers (examples, "New scene"), so
@@ -55,7 +57,9 @@ from .sessions import (Session, active, close_session, expire_idle, open_session
                        sweep_dead_sessions, track)
 from .state import ChatState
 from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
-from .uploads import check_sent_files, check_uploads, in_upload_dir, may_read, note_uploads, save_private_images
+from .upload_folder import use_own_upload_folder
+from .uploads import (check_sent_files, check_uploads, in_upload_dir, may_read, note_uploads, save_private_images,
+                      upload_room)
 from .view_types import (
     ChatView,
     CompareRun,
@@ -87,6 +91,7 @@ __all__ = [
     # against hostile visitors (issue 36): inputs checked, private files, idle sessions
     "check_model_allowed", "check_sent_files", "checked_params", "checked_text", "in_upload_dir",
     "save_private_images", "active", "open_session", "expire_idle", "start_sweeper", "sweep_dead_sessions",
+    "upload_room", "use_own_upload_folder",
 ]
 
 open_app(AppState())  # until app.py (or a test) opens its own

@@ -25,7 +25,7 @@ from ..tiny import arena_scenes
 from .current import current_app
 from .inputs import Prepared
 from .model_picker import is_trained_here
-from .uploads import ASSETS, cap_folders, file_hash, make_public, session_folder, trim_folder
+from .uploads import ASSETS, cap_folders, file_hash, make_public, note_private, session_folder, trim_folder
 
 KEEP = 256  # drawn scenes remembered for their answers
 SCENES_PER_SESSION = 4  # a session's newest drawn scenes kept on disk (the one in the input box among them)
@@ -120,12 +120,13 @@ def scene_types() -> tuple[str, ...]:
     return tuple(arena_scenes.QUESTION_TYPES)
 
 
-def draw_scene(kind: str, seed: int | None = None, owner: str = "anonymous") -> Scene:
+def draw_scene(kind: str, seed: int | None = None, owner: str = "anonymous", client: str | None = None) -> Scene:
     """A fresh scene of ``kind`` from the generator, with its first question and follow-up; its
     media are written in the folder of the session ``owner`` (its id) in Gradio's upload folder (a
     video as an uncompressed AVI, read back pixel for pixel), which keeps a session's newest
-    :data:`SCENES_PER_SESSION` and :func:`max_scenes` in all, and goes with the session; any
-    session may use them, as the examples."""
+    :data:`SCENES_PER_SESSION` and :func:`max_scenes` in all, and goes with the session. Their URLs
+    are served to the session's ``client`` only (to none without one); any session may use them in
+    a message, as the examples."""
     kinds = arena_scenes.QUESTION_TYPES
     if not isinstance(kind, str) or kind not in kinds:
         raise UserError(f"The scene type must be one of {', '.join(kinds)}; got {str(kind)[:60]!r}.")
@@ -141,6 +142,7 @@ def draw_scene(kind: str, seed: int | None = None, owner: str = "anonymous") -> 
         for picture, path in zip(item.pictures, paths):
             picture.image().save(path)
     make_public([str(p) for p in paths])
+    note_private([str(p) for p in paths], client)
     cap_folders(mine.parent, max_scenes())
     trim_folder(mine, SCENES_PER_SESSION)
     scene = Scene(kind, tuple(q.text for q in item.turns), tuple(q.answer for q in item.turns),

@@ -8,16 +8,21 @@ requests. This module is the ledger: which clients uploaded each file (:func:`no
 whether an event's session may use a file (:func:`check_uploads`) and whether a client may read a
 file's URL (:func:`may_read`). An upload made without the cookie (a raw HTTP client that keeps no
 cookies) belongs to no client: such an upload may be used by one session, the first that names its
-path, as many times as it was uploaded that way."""
+path, as many times as it was uploaded that way.
+
+The ledger is this process's own: a file another app process received (a replica on the same
+temp folder, or this app before a restart) has no record here, so it is no one's to read or use
+(each process keeps its uploads in a folder of its own: :mod:`.upload_folder`). Unused uploads are
+capped per client and in all (:mod:`.upload_caps`)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import os
 import re
 import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -29,6 +34,8 @@ from typing import Protocol
 from ..errors import UserError
 from .current import current_app
 from .instance import own_folder, sweep_gone
+from .upload_caps import refusal, room_refusal, unused_bytes
+from .upload_folder import host_folder, upload_dir
 
 
 class Uploader(Protocol):
@@ -50,10 +57,15 @@ class _Upload:
     owners: set[str] = field(default_factory=set)  # ids of the live sessions using it
     users: set[str] = field(default_factory=set)  # ids of the clients whose sessions used it
     noted: float = field(default_factory=time.monotonic)  # when it was last uploaded
+    size: int = 0  # bytes on disk (an upload's; the app's own files count as none)
 
     def awaited(self) -> bool:
         """Whether an upload of it has not been used yet (its file must stay)."""
         return bool(self.clients - self.users) or self.claimed < self.anonymous
+
+    def awaits(self, client: str | None) -> bool:
+        """Whether ``client`` (None: the clients without a cookie) uploaded it and has not used it yet."""
+        return client in self.clients - self.users if client else self.claimed < self.anonymous
 
 
 class UploadBook:
@@ -72,22 +84,49 @@ def _book() -> UploadBook:
     return current_app().uploads
 
 
-def upload_dir() -> Path:
-    """Where Gradio keeps uploads (its own rule: ``GRADIO_TEMP_DIR``, else <temp>/gradio)."""
-    return Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
-
-
-def note_uploads(paths, client: str | None = None) -> None:
-    """Gradio received these files from ``client`` (None: a request without the client cookie)."""
+def note_uploads(paths, client: str | None = None) -> str | None:
+    """Gradio received these files from ``client`` (None: a request without the client cookie).
+    Returns the line refusing them when they would take unused uploads over a cap
+    (:mod:`.upload_caps`): then none is noted, and the files no one else uploaded are deleted."""
     book = _book()
+    names = [str(Path(path).resolve()) for path in paths]
     with book.lock:
-        for path in paths:
-            record = book.files.setdefault(str(Path(path).resolve()), _Upload())
+        before = unused_bytes(book.files.values(), client)
+        earlier = {name: copy.deepcopy(book.files[name]) for name in names if name in book.files}
+        for name in names:
+            record = book.files.setdefault(name, _Upload(size=_size(name)))
             record.noted = time.monotonic()
             if client:
                 record.clients.add(client)
             else:
                 record.anonymous += 1
+        refused = refusal(before, unused_bytes(book.files.values(), client))
+        if refused:  # the ledger as it was
+            for name in names:
+                if name in earlier:
+                    book.files[name] = earlier[name]
+                else:
+                    book.files.pop(name, None)
+    for name in (n for n in names if n not in earlier) if refused else ():
+        _unlink_upload(name)
+    return refused
+
+
+def upload_room(client: str | None, declared: int) -> str | None:
+    """Before an upload request is read: the line refusing it when its declared size (the
+    request's ``Content-Length``) cannot fit under the caps, else None (:func:`note_uploads` checks
+    the files themselves once they are written)."""
+    book = _book()
+    with book.lock:
+        unused = unused_bytes(book.files.values(), client)
+    return room_refusal(unused, declared)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,7 +148,8 @@ DRAWN_REMEMBERED = 4096  # the newest drawn files stay public (their files are c
 
 
 def make_public(paths) -> None:
-    """Files the app wrote itself (drawn scenes): any session may use them, as the examples."""
+    """Files the app wrote itself (drawn scenes): any session may use them in a message, as the
+    examples (who may read them is :func:`note_private`'s)."""
     book = _book()
     with book.lock:
         for path in paths:
@@ -119,8 +159,15 @@ def make_public(paths) -> None:
 
 
 def _public(path: Path) -> bool:
+    """Any session may use it: a copy of a shipped example, or media the app drew."""
     size, content = path.stat().st_size, file_hash(str(path))
     return content in _public_hashes().get(size, ()) or (size, content) in _book().drawn
+
+
+def _shipped(path: Path) -> bool:
+    """Anyone may read it: Gradio's copy of a shipped example (hashed only when a size matches)."""
+    size = path.stat().st_size
+    return size in _public_hashes() and file_hash(str(path)) in _public_hashes()[size]
 
 
 def check_uploads(session: Uploader, files: list[str]) -> None:
@@ -174,19 +221,26 @@ def check_sent_files(files: list[str]) -> None:
 
 def may_read(name: str, client: str | None) -> bool:
     """Whether ``client`` may fetch the file at ``name`` (a path, absolute or relative to the working
-    directory, as Gradio's file routes resolve it): an upload or a private file the app wrote
-    (:func:`save_private_images`) only by its client; anything else (the examples, what the app
-    drew) as Gradio decides."""
-    book = _book()
+    directory, as Gradio's file routes resolve it). Anything under Gradio's folder, this process's
+    or another's (:func:`.upload_folder.host_folder`), only when this process's ledger says
+    ``client`` uploaded it or the app wrote it for ``client`` (:func:`note_private`), or when it is
+    a copy of a shipped example: what this process cannot prove is the caller's (another process's
+    file, a previous run's, one gone) is no one's. Anything elsewhere as Gradio decides (it serves
+    nothing else of ours)."""
     try:
         path = Path(name).resolve()
     except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop: no file of ours
         return True
-    with book.lock:
-        record = book.files.get(str(path))
-    if record is None or not _in_upload_dir(path) or _public(path):
+    if host_folder() not in path.parents:
         return True
-    return bool(client) and client in record.clients
+    with _book().lock:
+        record = _book().files.get(str(path))
+    if record is not None and client and client in record.clients:
+        return True
+    try:
+        return path.is_file() and _shipped(path)
+    except (OSError, ValueError):  # removed meanwhile, or no path this system can name
+        return False
 
 
 def forget_uploads(session: Uploader) -> None:
