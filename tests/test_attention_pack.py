@@ -13,7 +13,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import backends
 from backends.attention_math import attention_probs, causal_attention
-from backends.attention_pack import AttentionPack, PackedLayer, block_ranks, factorise, fitted_rank
+from backends.attention_pack import AttentionPack, PackedLayer
+from backends.low_rank import block_ranks, factorise, fitted_rank
 from backends.rope import rotate, unrotate
 from kv_arena.runtime.generate import Conversation
 from kv_arena.runtime.inputs import Message
