@@ -53,3 +53,16 @@ def refusal(scope, body: bytes) -> tuple[int, str] | None:
         return None
     return 422, (f"{name} takes {len(wanted)} values in \"data\" (its parameters, in the order the API page "
                  f"lists them); {len(sent['data'])} were sent.")
+
+
+def posted_around_the_queue(scope, body: bytes) -> bool:
+    """Whether a POST to ``/run/<name>`` asks for anything but one of Gradio's own unqueued events
+    (an example's click loads its values that way, ``queue=False``): every event of the app goes
+    through the queue, and Gradio answers an unknown one with a 500 and a traceback."""
+    try:
+        sent = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return True
+    index = sent.get("fn_index") if isinstance(sent, dict) else None
+    fn = _fns(scope).get(index) if isinstance(index, int) else None
+    return fn is None or getattr(fn, "queue", True) is not False

@@ -72,6 +72,10 @@ def test_a_post_around_the_queue_is_one_line(server, capfd):
         assert answer.status_code == 404, answer.text
         assert "goes through the queue" in answer.json()["detail"]
     assert "Traceback" not in capfd.readouterr().err
+    example = next(i for i, fn in demo.fns.items() if fn.queue is False)  # an example's click, unqueued
+    loaded = httpx.post(f"{url}gradio_api/run/predict", json={"data": [0], "fn_index": example,
+                                                               "session_hash": uuid.uuid4().hex[:11]}, timeout=30)
+    assert loaded.status_code != 404, loaded.text
 
 
 def test_an_event_with_too_few_values_or_no_such_event_is_one_line(server, capfd):
