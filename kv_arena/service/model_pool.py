@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-import backends
+from kv_arena import backends
 
 from ..errors import UserError
 from ..runtime.generate import Conversation
