@@ -20,8 +20,9 @@ see pyproject.toml):
 * :mod:`kv_arena.media`: images and videos read from disk within limits.
 * :mod:`kv_arena.errors`: errors a user can fix.
 
-The methods themselves live in the top-level package ``backends`` (installed with this one), one
-file each; they know nothing of kv_arena.
+The methods themselves, one file each, are :mod:`kv_arena.backends`: the repository's top-level
+``backends/``, installed under this package's name (a checkout imports them as ``backends`` too, the
+same modules); they know nothing of the rest of kv_arena.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from importlib import import_module
 
 # loaded on first use: ``import kv_arena`` stays light (torch and transformers come with these)
 _LAZY = {"compress": "kv_arena.hf", "Press": "kv_arena.hf", "Chat": "kv_arena.hf",
-         "save_offline": "kv_arena.hf", "make_backend": "backends", "backend_class": "backends"}
+         "save_offline": "kv_arena.hf", "make_backend": "kv_arena.backends",
+         "backend_class": "kv_arena.backends"}
 
 
 def methods() -> list[str]:
     """The registered KV-cache methods' names, the reference (the full cache) first."""
-    return import_module("backends").available()
+    return import_module("kv_arena.backends").available()
 
 
 def __getattr__(name: str):

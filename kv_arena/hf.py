@@ -36,10 +36,10 @@ from contextlib import contextmanager
 
 import torch
 
-import backends
-from backends.base import AttentionCall, KVBackend, Report
-from backends.layout import PromptLayout, VisualSpan
-from backends.media_reuse import ReusesMedia
+from kv_arena import backends
+from kv_arena.backends.base import AttentionCall, KVBackend, Report
+from kv_arena.backends.layout import PromptLayout, VisualSpan
+from kv_arena.backends.media_reuse import ReusesMedia
 
 from .runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
 from .runtime.cache import KVCache

@@ -147,6 +147,16 @@ def bounded(image: Image.Image) -> Image.Image:
     return image if size == image.size else image.resize(size, Image.BICUBIC)
 
 
+def _decord():
+    """The video decoder, imported on first use: images need none, and the library (``pip install .``)
+    installs it only with the app's extra."""
+    try:
+        import decord
+    except ImportError:
+        raise UserError('Reading videos needs decord: pip install decord (or pip install ".[app]").') from None
+    return decord
+
+
 def load_video(source, num_frames: int = 8, lazy: bool = False) -> Video:
     """Sample ``num_frames`` frames uniformly from a video file; UserError if it is not one.
     ``lazy``: the frames are checked now and decoded when read (:class:`FramesOnDisk`)."""
@@ -160,7 +170,7 @@ def load_video(source, num_frames: int = 8, lazy: bool = False) -> Video:
         raise UserError(f"Video not found: {name or path}")
     if os.path.getsize(path) > MAX_VIDEO_BYTES:
         raise UserError(f"'{name}' is larger than the {MAX_VIDEO_BYTES // 2**20} MB this app accepts.")
-    import decord  # imported here: decoding is optional for image-only use
+    decord = _decord()
 
     try:
         reader = decord.VideoReader(path, ctx=decord.cpu(0))
@@ -203,7 +213,7 @@ def image_pixels(path: str) -> int:
 def video_frames(path: str, num_frames: int, lazy: bool) -> int:
     """How many frames :func:`load_video` decodes at once: the sampled ones (a lazy video: one
     batch); 0 if the container does not open (:func:`load_video` says so)."""
-    import decord
+    decord = _decord()
 
     try:
         total = len(decord.VideoReader(path, ctx=decord.cpu(0)))

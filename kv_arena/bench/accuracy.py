@@ -47,9 +47,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import backends
+from kv_arena import backends
 
 from ..errors import UserError
+from ..paths import ASSETS, IN_CHECKOUT
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import ARENA, load_model
@@ -60,7 +61,6 @@ from .common import REFERENCE
 from .datasets_items import load_items
 from .metrics import METRICS
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
 PROBES = ("keep only the object tokens", "drop exactly the needed tokens", "drop a random 75% of visual tokens")
 PROTOCOLS = ("with", "before", "follow")
 PROTOCOL_TITLES = {"with": "first question, compressed with it", "before": "first question, compressed before it",
@@ -80,7 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--per-type", type=int, default=200, help="held-out chats per question type")
     p.add_argument("--probe-items", type=int, default=None, help="chats per type for the probes (default: --per-type)")
     p.add_argument("--types", default=",".join(kinds), help=f"question types: {', '.join(kinds)}")
-    p.add_argument("--out", default=str(ASSETS / "accuracy"), help="writes OUT.json, OUT.html (and OUT.png)")
+    # the committed figure is rewritten in a checkout; an installed package's folder is never written
+    p.add_argument("--out", default=str(ASSETS / "accuracy") if IN_CHECKOUT else "accuracy",
+                   help="writes OUT.json, OUT.html (and OUT.png)")
     p.add_argument("--no-figure", action="store_true")
     p.add_argument("--no-probe", action="store_true")
     p.add_argument("--from-json", default=None, metavar="JSON",

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-import backends
+from kv_arena import backends
 
 from ..errors import UserError
 

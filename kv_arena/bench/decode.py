@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-import backends
-from backends.base import AttentionCall
+from kv_arena import backends
+from kv_arena.backends.base import AttentionCall
 
 from ..errors import UserError
 from ..runtime.attention import ATTENTION_NAME

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-import backends
-from backends.descriptions import describe
+from kv_arena import backends
+from kv_arena.backends.descriptions import describe
 
 from ..errors import UserError
 from ..media import load_image, load_video

@@ -43,7 +43,7 @@ from contextlib import contextmanager
 
 import torch
 
-import backends
+from kv_arena import backends
 
 from ..errors import UserError
 from ..mpic.kv_store import KVStore

@@ -53,11 +53,11 @@ import time
 
 import torch
 
-import backends
-from backends.attention_math import causal_attention
-from backends.base import AttentionCall
-from backends.full import FullCache
-from backends.layout import PromptLayout, VisualSpan
+from kv_arena import backends
+from kv_arena.backends.attention_math import causal_attention
+from kv_arena.backends.base import AttentionCall
+from kv_arena.backends.full import FullCache
+from kv_arena.backends.layout import PromptLayout, VisualSpan
 
 from ..errors import UserError
 from ..runtime.attention import ATTENTION_NAME, active_run

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-import backends
+from kv_arena import backends
 
 from ..errors import UserError
 from ..runtime.generate import Conversation

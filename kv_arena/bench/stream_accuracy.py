@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import backends
+from kv_arena import backends
 
 from ..errors import UserError
 from ..runtime.generate import Conversation

@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-import backends
-from backends.media_reuse import ReusesMedia, StoredMedia
+from kv_arena import backends
+from kv_arena.backends.media_reuse import ReusesMedia, StoredMedia
 
 from ..media import Video, load_image, load_video
 from ..runtime.attention import active_run

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 
 import torch
 
-import backends
-from backends.media_reuse import ReusesMedia
+from kv_arena import backends
+from kv_arena.backends.media_reuse import ReusesMedia
 
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message

@@ -13,8 +13,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from backends.attention_math import attention_probs, causal_attention, causal_attention_column_sums, decode_attention
-from backends.base import AttentionCall
+from kv_arena.backends.attention_math import attention_probs, causal_attention, causal_attention_column_sums, decode_attention
+from kv_arena.backends.base import AttentionCall
 
 from .cache import KVCache
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from backends.base import KVBackend
+from kv_arena.backends.base import KVBackend
 
 
 class KVCache(Cache):

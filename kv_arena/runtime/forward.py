@@ -9,7 +9,7 @@ import inspect
 
 import torch
 
-from backends.base import AttentionCall
+from kv_arena.backends.base import AttentionCall
 
 from .attention import ForwardRun, forward_run
 from .cache import KVCache

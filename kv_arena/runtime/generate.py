@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from backends.base import AttentionCall, KVBackend
-from backends.layout import PromptLayout
-from backends.media_reuse import ReusesMedia
+from kv_arena.backends.base import AttentionCall, KVBackend
+from kv_arena.backends.layout import PromptLayout
+from kv_arena.backends.media_reuse import ReusesMedia
 
 from ..errors import UserError
 from .cache import KVCache

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from backends.layout import PromptLayout, VisualSpan
+from kv_arena.backends.layout import PromptLayout, VisualSpan
 
 from ..media import Video, load_image, load_video
 

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from backends.base import CapTooSmall
-from backends.layout import PromptLayout, VisualSpan
+from kv_arena.backends.base import CapTooSmall
+from kv_arena.backends.layout import PromptLayout, VisualSpan
 
 from ..errors import UserError
 from ..media import Video, load_image, load_video

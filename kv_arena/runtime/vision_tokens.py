@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
-from backends.base import KVBackend, VisionTokens
+from kv_arena.backends.base import KVBackend, VisionTokens
 
 from ..errors import UserError
 from .attention import active_run

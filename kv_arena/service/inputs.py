@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import backends
-from backends.params import BUDGET
+from kv_arena import backends
+from kv_arena.backends.params import BUDGET
 
 from ..errors import UserError
 from ..media import check_decoded_pixels, decoded_pixels, load_image, load_video

@@ -3,10 +3,10 @@ panels, the Compare tab and the About page never import a backend (or torch) the
 
 from __future__ import annotations
 
-import backends
-from backends.descriptions import describe
-from backends.media_reuse import ReusesMedia
-from backends.params import BUDGET
+from kv_arena import backends
+from kv_arena.backends.descriptions import describe
+from kv_arena.backends.media_reuse import ReusesMedia
+from kv_arena.backends.params import BUDGET
 
 from ..errors import UserError
 

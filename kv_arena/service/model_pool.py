@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from PIL import Image
 
-import backends
+from kv_arena import backends
 
 from ..errors import UserError
 from ..runtime.generate import Conversation

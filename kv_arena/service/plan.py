@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import backends
-from backends.base import KVBackend
-from backends.media_reuse import ReusesMedia
+from kv_arena import backends
+from kv_arena.backends.base import KVBackend
+from kv_arena.backends.media_reuse import ReusesMedia
 
 from ..errors import UserError
 from .inputs import Settings

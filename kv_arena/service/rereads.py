@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 
-import backends
+from kv_arena import backends
 
 from ..errors import UserError
 

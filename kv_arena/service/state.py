@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-import backends
+from kv_arena import backends
 
 from ..mpic.linking import Linker
 from ..runtime.generate import Conversation, ConversationState

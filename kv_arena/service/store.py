@@ -21,10 +21,11 @@ from ..media import load_image
 from ..mpic.kv_store import LOAD_TIMEOUT_S, KVStore
 from ..mpic.linking import media_key
 from ..mpic.store_api import MediaStore
+from ..paths import ASSETS
 from .current import current_app, using_app
 from .instance import own_folder, sweep_gone
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "assets"  # the app's shipped example media
+EXAMPLES = ASSETS  # the app's shipped example media
 
 
 class StoreHolder:

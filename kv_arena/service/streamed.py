@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import replace
 
-from backends.layout import PromptLayout, VisualSpan
+from kv_arena.backends.layout import PromptLayout, VisualSpan
 
 from ..runtime.generate import Conversation
 from ..runtime.inputs import Message

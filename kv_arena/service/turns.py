@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-import backends
+from kv_arena import backends
 
 from ..errors import UserError
 from ..mpic.linking import Linker

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import UserError
+from ..paths import ASSETS
 from .current import current_app
 from .instance import own_folder, sweep_gone
 from .upload_caps import refusal, room_refusal, unused_bytes
@@ -44,9 +45,6 @@ class Uploader(Protocol):
     id: str
     client: str | None
     uploads: set[str]
-
-
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
 
 
 @dataclass

@@ -16,10 +16,11 @@ import os
 
 import torch
 
+from ..paths import ASSETS
 from . import arena_scenes
 from .builtin import tiny_config
 
-ASSET_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny-arena-vl"
+ASSET_DIR = ASSETS / "tiny-arena-vl"
 WEIGHTS = "model.safetensors"
 VERSION_KEY = "arena_version"  # written into config.json (the first generation, 3x3 boards, is gone)
 GENERATION = 2  # the bundled generation: the only one the engine serves
