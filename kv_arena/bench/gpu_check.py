@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-import backends
+from kv_arena import backends
 
 from ..errors import UserError
 from ..runtime.generate import Conversation
