@@ -212,9 +212,9 @@ def build_blind(settings, session: gr.State, board_table: gr.Dataframe, board_ta
     example_sets = []
     for kind in (True, False):  # the offline model's scenes, or general examples for hub models
         with gr.Column(visible=kind == service.is_trained_here(settings.model.value)) as column:
-            rows = [[row[0]] for row in example_rows(kind)]
+            rows = [row[0] for row in example_rows(kind)]  # the first question with its media
             if rows:
-                gr.Examples(rows, inputs=[textbox], label="Examples", elem_id="blind-examples" if kind else None,
+                gr.Examples(rows, inputs=textbox, label="Examples", elem_id="blind-examples" if kind else None,
                             api_visibility="private")
         example_sets.append(column)
     with gr.Row():
