@@ -12,6 +12,8 @@ network, else the offline ``tiny-arena-vl``), ``KV_ARENA_PRELOAD=0`` (load it on
 ``KV_ARENA_MAX_UNUSED_UPLOADS_MB`` (uploads no event used yet: per client, in all),
 ``KV_ARENA_RANDOM_MODELS=1`` / ``KV_ARENA_RANDOM_MAX_PARAMS`` (offer ``random:`` architectures, under
 that size),
+``KV_ARENA_DB_URL`` (the "Can you tell?" tab's votes: any SQLAlchemy URL; default SQLite in
+``KV_ARENA_DATA_DIR``), ``KV_ARENA_BLIND_*`` (its expiry and rates, docs/app.md),
 ``KV_ARENA_MONITORING=1`` (Gradio's ``/monitoring``; off otherwise), ``KV_ARENA_MCP=1`` (``/chat`` and
 ``/compare`` also as MCP tools at ``/gradio_api/mcp/``; off otherwise, docs/mcp.md says why). See
 README.md and docs/.
@@ -30,6 +32,7 @@ except ImportError:
 import gradio as gr
 
 from components.about import build_about
+from components.blind import build_blind, build_leaderboard
 from components import clients, queue_limit
 from components.chat import build_chat
 from components.compare import build_compare
@@ -79,6 +82,11 @@ def build_demo() -> gr.Blocks:
                         build_chat(settings, session)
                     with gr.Tab("Compare", id="compare"):
                         build_compare(settings, session)
+                    blind_tab = gr.Tab("Can you tell?", id="blind")
+                    with gr.Tab("Leaderboard", id="leaderboard") as board_tab:
+                        board = build_leaderboard()
+                    with blind_tab:
+                        build_blind(settings, session, board, board_tab)
                     with gr.Tab("About", id="about"):
                         build_about()
         demo.unload(_release)
@@ -144,6 +152,11 @@ def main() -> None:
     # before Gradio is built: its uploads go to this process's own folder, an earlier run's are swept
     service.use_own_upload_folder()
     service.sweep_dead_sessions()  # what sessions of an earlier run left on disk
+    try:  # the votes database, migrated now: bad settings are one line before anything is served
+        votes = service.blind.open_votes()
+    except service.VotesUnavailable as exc:
+        raise SystemExit(f"error: {exc}") from None
+    logging.getLogger("kv_arena").info("votes database: %s", votes.url)
     if os.environ.get("KV_ARENA_PRELOAD", "1") != "0":  # the first visitor should not wait for it
         try:
             service.get_model(service.default_model())

@@ -191,3 +191,35 @@ def test_a_fresh_page_compares_an_example_conversation_with_marks(url, browser):
         if os.environ.get("KV_ARENA_UPDATE_SCREENSHOT") == "1":  # the README's, kept small
             small = image.convert("RGB").resize((image.width * 3 // 4, image.height * 3 // 4), Image.LANCZOS)
             small.quantize(colors=256).save(ROOT / "assets" / "screenshot.png", optimize=True)
+
+
+def test_can_you_tell_votes_once_and_sees_the_reveal(url, browser, tmp_path, monkeypatch):
+    """The "Can you tell?" tab at 1280 x 800: an example asked, two answers shown as A and B and
+    nothing else, one vote, then the reveal (which was the full cache, the method, its budget, the
+    KV each held, the time each took) and the leaderboard with the vote."""
+    from kv_arena import service
+
+    monkeypatch.setenv("KV_ARENA_DATA_DIR", str(tmp_path / "data"))  # the salt, and the SQLite file below
+    service.blind.open_votes(f"sqlite:///{tmp_path / 'votes.db'}")
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.set_default_timeout(90_000)
+    page.goto(url)
+    page.get_by_role("tab", name="Can you tell?").click()
+    scene = service.scene_examples()[0]  # a picture uploaded (a click on an example posts to /run/predict, refused)
+    send(page, "blind-input", scene.questions[0], Path(scene.files[0]))
+    page.locator("#blind-ask").click()
+    page.locator("#blind-status").get_by_text("which answer is better").wait_for()
+    answers = [page.locator(f"#blind-{side} textarea").input_value() for side in "ab"]
+    assert all(answers) and page.locator("#blind-reveal").inner_text().strip() == ""  # nothing said yet
+    assert "Full cache" not in page.locator("#blind-a").inner_text() + page.locator("#blind-b").inner_text()
+    page.locator("#blind-choice").get_by_label("A is better").check()
+    page.locator("#blind-vote").click()
+    reveal = page.locator("#blind-reveal")
+    reveal.get_by_text("was the full cache").wait_for()
+    assert "budget" in reveal.inner_text() and "KV held after the prompt" in reveal.inner_text()
+    assert "time for the answer" in reveal.inner_text()
+    page.locator("#blind-status").get_by_text("Vote recorded").wait_for()
+    save(page, "app_blind.png")
+    page.get_by_role("tab", name="Leaderboard").click()
+    expect(page.locator("#blind-board")).to_contain_text("tiny-arena-vl")
+    page.close()

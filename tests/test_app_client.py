@@ -174,9 +174,10 @@ def test_a_method_switched_through_the_api_keeps_the_conversation(url):
     assert len(service.open_session(client.session_hash).history) == 2
 
 
-def test_the_api_has_two_endpoints_and_every_other_event_is_private(url):
+def test_the_api_has_its_named_endpoints_and_every_other_event_is_private(url):
     api = Client(url, verbose=False).view_api(print_info=False, return_format="dict")
-    assert set(api["named_endpoints"]) == {"/chat", "/compare"} and not api["unnamed_endpoints"]
+    assert set(api["named_endpoints"]) == {"/chat", "/compare", "/blind", "/vote", "/leaderboard"}
+    assert not api["unnamed_endpoints"]
 
 
 def test_compare_through_the_api(url, image):

@@ -53,7 +53,7 @@ def test_mcp_is_off_unless_asked(monkeypatch):
 
 def test_the_tools_are_the_named_endpoints_with_every_parameter_described(mcp_url):
     tools = {tool.name: tool for tool in with_session(mcp_url, lambda s: s.list_tools()).tools}
-    assert set(tools) == {"chat", "compare"}
+    assert set(tools) == {"chat", "compare", "blind", "vote", "leaderboard"}
     chat, compare = tools["chat"].inputSchema["properties"], tools["compare"].inputSchema["properties"]
     assert list(chat) == ["message", "history", *control_names()]
     assert list(compare) == ["message", "methods", "follow_up", *control_names()]
@@ -61,6 +61,10 @@ def test_the_tools_are_the_named_endpoints_with_every_parameter_described(mcp_ur
         assert schema.get("description"), f"{name} has no description"
     assert "KV-cache method" in tools["chat"].description and "Returns:" in tools["chat"].description
     assert "budget of every method compared" in compare["budget"]["description"]
+    assert list(tools["blind"].inputSchema["properties"]) == ["message", "model", "method", "budget", "battle"]
+    assert list(tools["vote"].inputSchema["properties"]) == ["battle", "choice"]
+    for schema in [*tools["blind"].inputSchema["properties"].values(), *tools["vote"].inputSchema["properties"].values()]:
+        assert schema.get("description")
 
 
 def test_chat_through_mcp_answers(mcp_url):
@@ -98,4 +102,4 @@ def test_the_client_in_docs_mcp_md_runs_as_pasted(mcp_url, capsys):
     snippet = page.split("```python\n", 1)[1].split("```")[0]
     exec(compile(snippet.replace("http://127.0.0.1:7860/gradio_api/mcp/", mcp_url), "docs/mcp.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0] == "['chat', 'compare']" and printed[-1].startswith("**SnapKV**")
+    assert printed[0] == "['chat', 'compare', 'leaderboard', 'blind', 'vote']" and printed[-1].startswith("**SnapKV**")

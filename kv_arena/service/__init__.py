@@ -37,6 +37,9 @@ tensor and never imports torch. The app imports this package only; its modules, 
   own upload folder.
 * :mod:`.methods`: the KV-cache methods described in plain values (titles, papers, parameters,
   whether one reuses stored media).
+* :mod:`.blind`: the "Can you tell?" tab: the full cache and a method answer blind as A and B, a
+  vote reveals which was which; votes in a database (SQLite by default, ``KV_ARENA_DB_URL``),
+  migrated by Alembic at start, and the leaderboard with Wilson intervals.
 * :mod:`.scenes`: the offline model's scenes with their true answers (examples, "New scene"), so
   answers are marked right or wrong, and the Chat tab's examples for it (:data:`ARENA_EXAMPLES`).
 """
@@ -60,6 +63,8 @@ from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
 from .upload_folder import use_own_upload_folder
 from .uploads import (check_sent_files, check_uploads, in_upload_dir, may_read, note_uploads, save_private_images,
                       upload_room)
+from . import blind
+from .blind import Battle, BoardRow, Reveal, VotesUnavailable
 from .view_types import (
     ChatView,
     CompareRun,
@@ -92,6 +97,8 @@ __all__ = [
     "check_model_allowed", "check_sent_files", "checked_params", "checked_text", "in_upload_dir",
     "save_private_images", "active", "open_session", "expire_idle", "start_sweeper", "sweep_dead_sessions",
     "upload_room", "use_own_upload_folder",
+    # the "Can you tell?" tab: blind battles, votes and the leaderboard (blind/)
+    "blind", "Battle", "BoardRow", "Reveal", "VotesUnavailable",
 ]
 
 open_app(AppState())  # until app.py (or a test) opens its own

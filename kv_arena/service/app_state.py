@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from .blind.store import VoteHolder
 from .model_pool import ModelPool
 from .scenes import SceneBook
 from .sessions import SessionBook
@@ -20,6 +21,7 @@ class AppState:
     sessions: SessionBook = field(default_factory=SessionBook)  # open sessions, their activity, stops asked
     store: StoreHolder = field(default_factory=StoreHolder)  # MPIC's media KV store and its tenants
     uploads: UploadBook = field(default_factory=UploadBook)  # who uploaded which file; files the app drew
+    votes: VoteHolder = field(default_factory=VoteHolder)  # the blind tab's votes database, opened on first use
 
     def after_fork(self) -> None:
         """In a forked worker (ZeroGPU): each part drops what the fork broke (its parent's locks)."""

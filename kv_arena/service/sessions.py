@@ -64,6 +64,7 @@ class Session:
         self.visuals: list[KeptVisual] = []  # kept-token maps of the last answer, for the overlay
         self.uploads: set[str] = set()  # paths of the uploads it used (see check_uploads)
         self.client: str | None = None  # the id of the browser or API client the tab belongs to (uploads.py)
+        self.blind: dict = {}  # blind conversations it may continue, by first battle id (blind/battles.py)
         self.stop_requested = False
 
     @property

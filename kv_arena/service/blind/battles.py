@@ -1,0 +1,237 @@
+"""Blind battles: the full cache and one method answer the same turn (a Compare of the two, so
+both run on the same input, one after the other), shown as A and B in a random order; a vote
+reveals which was which. A follow-up continues both conversations: the conversation so far is run
+again with the new question, the method answering it from the cache it compressed (the full
+cache's earlier turns come from the session's reference cache).
+
+The rules (one vote per battle, a vote only from the client shown the battle, a per-client rate,
+an expiry) are checked against the database, so they hold across replicas; each refusal is one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import uuid
+from dataclasses import dataclass, field, replace
+
+from kv_arena import backends
+
+from ...errors import UserError
+from ...runtime.vision_tokens import check_runs_on
+from ..current import current_app
+from ..inputs import Prepared, Settings
+from ..model_pool import Progress, get_model, silent
+from ..plan import plan_turn
+from ..scenes import media_hint
+from ..sessions import Session
+from ..turns import compare
+from .schema import battles as battle_table, votes as vote_table
+from .store import VotesUnavailable, VoteStore, now
+from .views import CHOICES, Battle, Reveal
+
+LEVELS = (0.1, 0.2, 0.3, 0.5)  # the budgets a battle draws from (the leaderboard's levels)
+THREADS_PER_SESSION = 8  # blind conversations a session may continue (the newest)
+
+
+def expire_s() -> float:
+    """A battle takes votes and follow-ups this long after it was shown (``KV_ARENA_BLIND_EXPIRE_S``)."""
+    return float(os.environ.get("KV_ARENA_BLIND_EXPIRE_S", 3600))
+
+
+def battles_per_minute() -> int:
+    return int(os.environ.get("KV_ARENA_BLIND_BATTLES_PER_MINUTE", 10))
+
+
+def votes_per_minute() -> int:
+    return int(os.environ.get("KV_ARENA_BLIND_VOTES_PER_MINUTE", 20))
+
+
+def store() -> VoteStore:
+    """This application's votes store (opened on first use with ``KV_ARENA_DB_URL``)."""
+    return current_app().votes.get()
+
+
+def open_votes(url: str | None = None) -> VoteStore:
+    """Open (or reopen on ``url``) the votes store now, migrating it: ``app.py`` at start, so bad
+    settings are one line before anything is served."""
+    return current_app().votes.open(url)
+
+
+@dataclass
+class Thread:
+    """A blind conversation this session may continue: its turns, method and budget, last battle."""
+
+    turns: list[Prepared]
+    method: str
+    budget: float
+    settings: Settings
+    last: str = ""
+    ids: list[str] = field(default_factory=list)
+
+
+def _who(client: str | None, session: Session) -> str:
+    """The id a battle's rows are owned by: the client's cookie id, or without one its session."""
+    return client or f"session:{session.id}"
+
+
+def _check_rate(db: VoteStore, table, who: str, limit: int, what: str) -> None:
+    if limit > 0 and db.recent(table, who, 60) >= limit:
+        raise UserError(f"At most {limit} {what} a minute per visitor: wait a moment and try again.")
+
+
+def runnable(model: str, settings: Settings, progress: Progress = silent) -> list[str]:
+    """The budgeted methods that run on ``model`` (a method needing a CLS token, say, does not)."""
+    loaded = get_model(model, progress)
+    names = []
+    for name in backends.names_where(lambda c: c.uses_budget and not c.is_reference):
+        try:
+            check_runs_on(loaded.model, plan_turn(settings, name, streamed=False).backend)
+        except UserError:
+            continue
+        names.append(name)
+    return names
+
+
+def _pick(choice, drawn: list, what: str, shown) -> object:
+    """``choice`` if among ``drawn`` (or drawn at random for None, "" or "random"), else one line."""
+    if choice in (None, "", "random"):
+        return secrets.choice(drawn)
+    if choice not in drawn:
+        raise UserError(f"The {what} must be one of {', '.join(map(shown, drawn))} or random; got {str(choice)[:40]!r}.")
+    return choice
+
+
+def _budget(value) -> float | None:
+    if value in (None, "", "random"):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"The budget must be one of {', '.join(map(str, LEVELS))} or random; got {str(value)[:40]!r}.") from None
+    return next((level for level in LEVELS if abs(level - number) < 1e-9), number)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _answer_s(metrics) -> float:
+    return metrics.ttft_s + metrics.decode_s
+
+
+def start(session: Session, settings: Settings, prepared: Prepared, method=None, budget=None,
+          client: str | None = None, follow: str = "", progress: Progress = silent) -> Battle:
+    """A new battle (``follow`` empty) or the next turn of the one ``follow`` names: both answers
+    run, the battle is written, and the answers come back as A and B in a random order."""
+    db = store()
+    who = db.client(_who(client, session))
+    _check_rate(db, battle_table, who, battles_per_minute(), "battles")
+    if follow:
+        thread = _thread_to_continue(session, db, follow, who, prepared)
+        turns = thread.turns + [prepared]
+    else:
+        if not (prepared.message.images or prepared.message.videos):
+            raise UserError("Ask about a picture or a video: attach one (or click an example).")
+        chosen = _budget(budget)
+        level = _pick(chosen, list(LEVELS), "budget", str)
+        base = replace(settings, budget=level)
+        method = _pick(method, runnable(settings.model, base, progress), "method", str)
+        thread = Thread([], method, level, replace(base, method=method))
+        turns = [prepared]
+    views = list(compare(session, thread.settings, [thread.method], turns, progress))
+    if not views or not views[-1].done or len(views[-1].runs[-1].turns) < len(turns):
+        raise UserError("The battle was stopped before both answers were complete; nothing was recorded.")
+    full, own = views[-1].runs[0].turns[-1], views[-1].runs[-1].turns[-1]
+    full_side = secrets.choice("AB")
+    a, b = (full.text, own.text) if full_side == "A" else (own.text, full.text)
+    battle_id = uuid.uuid4().hex
+    db.add_battle({
+        "id": battle_id, "thread": thread.ids[0] if thread.ids else battle_id, "turn": len(turns),
+        "model": settings.model, "method": thread.method, "budget": thread.budget,
+        "kv_fraction": own.metrics.kv_bytes_prefill / max(1, full.metrics.kv_bytes_prefill),
+        "full_kv_bytes": full.metrics.kv_bytes_prefill, "method_kv_bytes": own.metrics.kv_bytes_prefill,
+        "full_s": _answer_s(full.metrics), "method_s": _answer_s(own.metrics), "full_side": full_side,
+        "hash_a": _digest(a), "hash_b": _digest(b), "truth": own.truth, "full_right": full.right,
+        "method_right": own.right, "client": who})
+    _remember(session, replace(thread, turns=turns, last=battle_id, ids=thread.ids + [battle_id]))
+    return Battle(battle_id, len(turns), a, b, media_hint(settings.model, turns[:1]))
+
+
+def _thread_to_continue(session: Session, db: VoteStore, follow: str, who: str, prepared: Prepared) -> Thread:
+    """The blind conversation a follow-up continues: this session's, its last turn voted, not expired."""
+    threads = getattr(session, "blind", {})
+    thread = next((t for t in threads.values() if t.last == follow), None)
+    if thread is None:
+        raise UserError("No battle to continue by that id in this session: leave the battle empty for a new one "
+                        "(a follow-up continues the last turn of a battle this session played).")
+    row = db.battle(follow)
+    if row is None or row["client"] != who:
+        raise UserError("That battle is not this client's; start a new one.")
+    _check_fresh(row)
+    if db.vote_of(follow) is None:
+        raise UserError("Vote on this battle's answers first; then ask a follow-up.")
+    if prepared.message.images or prepared.message.videos:
+        raise UserError("A follow-up is text only: it asks about the same picture or video (start a new battle for "
+                        "another).")
+    return thread
+
+
+def _remember(session: Session, thread: Thread) -> None:
+    threads = session.blind
+    threads[thread.ids[0]] = thread
+    while len(threads) > THREADS_PER_SESSION:
+        threads.pop(next(iter(threads)))
+
+
+def _check_fresh(row: dict) -> None:
+    if (now() - row["created_at"]).total_seconds() > expire_s():
+        minutes = expire_s() / 60
+        raise UserError(f"This battle expired (votes and follow-ups are taken for {minutes:g} minutes): start a new one.")
+
+
+def checked_choice(choice) -> str:
+    """"A", "B" or "same" (any case), else one line."""
+    canonical = {c.lower(): c for c in CHOICES}.get(str(choice).strip().lower()) if isinstance(choice, str) else None
+    if canonical is None:
+        raise UserError(f'The vote must be "A", "B" or "same"; got {str(choice)[:40]!r}.')
+    return canonical
+
+
+def vote(battle_id, choice, client: str | None, session: Session | None = None) -> Reveal:
+    """Record ``choice`` on the battle and reveal it; refused in one line: another client's or an
+    unknown battle, one expired or already voted, a client voting too fast."""
+    choice = checked_choice(choice)
+    if not isinstance(battle_id, str) or not re.fullmatch(r"[0-9a-f]{32}", battle_id.strip()):
+        raise UserError("Name a battle by the id /blind returned (32 hex digits).")
+    battle_id = battle_id.strip()
+    db = store()
+    who = db.client(client or (f"session:{session.id}" if session is not None else ""))
+    _check_rate(db, vote_table, who, votes_per_minute(), "votes")
+    row = db.battle(battle_id)
+    if row is None or row["client"] != who:  # the same line either way: ids of others' battles tell nothing
+        raise UserError("You can vote only on a battle you were shown (this client, this battle id).")
+    _check_fresh(row)
+    verdict = "same" if choice == "same" else "full" if choice == row["full_side"] else "method"
+    right = vote_right(verdict, row["full_right"], row["method_right"])
+    if not db.add_vote({"battle_id": battle_id, "choice": choice, "verdict": verdict, "right": right, "client": who}):
+        raise UserError("This battle already has its vote: one vote per battle.")
+    return Reveal(battle_id, choice, verdict, row["full_side"], row["method"], backends.backend_class(row["method"]).title,
+                  row["budget"], row["full_kv_bytes"], row["method_kv_bytes"], row["kv_fraction"], row["full_s"],
+                  row["method_s"], row["turn"], row["truth"], row["full_right"], row["method_right"], right)
+
+
+def vote_right(verdict: str, full_right: bool | None, method_right: bool | None) -> bool | None:
+    """Whether a vote agrees with the truth: "same" when both answers are equally right, else the
+    right one preferred; None where the scene is not known."""
+    if full_right is None or method_right is None:
+        return None
+    if full_right == method_right:
+        return verdict == "same"
+    return verdict == ("full" if full_right else "method")
+
+
+__all__ = ["LEVELS", "Thread", "VotesUnavailable", "checked_choice", "expire_s", "open_votes", "runnable", "start",
+           "store", "vote", "vote_right"]
