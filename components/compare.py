@@ -21,7 +21,7 @@ from kv_arena.errors import UserError
 
 from . import api_docs, at_scale, checked_controls, clients, mcp_calls, overlay, plots
 from .outputs import KEEP, Outputs, by_component, components_of
-from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
+from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, parse_message, progress_reporter, refusal, show_examples
 from .settings import RANGES, SettingsPanel, control, own_params, quoted, settings_from_named
 
 COLUMNS = ["Method", "Turn", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",

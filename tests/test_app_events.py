@@ -248,8 +248,9 @@ def test_out_of_memory_frees_the_cache_and_keeps_serving(media, monkeypatch):
     assert "Out of GPU memory" in error and outputs[-1].chatbot == history
     assert session.conv is None
     monkeypatch.setattr(Conversation, "stream", real)
-    outputs, error = turn(session, ask("Third."), history)
-    assert error is None and outputs[-1].chatbot[len(history)]["metadata"]["title"] == "New conversation"
+    outputs, error = turn(session, ask("Third."), history)  # the chat shown is re-read: its picture is back
+    assert error is None and outputs[-1].chatbot[len(history)]["metadata"]["title"] == "History re-read"
+    assert len(session.history) == 2
 
 
 @pytest.mark.parametrize("name, value", [("budget", 5), ("budget", -1), ("budget", 0), ("max_new_tokens", 0),

@@ -179,7 +179,7 @@ def _turn(state: ChatState, plan: Plan, prepared: Prepared,
                           references=state.references)
         if state.rereadable(settings):  # the same conversation, now held by this method
             switch = yield from _reread(state, fresh.conv, plan, session_id)
-            if state.conv.backend.is_reference:  # the full cache's chat is the reference from here on
+            if state.conv is not None and state.conv.backend.is_reference:  # the full cache's chat: the reference from here on
                 state.references.adopt(state.conv, settings.generation + tuple(p.key for p in state.history))
             fresh.history, fresh.answers, fresh.costs, new_chat = state.history, state.answers, state.costs, False
             fresh.rereads = recent_rereads(state.rereads, switch.tokens)
