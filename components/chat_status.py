@@ -30,6 +30,8 @@ def status_line(view: service.ChatView, settings: service.Settings, with_media: 
     parts += [f"first token after {m.ttft_s:.2f} s", f"{m.decode_tok_s:.1f} tokens/s"]
     if view.right is not None:
         parts.append("✓ **right**" if view.right else f"✗ **wrong** (true: {view.truth})")
+    elif view.unmarked and view.done:
+        parts.append(f"not marked: {view.unmarked}")
     if view.agreement is not None:
         parts.append(f"{view.agreement:.0%} of its answer tokens match the full cache's")
     if view.done:

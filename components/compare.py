@@ -40,7 +40,7 @@ def answer_seconds(metrics: service.Meters) -> float:
 def mark(turn: service.CompareTurn) -> str:
     """Right or wrong against the scene's true answer; "" when there is none (uploads, hub models)."""
     if turn.right is None:
-        return ""
+        return f"not marked: {turn.unmarked}" if turn.unmarked and turn.done else ""
     return "✓" if turn.right else f"✗ (true: {turn.truth})"
 
 
@@ -84,7 +84,8 @@ def answer_text(run: service.CompareRun, full: service.CompareRun) -> str:
     scene is known."""
     lines = []
     for n, turn in enumerate(run.turns, start=1):
-        verdict = {True: "  ✓ right", False: f"  ✗ wrong (true: {turn.truth})"}.get(turn.right, "")
+        verdict = {True: "  ✓ right", False: f"  ✗ wrong (true: {turn.truth})"}.get(
+            turn.right, f"  (not marked: {turn.unmarked})" if turn.unmarked else "")
         lines.append(f"{n}. {turn.question}\n→ {turn.text}{verdict if turn.done else ''}")
     cached = "the full cache's answers are from an earlier run on this input (cached)\n\n" \
         if run is full and any(t.cached for t in run.turns) else ""

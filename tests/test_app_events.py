@@ -101,6 +101,17 @@ def test_multi_turn_continues_and_a_model_change_starts_a_new_conversation(media
     assert len(session.history) == 1
 
 
+def test_any_question_about_the_scenes_objects_is_marked_and_another_says_why_not():
+    session = service.Session()
+    scene = str(chat.ASSETS / "arena_colour.png")  # a red cross, a green triangle, a blue circle
+    outputs, error = turn(session, ask("What colour is the triangle?", scene), model="tiny-arena-vl", method="full")
+    assert error is None and re.search(r"✓ \*\*right\*\*|✗ \*\*wrong\*\* \(true: green\)", outputs[-1].status)
+    history = outputs[-1].chatbot
+    outputs, error = turn(session, ask("How many shapes are there?"), history, model="tiny-arena-vl", method="full")
+    assert error is None and "not marked: the scene answers the colour of a shape" in outputs[-1].status
+    assert "right" not in outputs[-1].status and "wrong" not in outputs[-1].status
+
+
 @pytest.mark.parametrize("first,change", [
     (dict(method="full"), dict(method="snapkv", budget=0.5)),  # the method
     (dict(method="snapkv", budget=0.8), dict(method="snapkv", budget=0.5)),  # its budget

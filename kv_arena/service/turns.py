@@ -24,7 +24,7 @@ from .plan import Plan, plan_turn
 from .rereads import TurnCost, check_switch, recent_rereads, reread_cap
 from .sessions import Session, stopping
 from .state import ChatState, Reference, ReferenceCache, arrive, depart
-from .scenes import is_right, true_answer
+from .scenes import is_right, judged
 from .store import media_store
 from .streamed import joined_layout, stream_media, with_stream
 from .view_types import ChatView, CompareRun, CompareTurn, CompareView, ProgressNote, ReferenceView, SwitchNote
@@ -316,9 +316,10 @@ def compare_on_gpu(references: ReferenceCache, settings: Settings, plans: list[P
 
 
 def marked(turn: ChatView | CompareTurn, media: str, question: str) -> ChatView | CompareTurn:
-    """A turn's answer with its true answer and right/wrong where the scene is known (else None)."""
-    truth = true_answer(media, question)
-    return replace(turn, question=question, truth=truth, right=is_right(turn.text, truth))
+    """A turn's answer with its true answer and right/wrong where the scene is known (else None),
+    or why a question about a known scene is not marked."""
+    truth, unmarked = judged(media, question)
+    return replace(turn, question=question, truth=truth, right=is_right(turn.text, truth), unmarked=unmarked)
 
 
 def _compare_runs(references: ReferenceCache, settings: Settings, plans: list[Plan], turns: list[Prepared],

@@ -116,6 +116,7 @@ class ChatView:
     question: str = ""
     truth: str | None = None  # the scene's true answer, when the app drew the scene
     right: bool | None = None
+    unmarked: str = ""  # why a question about a scene the app drew is not marked ("": marked, or no scene)
     switch: SwitchNote | None = None  # the conversation so far was re-read by this method first
     is_reference: bool = False  # the method is the full cache itself: its figures are the reference
 
@@ -132,6 +133,7 @@ class CompareTurn:
     cached: bool = False  # the full cache's, from an earlier run on this input
     truth: str | None = None
     right: bool | None = None
+    unmarked: str = ""  # why a question about a scene the app drew is not marked
     done: bool = False
 
 
