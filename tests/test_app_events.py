@@ -17,7 +17,7 @@ from tests.support import make_image
 
 import backends
 import kv_arena.media
-from components import chat, overlay, settings
+from components import chat, compare, overlay, settings
 from kv_arena import service
 from kv_arena.errors import UserError
 from kv_arena.runtime.generate import Conversation
@@ -429,3 +429,29 @@ def test_each_turn_builds_its_method_once(media, monkeypatch):
     views = list(service.compare(service.Session(), config("snapkv"), ["h2o", "streamingllm"],
                                  service.prepare("What is this?", [media["image"]])))
     assert views[-1].done and sorted(built) == ["h2o", "streamingllm"]
+
+
+def test_a_method_is_offered_only_on_models_where_it_runs_and_the_card_says_why_once(media):
+    """VisionZip reads a CLIP tower's CLS attention (LLaVA-1.5): the pickers leave it out for a
+    Qwen-VL model, the model card says why once, and a LLaVA-1.5 model offers it again (read from
+    the models' configs: no weights load, nothing downloads)."""
+    assert set(service.refused_methods("tiny-qwen2-vl")) == {"visionzip"} == set(service.refused_methods(service.ARENA))
+    assert service.refused_methods("tiny-llava") == {} == service.refused_methods("llava-hf/llava-1.5-7b-hf")
+    assert "visionzip" not in service.methods_on("tiny-qwen2-vl") and "visionzip" in service.methods_on("tiny-llava")
+    picker = settings.methods_for_model("tiny-qwen2-vl", "visionzip")
+    assert "visionzip" not in [n for _, n in picker.choices] and picker.value == settings.DEFAULT_METHOD
+    assert settings.methods_for_model("tiny-qwen2-vl", "snapkv").value == "snapkv"
+    assert settings.methods_for_model("tiny-llava", "visionzip").value == "visionzip"
+    card = settings.model_card("tiny-qwen2-vl")
+    assert card.count("Not offered with this model") == 1 and "VisionZip" in card and "CLS token" in card
+    assert "Not offered" not in settings.model_card("tiny-llava")
+    boxes = compare.methods_for_model("tiny-qwen2-vl", ["snapkv", "visionzip"])
+    assert boxes.value == ["snapkv"] and "visionzip" not in [n for _, n in boxes.choices]
+    assert "visionzip" in [n for _, n in compare.methods_for_model("tiny-llava", ["snapkv"]).choices]
+    # what the pickers offer is what runs: the engine refuses it on the one, answers on the other
+    _, error = turn(service.Session(), ask("What is this?", media["image"]), method="visionzip",
+                    params={"visionzip": {"keep": 0.5}})
+    assert error is not None and service.refused_methods("tiny-qwen2-vl")["visionzip"][:-1] in error
+    _, error = turn(service.Session(), ask("What is this?", media["image"]), method="visionzip", model="tiny-llava",
+                    params={"visionzip": {"keep": 0.5}})
+    assert error is None
