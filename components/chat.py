@@ -111,21 +111,32 @@ def method_title(name: str) -> str:
         return name
 
 
+def held_by(settings: service.Settings) -> str:
+    """The method that holds the conversation now, with its budget where it takes one (a change of
+    budget alone is a switch too)."""
+    try:
+        uses_budget = service.method_spec(settings.method)["uses_budget"]
+    except ValueError:
+        return settings.method
+    return method_title(settings.method) + (f" at a budget of {settings.budget:.2f}" if uses_budget else "")
+
+
 def switch_line(text: str, fate: str = "switches") -> dict:
     """The chat's line where another method takes a conversation over (``fate`` "switches"), or where
     a history sent is re-read ("history")."""
     return {"role": "assistant", "content": text, "metadata": {"title": REREAD if fate == "history" else SWITCHED}}
 
 
-def switched(note: service.SwitchNote, fate: str = "switches") -> str:
-    """The chat's line for a conversation another method took over (or a history sent it re-read),
-    with what the re-read cost."""
+def switched(note: service.SwitchNote, fate: str = "switches", settings: service.Settings | None = None) -> str:
+    """The chat's line for a conversation another method (or budget, or knob: ``settings``) took over,
+    or a history sent it re-read, with what the re-read cost."""
     turns = f"{note.turns} turn{'s' if note.turns != 1 else ''}"
     cost = f"({note.tokens} tokens, {note.seconds:.2f} s)"
+    holder = held_by(settings) if settings is not None else note.method
     if fate == "history":
         return (f"The history sent is not the conversation this session held (it was edited, or sent from another "
-                f"client), so {note.method} re-read its {turns} above, files and answers as sent {cost}.")
-    return (f"Now held by {note.method}: it re-read the {turns} above {cost}, "
+                f"client), so {holder} re-read its {turns} above, files and answers as sent {cost}.")
+    return (f"Now held by {holder}: it re-read the {turns} above {cost}, "
             "so the next answers come from its cache.")
 
 
@@ -193,7 +204,7 @@ def respond(message, history: list, session: service.Session, settings: service.
     switch_at = None
     if fate in ("switches", "history"):  # said where it happens; its cost filled in once the re-read is done
         doing = "re-reads the history sent" if fate == "history" else "re-reads the conversation"
-        switch_at, shown = len(shown), shown + [switch_line(f"{method_title(settings.method)} {doing}…", fate)]
+        switch_at, shown = len(shown), shown + [switch_line(f"{held_by(settings)} {doing}…", fate)]
     shown = shown + user_messages(text, files)
     answer = {"role": "assistant", "content": "…"}
     # the panels empty while it works (plain values: cheaper for Gradio than leaving them as they are)
@@ -212,7 +223,7 @@ def respond(message, history: list, session: service.Session, settings: service.
                 continue
             sent = time.monotonic()
             if view.switch is not None and switch_at is not None:
-                shown = shown[:switch_at] + [switch_line(switched(view.switch, fate), fate)] + shown[switch_at + 1:]
+                shown = shown[:switch_at] + [switch_line(switched(view.switch, fate, settings), fate)] + shown[switch_at + 1:]
                 switch_at = None
             status = status_line(view, settings, bool(files)) + (f"\n\n{hint}" if hint else "")
             outputs = ChatOutputs(shown + [{"role": "assistant", "content": view.text or "…"}], status=status)

@@ -49,7 +49,7 @@ def status_line(view: service.ChatView, settings: service.Settings, with_media: 
 
 def explanation(view: service.ChatView, settings: service.Settings, with_media: bool) -> str:
     """One line beside an answer whose figures would mislead without it: right although the method
-    dropped part of the picture (the first word comes from the prompt's pass, before the method
+    compressed the picture (the first word comes from the prompt's pass, before the method
     compresses), or holding more than its budget."""
     ref = view.reference
     if not view.done or ref is None:
@@ -57,15 +57,28 @@ def explanation(view: service.ChatView, settings: service.Settings, with_media: 
     held = plots.kept_fraction(view, ref)
     lines = []
     if view.right and with_media and settings.question_after is False and held is not None and held < 0.99:
-        lines.append(f"*Why right although {view.method} dropped part of the picture:* the first word is chosen at the "
-                     "end of the prompt's pass, before the method compresses. Ask a follow-up about another object, "
-                     "or pick \"Before the question\", to see what it dropped.")
+        lines.append(f"*Why right although {view.method} {what_it_did(settings.method)}:* the first word is chosen "
+                     "at the end of the prompt's pass, before the method compresses. Ask a follow-up about another "
+                     "object, or pick \"Before the question\", to see what that cost.")
     uses_budget = service.method_spec(settings.method)["uses_budget"]
     if uses_budget and held is not None and held > settings.budget + 0.05:
         lines.append(f"*Why {held:.2f}x with a budget of {settings.budget:.2f}:* on a prompt this short, what "
                      f"{view.method} never evicts (its window of recent tokens, sinks, the text) is more than the "
                      "budget; on a longer prompt it holds its budget.")
     return "\n\n".join(lines)
+
+
+# what a method did to the picture, by what it does (``service.method_spec(...)["does"]``)
+DID = {"drops": "dropped part of the picture", "merges": "merged part of the picture",
+       "quantises": "stored the picture in fewer bits", "low-rank": "stored the picture as low-rank factors",
+       "reuses": "reused a stored copy of the picture"}
+
+
+def what_it_did(method: str) -> str:
+    """What ``method`` did to the picture, in words ("dropped part of the picture", "stored the
+    picture in fewer bits"...)."""
+    does = [d.strip() for d in service.method_spec(method)["does"].split(",")]
+    return " and ".join(DID.get(d, "compressed the picture") for d in does)
 
 
 def stream_line(stream: service.StreamView, asked: int | None = None) -> str:
@@ -114,7 +127,8 @@ def measured(view: service.ChatView) -> tuple[str, str | None]:
     if view.reference is None and not view.is_reference:
         return "", no_reference_note(view)
     fraction = 1.0 if view.is_reference else plots.kept_fraction(view, view.reference)
-    return (at_scale.scale_line(view.method, fraction, view.metrics.prompt_tokens),
+    tokens = max(view.context_tokens, view.metrics.prompt_tokens)  # the whole conversation the cache holds
+    return (at_scale.scale_line(view.method, fraction, tokens, conversation=tokens > view.metrics.prompt_tokens),
             realised_note(view.method, fraction))
 
 

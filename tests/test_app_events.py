@@ -17,7 +17,7 @@ from tests.support import make_image
 
 import backends
 import kv_arena.media
-from components import chat, compare, overlay, settings
+from components import about, chat, chat_status, compare, overlay, settings
 from kv_arena import service
 from kv_arena.errors import UserError
 from kv_arena.runtime.generate import Conversation
@@ -455,3 +455,32 @@ def test_a_method_is_offered_only_on_models_where_it_runs_and_the_card_says_why_
     _, error = turn(service.Session(), ask("What is this?", media["image"]), method="visionzip", model="tiny-llava",
                     params={"visionzip": {"keep": 0.5}})
     assert error is None
+
+
+def test_the_words_say_what_happened():
+    """A budget-only change says the new budget; a method is said to do what it does (KIVI quantises);
+    the line computed at real scale counts the whole conversation on a follow-up; the About tab says
+    which figures are computed, asks "When do the methods differ?" once and describes each method in
+    one plain sentence."""
+    session = service.Session()
+    scene = str(chat.ASSETS / "arena_colour.png")
+    arena = dict(model="tiny-arena-vl", method="snapkv")
+    first, error = turn(session, ask("What colour is the circle?", scene), budget=0.8, **arena)
+    second, error = turn(session, ask("What colour is the cross?"), first[-1].chatbot, budget=0.5, **arena)
+    line = second[-1].chatbot[len(first[-1].chatbot)]
+    assert error is None and line["content"].startswith("Now held by SnapKV at a budget of 0.50:")
+    scale = second[-1].scale_line
+    counted = int(re.search(r"\(full cache → SnapKV, ([\d,]+) tokens in the conversation so far\)", scale)[1].replace(",", ""))
+    assert counted > session.history[-1].message.text.count(" ") + 16  # the picture's tokens are in it
+    assert "this conversation" in scale and "prompt tokens" not in scale
+    assert chat_status.what_it_did("kivi") == "stored the picture in fewer bits"
+    assert chat_status.what_it_did("snapkv") == "dropped part of the picture"
+    assert chat_status.what_it_did("zipvl") == "dropped part of the picture and stored the picture in fewer bits"
+    page = about.INTRO + about.PANELS
+    assert page.count("When do the methods differ?") == 1 and "Every memory and speed figure is measured" not in page
+    assert "*computed, not measured*" in page
+    table = about.methods_table()
+    assert not re.search(r"\b(TaR|VaN|tau|probes)\b", table)
+    rows = table.splitlines()[2:]
+    sentences = [r.strip("| ").split(" | ")[-1] for r in rows]
+    assert len(rows) == len(service.method_specs()) and all(". " not in t and t.endswith(".") for t in sentences)

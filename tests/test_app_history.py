@@ -50,7 +50,7 @@ def test_a_history_sent_to_another_session_is_re_read_by_its_method():
     outputs, error = turn(other, ask("What colour is the cross?"), history, model="tiny-arena-vl", method="snapkv",
                           budget=0.5)
     assert error is None and outputs[-1].chatbot[-1]["content"] == "red" and "**right**" in outputs[-1].status
-    assert titles(outputs[-1].chatbot).count(REREAD) == 1 and "SnapKV re-read" in outputs[-1].chatbot[len(history)]["content"]
+    assert titles(outputs[-1].chatbot).count(REREAD) == 1 and "SnapKV at a budget of 0.50 re-read" in outputs[-1].chatbot[len(history)]["content"]
     assert len(other.history) == 2
 
 

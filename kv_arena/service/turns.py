@@ -201,12 +201,13 @@ def _turn(state: ChatState, plan: Plan, prepared: Prepared,
         except UserError as exc:  # refused mid-stream (a cap too small, past the context): the cache holds a part
             raise UserError(f"{exc} {ROLLED_BACK}") from None
         message = Message(message.text, media_first=message.media_first)  # the question, on the capped cache
+    before = conv.seen  # what the conversation fed before this prompt (a streamed media's chunks included)
     for update in conv.stream(message, **plan.generation, should_stop=lambda: stopping(session_id)):
         metrics = meters(update.metrics)
         view = ChatView(update.text, update.done, new_chat, conv.backend.title,
                         with_stream(metrics, stream) if stream else metrics, layer_figures(conv),
                         _reference_view(reference, cached), stream, switch=switch,
-                        is_reference=conv.backend.is_reference)
+                        is_reference=conv.backend.is_reference, context_tokens=before + update.metrics.prompt_tokens)
         if not update.done:
             yield view
             continue

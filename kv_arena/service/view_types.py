@@ -119,6 +119,7 @@ class ChatView:
     unmarked: str = ""  # why a question about a scene the app drew is not marked ("": marked, or no scene)
     switch: SwitchNote | None = None  # the conversation so far was re-read by this method first
     is_reference: bool = False  # the method is the full cache itself: its figures are the reference
+    context_tokens: int = 0  # tokens of the whole conversation the cache stood for after this prompt
 
 
 @dataclass(frozen=True)
