@@ -17,7 +17,7 @@ from tests.support import make_image
 
 import backends
 import kv_arena.media
-from components import about, chat, chat_status, compare, overlay, settings
+from components import about, chat, chat_status, compare, overlay, plots, settings
 from kv_arena import service
 from kv_arena.errors import UserError
 from kv_arena.runtime.generate import Conversation
@@ -484,3 +484,20 @@ def test_the_words_say_what_happened():
     rows = table.splitlines()[2:]
     sentences = [r.strip("| ").split(" | ")[-1] for r in rows]
     assert len(rows) == len(service.method_specs()) and all(". " not in t and t.endswith(".") for t in sentences)
+
+
+def test_the_panels_fit_a_half_width_panel_at_1280_px():
+    """In plotly terms: a 2-token answer's memory panel ticks whole tokens only; the streaming
+    memory panel's x title fits half of a 1280 px page (~600 px of 12 px text); the quality panel's
+    legend sits under the plot, clear of the panel's own label at its top left."""
+    two = plots.memory_figure([plots.Drawn("H2O", service.Meters(kv_trace=[100, 120, 140]))],
+                              plots.Drawn("Full cache", service.Meters(kv_trace=[200, 220, 240])))
+    assert two.layout.xaxis.dtick == 1 and two.layout.xaxis.tick0 == 0
+    long = plots.memory_figure([plots.Drawn("H2O", service.Meters(kv_trace=list(range(1, 40))))])
+    assert long.layout.xaxis.dtick is None and long.layout.xaxis.tickformat == "d"
+    stream = service.StreamView(frames=[2, 4], kv_bytes=[100, 120], peak_kv_bytes=[110, 130], frames_total=4,
+                                cap_bytes=150, capped=True)
+    streamed = plots.memory_figure([plots.Drawn("H2O", service.Meters(kv_trace=[120, 130, 140]), stream=stream)])
+    assert len(streamed.layout.xaxis.title.text) * 7 < 540  # ~7 px a character at 12 px: inside half of 1280 px
+    quality = plots.quality_figure(())
+    assert quality.layout.legend.y < 0 and quality.layout.legend.yanchor == "top" and quality.layout.margin.b >= 100
