@@ -1,5 +1,6 @@
 """A method described in plain values, for the UI's cards and controls and ``kv_arena.bench --list``:
-its name, title, paper, summary, what it holds, and each parameter's spec (budget first).
+its name, title, paper, summary (in its paper's terms), one plain sentence for a newcomer (:data:`PLAIN`),
+what it holds, and each parameter's spec (budget first).
 
 Only what shows a method reads this; a method itself never does.
 """
@@ -12,6 +13,36 @@ from .base import KVBackend
 from .params import BUDGET
 
 
+# One sentence per method in plain words, for a reader who has not read its paper (the About tab);
+# a method not listed here is described by the first sentence of its summary.
+PLAIN = {
+    "full": "Keeps everything: the reference every other method is measured against.",
+    "adakv": "Like SnapKV, but heads whose attention is spread out may keep more tokens than the others.",
+    "attention_pack": "Keeps every image token, but stores most of them in a compressed form; the most looked-at "
+                      "ones stay nearly exact.",
+    "elastic_cache": "Blends each token it lets go into a similar one it keeps, instead of just deleting it.",
+    "fastv": "After the first two layers, the model stops reading the half of the image it looks at least.",
+    "h2o": "Keeps the tokens the model has looked at most so far, and the newest ones.",
+    "infinipot_v": "For long videos: keeps memory under a fixed cap, keeping the newest frames and the parts of "
+                   "older ones that changed most or stand out most.",
+    "kivi": "Keeps every token, but stores its numbers with 2 bits instead of 16 (the newest ones stay exact).",
+    "mpic": "Reuses what it computed for a picture it has seen before, instead of reading the picture again.",
+    "pyramidkv": "Like SnapKV, but the first layers keep more tokens and the last layers fewer.",
+    "snapkv": "Keeps the tokens the end of your message (usually the question) looks at most.",
+    "streamingllm": "Keeps the first few tokens and the most recent ones, and drops everything in between.",
+    "visionzip": "Picks the most important parts of a picture before the language model reads it; the rest is "
+                 "never read at all (LLaVA-1.5 models only).",
+    "vl_cache": "Gives more memory to the layers that need it, and keeps the tokens the question looks at most.",
+    "zipvl": "Keeps the most looked-at tokens with more bits and the rest with fewer, and skips the rest while "
+             "reading the prompt.",
+}
+
+
+def plain(method: type[KVBackend]) -> str:
+    """``method`` in one plain sentence (:data:`PLAIN`, else its summary's first sentence)."""
+    return PLAIN.get(method.name) or method.summary.split(". ")[0].rstrip(".") + "."
+
+
 def describe(method: type[KVBackend]) -> dict[str, Any]:
     """``method``'s class attributes and parameter specs (:meth:`~backends.params.Param.to_dict`), JSON-ready."""
     return {
@@ -19,6 +50,7 @@ def describe(method: type[KVBackend]) -> dict[str, Any]:
         "title": method.title,
         "paper": method.paper,
         "summary": method.summary,
+        "plain": plain(method),
         "does": method.does,
         "is_reference": method.is_reference,
         "holds_budget_while_decoding": method.holds_budget_while_decoding,

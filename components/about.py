@@ -14,7 +14,18 @@ drops, merges or quantises right after it. So a method can drop the very object 
 still answer its colour right, then get the next question about that picture wrong. To see what a
 method costs: ask a follow-up about another object, or pick "Before the question" (the picture is
 compressed before anyone asks, as a stored picture is), or compare methods on the Compare tab, whose
-examples ask a question and a follow-up.
+examples ask a question and a follow-up. In detail:
+- **Not on a one-word first answer** with the cache compressed *with the question*: that word comes
+  from the prefill's own logits, computed from the whole prompt before anything is evicted. Only the
+  methods that are sparse *during* the prefill (ZipVL; FastV, whose later layers no longer see the
+  visual tokens it dropped; VisionZip, whose language model never sees them) can change it.
+- **On a follow-up** (Compare's "Then ask", or a second message in Chat): it is answered from what the
+  method kept for the *first* question. A method that scored tokens by that question's attention
+  (SnapKV, PyramidKV) may have dropped the object the follow-up asks about.
+- **Before the question** ("When the cache is compressed": before the question): the media are
+  prefilled and compressed first, as a cached picture is, and the question comes after, on top of
+  the compressed cache; the first answer then depends on what was kept.
+- **On long answers** (hub models): every token after the first is read from the compressed cache.
 
 ### What is the KV cache?
 A language model writes its answer one token (a word piece) at a time. To choose each token it looks
@@ -70,19 +81,6 @@ PANELS = """
 - **Quality vs memory** (Compare): each method as one point per turn, the fraction of the full cache's
   bytes it really held against its share of tokens equal to the full cache's answer; whatever a
   method's own knob (a budget, ZipVL's threshold, MPIC's mode), it lands on this one axis.
-### When do the methods differ?
-- **Not on a one-word first answer** with the cache compressed *with the question*: that word comes
-  from the prefill's own logits, computed from the whole prompt before anything is evicted. Only the
-  methods that are sparse *during* the prefill (ZipVL; FastV, whose later layers no longer see the
-  visual tokens it dropped; VisionZip, whose language model never sees them) can change it.
-- **On a follow-up** (Compare's "Then ask", or a second message in Chat): it is answered from what the
-  method kept for the *first* question. A method that scored tokens by that question's attention
-  (SnapKV, PyramidKV) may have dropped the object the follow-up asks about.
-- **Before the question** ("When the cache is compressed": before the question): the media are
-  prefilled and compressed first, as a cached picture is, and the question comes after, on top of
-  the compressed cache; the first answer then depends on what was kept.
-- **On long answers** (hub models): every token after the first is read from the compressed cache.
-
 - A figure marked **cached** comes from an earlier full-cache run on exactly the same input, so the
   full cache is not paid for twice.
 
@@ -92,15 +90,18 @@ as in the photos the compression methods were made for. It answers "What colour 
 "Which shape is blue?" about one picture or several, "Which shape moves?" about a short video, and a
 second question about another shape in the same chat; nothing else.
 The other offline models (`tiny-…`, `random:…`) have random weights:
-their answers are nonsense text. Every memory and speed figure is measured, not estimated.
+their answers are nonsense text. Every figure in the panels is measured here; only the lines marked
+*computed, not measured* are worked out (from real models' sizes), and they say so.
 """
 
 
 def methods_table() -> str:
+    """One row per method: its title (linking to its paper) and one plain sentence on what it does
+    (the paper's terms are on the method's card in the settings column)."""
     rows = ["| Method (links to its paper) | What it does |", "|---|---|"]
     for spec in service.method_specs():
         name = f"[{spec['title']}]({spec['paper']})" if spec["paper"] else spec["title"]
-        rows.append(f"| {name} | {spec['summary']} |")
+        rows.append(f"| {name} | {spec['plain']} |")
     return "\n".join(rows)
 
 

@@ -17,22 +17,26 @@ def _count(tokens: int | None, frames: int | None) -> str:
     return f"{tokens:,} tokens" + (f" ({frames:,} frames)" if frames is not None else "")
 
 
-def scale_line(method: str, fraction: float | None, prompt_tokens: int) -> str:
+def scale_line(method: str, fraction: float | None, prompt_tokens: int, conversation: bool = False) -> str:
     """Markdown: this prompt and 16 GiB of KV on real architectures, full cache -> ``method`` at
-    the measured ``fraction`` of the full cache's bytes. Empty when nothing was measured."""
+    the measured ``fraction`` of the full cache's bytes. Empty when nothing was measured.
+    ``conversation``: ``prompt_tokens`` counts the whole conversation the cache holds (a follow-up's
+    cache holds the earlier turns too), said so."""
     if fraction is None or prompt_tokens <= 0:
         return ""
+    this = "this conversation" if conversation else "this prompt"
+    counted = "tokens in the conversation so far" if conversation else "prompt tokens"
     rows = []
     for arch in at_scale.architectures():
         if arch.name not in SHOWN:
             continue
         p = at_scale.project(arch, fraction, prompt_tokens, MEMORY)
-        rows.append(f"- **{arch.name.split('/')[-1]}** ({plots.fmt_bytes(p.bytes_per_token)}/token): this prompt "
+        rows.append(f"- **{arch.name.split('/')[-1]}** ({plots.fmt_bytes(p.bytes_per_token)}/token): {this} "
                     f"{plots.fmt_bytes(p.prompt_full_bytes)} → {plots.fmt_bytes(p.prompt_method_bytes)}; "
                     f"16 GiB fits {_count(p.fit_full_tokens, p.fit_full_frames)} → "
                     f"{_count(p.fit_method_tokens, p.fit_method_frames)}")
     return (f"*Computed, not measured:* this {fraction:.2f}x at real scale (full cache → {method}, "
-            f"{prompt_tokens:,} prompt tokens)\n" + "\n".join(rows) + "\n" + speed_line(fraction, prompt_tokens))
+            f"{prompt_tokens:,} {counted})\n" + "\n".join(rows) + "\n" + speed_line(fraction, prompt_tokens))
 
 
 def speed_line(fraction: float, prompt_tokens: int, tokens_shown: tuple[int, ...] = (32_768,)) -> str:

@@ -20,10 +20,11 @@ import gradio as gr
 from kv_arena import service
 from kv_arena.errors import UserError
 
-from . import api_docs, at_scale, checked_controls, clients, mcp_calls, media_library, overlay, plots
+from . import api_docs, checked_controls, clients, mcp_calls, media_library, overlay
+from .chat_status import measured, panels, status_line
+from .history import NEW_CONVERSATION, REREAD, SWITCHED, rereadable_turns, said, transcript, with_own_files
 from .outputs import KEEP, Outputs, by_component, components_of
-from .plots import Drawn, fmt_bytes
-from .settings import SettingsPanel, realised_note, settings_from_named
+from .settings import SettingsPanel, settings_from_named
 
 log = logging.getLogger(__name__)
 PLOT_EVERY_S = 0.4  # redraw the panels at most this often while streaming
@@ -78,7 +79,7 @@ def checked_history(history) -> list:
         raise UserError("The chat history is not a list of messages (each with a role and a content); "
                         "send the history the app returned, or an empty one.")
     for message in history:
-        text, _ = _said(message.get("content"))
+        text, _ = said(message.get("content"))
         service.checked_text(text)
     return history
 
@@ -99,66 +100,7 @@ def box_as_sent(message) -> dict:
     return {"text": text, "files": shown_or(files, service.check_sent_files, [])}
 
 
-NEW_CONVERSATION = "New conversation"  # the title of the marker a new conversation gets in the chat
-SWITCHED = "Method switched"  # the title of the line a conversation re-read by another method gets
-WHY_NEW = {"model": "The model changed, so this is a new conversation: the messages above are not in its memory.",
-           "history": "The history sent is not the conversation this session's model holds (it was edited, or "
-                      "the cache was freed), so this is a new conversation: the messages above are not in its memory."}
-
-
-def _said(content) -> tuple[str, int]:
-    """A chat message's (text, attached files), whatever form Gradio or a client gives it in."""
-    blocks = content if isinstance(content, list) else [content]
-    text, files = [], 0
-    for block in blocks:
-        if isinstance(block, str):
-            text.append(block)
-        elif isinstance(block, dict) and (block.get("type") == "text" or "text" in block):
-            text.append(block.get("text") or "")
-        elif block is not None:
-            files += 1  # {"path": ...}, {"type": "file", ...}, a component
-    return " ".join(text).strip(), files
-
-
-def transcript(history: list) -> list[tuple[str, int, str]]:
-    """(question, attachments, answer) of each turn a chat shows since its last new-conversation
-    marker: what the model must remember for a message sent after it to continue its conversation."""
-    turns, question, files = [], [], 0
-    for message in history or []:
-        title = (message.get("metadata") or {}).get("title")
-        if title == NEW_CONVERSATION:
-            turns, question, files = [], [], 0
-            continue
-        if title == SWITCHED:  # the same conversation, held by another method from here on
-            continue
-        text, attached = _said(message.get("content"))
-        if message.get("role") == "user":
-            question.append(text)
-            files += attached
-        else:
-            turns.append((" ".join(t for t in question if t), files, "" if text == "…" else text))
-            question, files = [], 0
-    return turns
-
-
-def with_own_files(history: list, session: service.Session) -> list:
-    """A history sent back as ``/chat`` returned it: each file block gradio_client downloaded
-    (``checked_controls.RETURNED``, a path of the client's) becomes this server's copy, matched from
-    the newest file of the session's conversation backwards; one the conversation no longer holds
-    becomes a line saying so (it is before the conversation's start, so the transcript is unchanged)."""
-    own = [f for p in session.history for f in p.files]
-    out = []
-    for message in reversed(history):
-        content = message.get("content")
-        if isinstance(content, list) and any(isinstance(b, dict) and b.get(checked_controls.RETURNED) for b in content):
-            blocks = []
-            for block in reversed(content):
-                if isinstance(block, dict) and block.get(checked_controls.RETURNED):
-                    block = {"type": "file", "file": {"path": own.pop()}} if own else {"type": "text", "text": "(a file)"}
-                blocks.append(block)
-            message = message | {"content": blocks[::-1]}
-        out.append(message)
-    return out[::-1]
+WHY_NEW = {"model": "The model changed, so this is a new conversation: the messages above are not in its memory."}
 
 
 def method_title(name: str) -> str:
@@ -169,140 +111,38 @@ def method_title(name: str) -> str:
         return name
 
 
-def switch_line(text: str) -> dict:
-    return {"role": "assistant", "content": text, "metadata": {"title": SWITCHED}}
+def held_by(settings: service.Settings) -> str:
+    """The method that holds the conversation now, with its budget where it takes one (a change of
+    budget alone is a switch too)."""
+    try:
+        uses_budget = service.method_spec(settings.method)["uses_budget"]
+    except ValueError:
+        return settings.method
+    return method_title(settings.method) + (f" at a budget of {settings.budget:.2f}" if uses_budget else "")
 
 
-def switched(note: service.SwitchNote) -> str:
-    """The chat's line for a conversation another method took over, with what the re-read cost."""
+def switch_line(text: str, fate: str = "switches") -> dict:
+    """The chat's line where another method takes a conversation over (``fate`` "switches"), or where
+    a history sent is re-read ("history")."""
+    return {"role": "assistant", "content": text, "metadata": {"title": REREAD if fate == "history" else SWITCHED}}
+
+
+def switched(note: service.SwitchNote, fate: str = "switches", settings: service.Settings | None = None) -> str:
+    """The chat's line for a conversation another method (or budget, or knob: ``settings``) took over,
+    or a history sent it re-read, with what the re-read cost."""
     turns = f"{note.turns} turn{'s' if note.turns != 1 else ''}"
-    return (f"Now held by {note.method}: it re-read the {turns} above ({note.tokens} tokens, {note.seconds:.2f} s), "
+    cost = f"({note.tokens} tokens, {note.seconds:.2f} s)"
+    holder = held_by(settings) if settings is not None else note.method
+    if fate == "history":
+        return (f"The history sent is not the conversation this session held (it was edited, or sent from another "
+                f"client), so {holder} re-read its {turns} above, files and answers as sent {cost}.")
+    return (f"Now held by {holder}: it re-read the {turns} above {cost}, "
             "so the next answers come from its cache.")
 
 
 def user_messages(text: str, files: list[str]) -> list[dict]:
     content = [{"path": f} for f in files] + ([text] if text else [])
     return [{"role": "user", "content": content}]
-
-
-def reference_run(view: service.ChatView) -> Drawn | None:
-    """The full cache's answer as the panels draw it (None for the full cache itself)."""
-    ref = view.reference
-    return Drawn("Full cache", ref.metrics, ref.layers, ref.cached) if ref else None
-
-
-def status_line(view: service.ChatView, settings: service.Settings, with_media: bool = False) -> str:
-    """One line of figures under the chat, in words (``with_media``: the message carried images or
-    a video), and under it any :func:`explanation`."""
-    m, ref = view.metrics, view.reference
-    parts = [f"**{view.method}**", f"{m.new_tokens} new tokens", f"KV cache {fmt_bytes(m.kv_bytes)}"]
-    if ref:
-        full = ref.metrics.kv_trace
-        same_point = full[min(len(m.kv_trace) - 1, len(full) - 1)]
-        parts[-1] += f" vs {fmt_bytes(same_point)} full ({1 - m.kv_bytes / same_point:.0%} saved)"
-        parts.append(f"after the prompt it held {plots.kept_fraction(view, ref):.2f}x of the full KV")
-    if view.stream:
-        parts.append(stream_line(view.stream, settings.num_frames))
-    parts += [f"first token after {m.ttft_s:.2f} s", f"{m.decode_tok_s:.1f} tokens/s"]
-    if view.right is not None:
-        parts.append("✓ **right**" if view.right else f"✗ **wrong** (true: {view.truth})")
-    if view.agreement is not None:
-        parts.append(f"{view.agreement:.0%} of its answer tokens match the full cache's")
-    if view.done:
-        parts.append(model_time(m, ref))
-    if ref and ref.cached:
-        parts.append("full-cache figures reused from an earlier run on this input (cached)")
-    if view.mpic:
-        parts.append(mpic_line(view.mpic))
-    if service.has_random_weights(settings.model):
-        parts.append("random weights: the text is nonsense, the figures are real")
-    line = " · ".join(parts)
-    why = explanation(view, settings, with_media)
-    return line + (f"\n\n{why}" if why else "")
-
-
-def explanation(view: service.ChatView, settings: service.Settings, with_media: bool) -> str:
-    """One line beside an answer whose figures would mislead without it: right although the method
-    dropped part of the picture (the first word comes from the prompt's pass, before the method
-    compresses), or holding more than its budget."""
-    ref = view.reference
-    if not view.done or ref is None:
-        return ""
-    held = plots.kept_fraction(view, ref)
-    lines = []
-    if view.right and with_media and settings.question_after is False and held is not None and held < 0.99:
-        lines.append(f"*Why right although {view.method} dropped part of the picture:* the first word is chosen at the "
-                     "end of the prompt's pass, before the method compresses. Ask a follow-up about another object, "
-                     "or pick \"Before the question\", to see what it dropped.")
-    uses_budget = service.method_spec(settings.method)["uses_budget"]
-    if uses_budget and held is not None and held > settings.budget + 0.05:
-        lines.append(f"*Why {held:.2f}x with a budget of {settings.budget:.2f}:* on a prompt this short, what "
-                     f"{view.method} never evicts (its window of recent tokens, sinks, the text) is more than the "
-                     "budget; on a longer prompt it holds its budget.")
-    return "\n\n".join(lines)
-
-
-def stream_line(stream: service.StreamView, asked: int | None = None) -> str:
-    """How the media streamed in: frames (and why fewer than the ``asked`` of the slider), chunks,
-    the cap and the most the cache held meanwhile."""
-    line = f"streamed {stream.frames_total} frames in {len(stream.frames)} chunks"
-    if asked and stream.frames_total < asked:
-        line += f" (all the media have: the slider asked for {asked})"
-    peak = fmt_bytes(max(stream.peak_kv_bytes, default=0))
-    if stream.capped:
-        return line + f" under a cap of {fmt_bytes(stream.cap_bytes)} (at most {peak} while a chunk went in)"
-    return line + f" without a cap (up to {peak})"
-
-
-def model_time(metrics: service.Meters, reference: service.ReferenceView | None) -> str:
-    """The model's own time for this message (first token and decode), and the full-cache
-    reference's when it was computed now: what the wait was made of, besides the app."""
-    line = f"model time {metrics.ttft_s + metrics.decode_s:.3f} s"
-    if reference and not reference.cached:
-        line += f" + {reference.metrics.ttft_s + reference.metrics.decode_s:.3f} s for the full-cache reference"
-    return line
-
-
-def mpic_line(reuse: service.ReuseSummary) -> str:
-    """What MPIC reused from the store for this prompt, and any image it had to recompute."""
-    line = f"{reuse.mode}: {reuse.reused} prompt tokens reused from the media store, {reuse.recomputed} computed"
-    # a stored image the linker could not use says why ("recomputed (not stored)", a damaged file...)
-    missed = [f"image/video {i + 1} {why}" for i, why in enumerate(reuse.visuals) if why.startswith("recomputed (")]
-    if missed:
-        line += " (" + "; ".join(missed) + ")"
-    if reuse.note:
-        line += f"; {reuse.note}"
-    return line
-
-
-def panels(view: service.ChatView) -> tuple:
-    """The memory, speed and layer panels."""
-    run, ref = Drawn(view.method, view.metrics, view.layers, stream=view.stream), reference_run(view)
-    return plots.memory_figure([run], ref), plots.speed_figure([run], ref), plots.layer_figure([run], ref)
-
-
-def measured(view: service.ChatView) -> tuple[str, str | None]:
-    """The line under the memory panel (computed at real scale) and the settings column's note on
-    what the method really held (both from the fraction measured after the prompt; None: nothing
-    measured)."""
-    if view.reference is None and not view.is_reference:
-        return "", no_reference_note(view)
-    fraction = 1.0 if view.is_reference else plots.kept_fraction(view, view.reference)
-    return (at_scale.scale_line(view.method, fraction, view.metrics.prompt_tokens),
-            realised_note(view.method, fraction))
-
-
-def no_reference_note(view: service.ChatView) -> str:
-    """Why a chat has no "vs full" figure (its video is longer than one prompt: the full cache's
-    answer would prefill it all at once), and the full cache's bytes computed against the cap."""
-    line = ("**No full-cache reference** for this chat: its video is longer than one prompt holds, and the full "
-            "cache's answer would prefill all of it at once, which is what streaming under a cap avoids.")
-    stream = view.stream
-    if stream and stream.full_kv_bytes:
-        cap = f" against the cap of {fmt_bytes(stream.cap_bytes)}" if stream.cap_bytes else ""
-        line += (f" *Computed:* a full cache would hold {fmt_bytes(stream.full_kv_bytes)} after the media{cap}; "
-                 f"{view.method} held {fmt_bytes(view.metrics.kv_bytes_prefill)} after the question.")
-    return line
 
 
 def progress_reporter(progress):
@@ -332,10 +172,12 @@ CHAT_RETURNS = ("the conversation with the answer last (Chat), the message box (
 
 
 def respond(message, history: list, session: service.Session, settings: service.Settings,
-            progress=None) -> Iterator[ChatOutputs]:
+            progress=None, sent_by_client: bool = False) -> Iterator[ChatOutputs]:
     """Answer one message: the chat, the panels, the kept-token overlay and the notes as it streams.
     Bad input is said once, in the status line under the input: the chat and the panels keep what
-    they showed, the rejected files leave the input box (the text stays)."""
+    they showed, the rejected files leave the input box (the text stays). A history that is not the
+    session's conversation is re-read, its files and answers included (``sent_by_client``: sent
+    through a request, so each file it names must be an upload of this client's)."""
     try:
         history, (text, files) = list(checked_history(history)), parse_message(message)
     except UserError as exc:
@@ -349,18 +191,26 @@ def respond(message, history: list, session: service.Session, settings: service.
         yield ChatOutputs(chatbot=history, textbox={"text": text, "files": []}, status=refusal(exc))
         return
     shown, turns = history, transcript(history)
-    fate = session.fate(settings, turns)  # the history sent is the conversation, or a new one starts
+    fate = session.fate(settings, turns)  # the history sent is the conversation, is re-read, or a new one starts
+    if fate == "history":  # not the session's conversation: it becomes it, media and answers as sent
+        try:
+            service.take_history(session, settings, rereadable_turns(history, sent_by_client),
+                                 progress_reporter(progress))
+        except UserError as exc:
+            yield ChatOutputs(chatbot=history, textbox=message, status=refusal(exc))
+            return
     if history and fate in WHY_NEW:
         shown = shown + [{"role": "assistant", "content": WHY_NEW[fate], "metadata": {"title": NEW_CONVERSATION}}]
     switch_at = None
-    if fate == "switches":  # said where it happens; its cost filled in once the re-read is done
-        switch_at, shown = len(shown), shown + [switch_line(f"{method_title(settings.method)} re-reads the conversation…")]
+    if fate in ("switches", "history"):  # said where it happens; its cost filled in once the re-read is done
+        doing = "re-reads the history sent" if fate == "history" else "re-reads the conversation"
+        switch_at, shown = len(shown), shown + [switch_line(f"{held_by(settings)} {doing}…", fate)]
     shown = shown + user_messages(text, files)
     answer = {"role": "assistant", "content": "…"}
     # the panels empty while it works (plain values: cheaper for Gradio than leaving them as they are)
     yield ChatOutputs(shown + [answer], EMPTY_INPUT, "Working…", memory=None, speed=None, layers=None,
                       layer_picker=overlay.MEAN, gallery=None, scale_line="")
-    hint = service.media_hint(settings.model, (session.history if fate in ("continues", "switches") else []) + [prepared])
+    hint = service.media_hint(settings.model, (session.history if fate in ("continues", "switches", "history") else []) + [prepared])
     drawn = sent = time.monotonic()  # the first figures when done, or after PLOT_EVERY_S of streaming
     try:
         for view in service.chat_turn(session, settings, prepared, progress_reporter(progress), shown=turns):
@@ -373,7 +223,7 @@ def respond(message, history: list, session: service.Session, settings: service.
                 continue
             sent = time.monotonic()
             if view.switch is not None and switch_at is not None:
-                shown = shown[:switch_at] + [switch_line(switched(view.switch))] + shown[switch_at + 1:]
+                shown = shown[:switch_at] + [switch_line(switched(view.switch, fate, settings), fate)] + shown[switch_at + 1:]
                 switch_at = None
             status = status_line(view, settings, bool(files)) + (f"\n\n{hint}" if hint else "")
             outputs = ChatOutputs(shown + [{"role": "assistant", "content": view.text or "…"}], status=status)
@@ -412,7 +262,7 @@ def submit(message, history, session, request: gr.Request, progress=gr.Progress(
         except UserError as exc:  # the chat and the message as they were, the reason under them
             yield refused_turn(exc, message, history)
             return
-        yield from respond(message, history, session, settings, progress)
+        yield from respond(message, history, session, settings, progress, sent_by_client=request is not None)
 
 
 def stop(session: service.Session) -> None:

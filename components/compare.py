@@ -21,8 +21,8 @@ from kv_arena.errors import UserError
 
 from . import api_docs, at_scale, checked_controls, clients, mcp_calls, overlay, plots
 from .outputs import KEEP, Outputs, by_component, components_of
-from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, fmt_bytes, parse_message, progress_reporter, refusal, show_examples
-from .settings import RANGES, SettingsPanel, control, own_params, quoted, settings_from_named
+from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, parse_message, progress_reporter, refusal, show_examples
+from .settings import RANGES, SettingsPanel, control, offered, own_params, quoted, settings_from_named
 
 COLUMNS = ["Method", "Turn", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",
            "Answer (s)", "Same tokens as full", "Right?"]
@@ -40,7 +40,7 @@ def answer_seconds(metrics: service.Meters) -> float:
 def mark(turn: service.CompareTurn) -> str:
     """Right or wrong against the scene's true answer; "" when there is none (uploads, hub models)."""
     if turn.right is None:
-        return ""
+        return f"not marked: {turn.unmarked}" if turn.unmarked and turn.done else ""
     return "✓" if turn.right else f"✗ (true: {turn.truth})"
 
 
@@ -84,7 +84,8 @@ def answer_text(run: service.CompareRun, full: service.CompareRun) -> str:
     scene is known."""
     lines = []
     for n, turn in enumerate(run.turns, start=1):
-        verdict = {True: "  ✓ right", False: f"  ✗ wrong (true: {turn.truth})"}.get(turn.right, "")
+        verdict = {True: "  ✓ right", False: f"  ✗ wrong (true: {turn.truth})"}.get(
+            turn.right, f"  (not marked: {turn.unmarked})" if turn.unmarked else "")
         lines.append(f"{n}. {turn.question}\n→ {turn.text}{verdict if turn.done else ''}")
     cached = "the full cache's answers are from an earlier run on this input (cached)\n\n" \
         if run is full and any(t.cached for t in run.turns) else ""
@@ -252,8 +253,18 @@ def limit_methods(chosen: list[str]) -> tuple[list[str], str]:
                                           f"cache: {dropped} not added. Untick one first.")
 
 
-def choices() -> list[tuple[str, str]]:
-    return [(spec["title"], spec["name"]) for spec in service.method_specs() if not spec["is_reference"]]
+def choices(model: str | None = None) -> list[tuple[str, str]]:
+    """(title, name) of the methods Compare offers for ``model`` (default: the one picked at start):
+    each that runs on it, the full cache aside (it always runs first)."""
+    return offered(service.default_model() if model is None else model, reference=False)
+
+
+def methods_for_model(model: str, ticked: list[str] | None) -> gr.CheckboxGroup:
+    """Model changed: the boxes offer what runs on it; a ticked method it cannot run is unticked
+    (the model card says why)."""
+    options = choices(model)
+    names = [n for _, n in options]
+    return gr.CheckboxGroup(choices=options, value=[m for m in ticked or [] if m in names])
 
 
 def knob_specs() -> list[tuple[str, dict]]:
@@ -394,6 +405,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     methods.input(limit_methods, methods, [methods, methods_note], api_visibility="private")
     methods.change(show_knobs, methods, knobs, api_visibility="private")
     settings.model.change(show_examples, settings.model, example_sets, api_visibility="private")
+    settings.model.change(methods_for_model, [settings.model, methods], methods, api_visibility="private")
     # queued, one at a time: each call draws and writes a scene (capped per session and in all)
     scene_button.click(by_component(tab, new_scene), [scene_kind, session], components_of(tab, SceneOutputs),
                        concurrency_id="scenes", concurrency_limit=1, api_visibility="private")

@@ -166,9 +166,12 @@ def memory_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figur
                            line=dict(color=COLORS[i % len(COLORS)])))
     for i, stream in streams:
         traces += stream_traces(stream, runs[i], COLORS[i % len(COLORS)], scale, unit)
-    title = ("chunks of frames streamed in (< 0), then generated tokens (0 = after the question)" if streams
-             else "generated tokens (0 = after the prompt)")
-    return _figure("memory", traces, xaxis=dict(title=title), yaxis=dict(title=f"KV cache ({unit})", rangemode="tozero"))
+    # short enough for a half-width panel at 1280 px (a longer one was cut on both sides)
+    title = "chunks streamed (< 0), then tokens (0: after the question)" if streams else "generated tokens (0 = after the prompt)"
+    steps = max(len(r.metrics.kv_trace) for r in everything) + max((len(s.kv_bytes) for _, s in streams), default=0)
+    whole = dict(dtick=1, tick0=0) if steps <= 12 else dict(tickformat="d")  # tokens come whole: no tick at 0.2
+    return _figure("memory", traces, xaxis=dict(title=title) | whole,
+                   yaxis=dict(title=f"KV cache ({unit})", rangemode="tozero"))
 
 
 def stream_traces(stream: StreamView, run: Drawn, color: str, scale: float, unit: str) -> list[dict]:
@@ -279,7 +282,9 @@ def quality_figure(runs: tuple[CompareRun, ...]) -> go.Figure:
                            hovertext=[f"{run.method}, turn {n + 1}" for _, _, n in points],
                            marker=dict(color=color, size=12, symbol=[TURN_SYMBOLS[n % len(TURN_SYMBOLS)]
                                                                      for _, _, n in points])))
-    return _figure("quality", traces,
+    # the legend under the plot: above it, wrapped at half width, it ran under the panel's label
+    return _figure("quality", traces, margin=dict(l=60, r=20, t=40, b=120),
+                   legend=dict(orientation="h", x=0, xanchor="left", y=-0.22, yanchor="top"),
                    xaxis=dict(title="KV bytes held / full cache's (measured)", range=[0, 1.08]),
                    yaxis=dict(title="answer tokens same as full (● turn 1, ◆ turn 2)", tickformat=".0%",
                               range=[-0.05, 1.1]))

@@ -156,12 +156,36 @@ def method_card(name: str) -> str:
 
 
 def model_card(name: str) -> str:
+    """What the model is, and which methods it is not offered with and why (said once, here)."""
     if service.has_random_weights(name):
-        return (f"**{name}** has **random weights**: its answers are nonsense text. The memory, speed and "
+        card = (f"**{name}** has **random weights**: its answers are nonsense text. The memory, speed and "
                 "kept-token panels are real measurements; pick a hub model on a GPU for real answers.")
-    if service.is_trained_here(name):
-        return f"**{name}**: {service.model_description(name)}"
-    return f"**{name}**: weights from the Hugging Face Hub."
+    elif service.is_trained_here(name):
+        card = f"**{name}**: {service.model_description(name)}"
+    else:
+        card = f"**{name}**: weights from the Hugging Face Hub."
+    return card + "".join(f"\n\n*Not offered with this model:* {why}" for why in refused(name).values())
+
+
+def refused(model: str) -> dict[str, str]:
+    """The methods ``model`` cannot run, with why ({} for a name that is no model: said where it is used)."""
+    try:
+        return service.refused_methods(model)
+    except UserError:
+        return {}
+
+
+def offered(model: str, reference: bool = True) -> list[tuple[str, str]]:
+    """(title, name) of the methods that run on ``model`` (the full cache too, with ``reference``)."""
+    left_out = refused(model)
+    return [(s["title"], s["name"]) for s in service.method_specs()
+            if s["name"] not in left_out and (reference or not s["is_reference"])]
+
+
+def methods_for_model(model: str, method: str) -> gr.Dropdown:
+    """Model changed: the Method picker offers what runs on it, keeping the method picked where it can."""
+    choices = offered(model)
+    return gr.Dropdown(choices=choices, value=method if method in [n for _, n in choices] else DEFAULT_METHOD)
 
 
 def control(spec: dict, label: str):
@@ -294,8 +318,7 @@ def build_settings() -> SettingsPanel:
     first = service.default_model()
     model = checked_controls.Dropdown(choices=service.model_choices(), value=first, label="Model", elem_id="model")
     card = gr.Markdown(model_card(first), elem_id="model-card")
-    method = checked_controls.Dropdown(choices=[(s["title"], s["name"]) for s in specs], value=DEFAULT_METHOD,
-                                       label="Method", elem_id="method")
+    method = checked_controls.Dropdown(choices=offered(first), value=DEFAULT_METHOD, label="Method", elem_id="method")
     info = gr.Markdown(method_card(DEFAULT_METHOD))
     budget = checked_controls.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=BUDGET_SPEC["step"], label="Budget",
                                      visible=service.method_spec(DEFAULT_METHOD)["uses_budget"], elem_id="budget",
@@ -343,6 +366,7 @@ def build_settings() -> SettingsPanel:
     loaded = gr.State(first)  # the last model that loaded, to fall back to
     method.change(on_method, [method, stream_cap], [info, budget, realised, *groups.values()], api_visibility="private")
     stream_cap.change(budget_slider, [method, stream_cap], budget, api_visibility="private")
+    model.change(methods_for_model, [model, method], method, api_visibility="private")
     # .input, not .change: falling back to the previous model must not trigger another load
     k_control = params[k] if k is not None else gr.State()  # without MPIC its value goes nowhere
     switch = ModelSwitch(model, loaded, card, k_control)

@@ -20,6 +20,7 @@ import gradio_client.client
 from gradio_client import Client, handle_file
 
 from components.chat import NEW_CONVERSATION, NOT_ANSWERED
+from components.history import REREAD
 from kv_arena import service
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,7 +141,7 @@ def test_two_clients_have_separate_sessions(url, tmp_path):
 
 def test_history_is_the_conversation(url, image):
     """``history=[]`` starts afresh every time (the session's cache does not grow); a history that is
-    not the session's conversation starts a new one, said in the reply."""
+    not the session's conversation becomes it (re-read, its picture included), said in the reply."""
     client = Client(url, verbose=False)
     held = []
     for _ in range(3):
@@ -152,11 +153,29 @@ def test_history_is_the_conversation(url, image):
     edited = final[0][:-1] + [final[0][-1] | {"content": [{"type": "text", "text": "A different answer."}]}]
     final, _ = send(client, "And the colours?", history=edited)
     marker = final[0][len(edited)]
-    assert marker["metadata"]["title"] == NEW_CONVERSATION and "not the conversation" in str(marker["content"])
-    assert len(service.open_session(client.session_hash).history) == 1
+    assert marker["metadata"]["title"] == REREAD and "not the conversation" in str(marker["content"])
+    assert len(service.open_session(client.session_hash).history) == 2  # the picture's turn re-read, then this one
     final, _ = send(client, "And the shapes?", history=final[0])  # the history as returned: continued
-    assert len(service.open_session(client.session_hash).history) == 2
-    assert sum((m.get("metadata") or {}).get("title") == NEW_CONVERSATION for m in final[0]) == 1
+    assert len(service.open_session(client.session_hash).history) == 3
+    titles = [(m.get("metadata") or {}).get("title") for m in final[0]]
+    assert titles.count(REREAD) == 1 and NEW_CONVERSATION not in titles
+
+
+def test_a_history_sent_from_another_client_is_re_read_with_the_files_it_sends(url):
+    """Another client sends a conversation: its returned files are downloads this server holds no
+    copy of for it (refused in one line); the same history with each file sent (handle_file) is
+    re-read, picture included, and the follow-up about the picture is answered right."""
+    scene = str(ROOT / "assets" / "arena_colour.png")
+    arena = dict(model="tiny-arena-vl", method="full")
+    first, _ = send(Client(url, verbose=False), "What colour is the circle?", [scene], **arena)
+    other = Client(url, verbose=False)
+    refused, _ = send(other, "What colour is the cross?", history=first[0], **arena)
+    assert refused[2].startswith(NOT_ANSWERED) and "holds no copy of" in refused[2] and "\n" not in refused[2]
+    sent = [m | {"content": [{"type": "file", "file": handle_file(scene)} if b.get("type") == "file" else b
+                             for b in m["content"]]} for m in first[0]]
+    final, _ = send(other, "What colour is the cross?", history=sent, **arena)
+    assert final[0][-1]["content"][-1]["text"] == "red" and "**right**" in final[2], final[2]
+    assert [(m.get("metadata") or {}).get("title") for m in final[0]].count(REREAD) == 1
 
 
 def test_a_method_switched_through_the_api_keeps_the_conversation(url):

@@ -127,3 +127,15 @@ def test_four_runs_of_one_example_give_the_same_speed_verdicts():
             assert not marks or len(seen) == 1, (cell, seen)  # a mark in one run is that mark in every run
             numbers = [float(v[:-1]) for v in seen if v not in marks]
             assert not numbers or max(numbers) / min(numbers) < 1.5 and (min(numbers) > 1) == (max(numbers) > 1)
+
+
+def test_a_compared_question_the_scene_cannot_answer_says_why_it_is_not_marked():
+    session = service.Session()
+    scene = str(chat.ASSETS / "arena_colour.png")
+    views = list(service.compare(session, config("full", model="tiny-arena-vl"), ["snapkv"],
+                                 [service.prepare("What colour is the triangle?", [scene]),
+                                  service.prepare("How many shapes are there?", [])]))
+    full, snap = views[-1].runs
+    assert full.turns[0].truth == "green" and compare.mark(full.turns[0]) in ("✓", "✗ (true: green)")
+    assert compare.mark(snap.turns[1]).startswith("not marked: the scene answers the colour of a shape")
+    assert "(not marked: the scene answers" in compare.answer_text(snap, full)

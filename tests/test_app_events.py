@@ -17,7 +17,7 @@ from tests.support import make_image
 
 import backends
 import kv_arena.media
-from components import chat, overlay, settings
+from components import about, chat, chat_status, compare, overlay, plots, settings
 from kv_arena import service
 from kv_arena.errors import UserError
 from kv_arena.runtime.generate import Conversation
@@ -99,6 +99,17 @@ def test_multi_turn_continues_and_a_model_change_starts_a_new_conversation(media
     third, _ = turn(session, ask("Again?"), second[-1].chatbot, model="tiny-qwen3-vl")
     assert third[-1].chatbot[len(second[-1].chatbot)]["metadata"]["title"] == "New conversation"
     assert len(session.history) == 1
+
+
+def test_any_question_about_the_scenes_objects_is_marked_and_another_says_why_not():
+    session = service.Session()
+    scene = str(chat.ASSETS / "arena_colour.png")  # a red cross, a green triangle, a blue circle
+    outputs, error = turn(session, ask("What colour is the triangle?", scene), model="tiny-arena-vl", method="full")
+    assert error is None and re.search(r"✓ \*\*right\*\*|✗ \*\*wrong\*\* \(true: green\)", outputs[-1].status)
+    history = outputs[-1].chatbot
+    outputs, error = turn(session, ask("How many shapes are there?"), history, model="tiny-arena-vl", method="full")
+    assert error is None and "not marked: the scene answers the colour of a shape" in outputs[-1].status
+    assert "right" not in outputs[-1].status and "wrong" not in outputs[-1].status
 
 
 @pytest.mark.parametrize("first,change", [
@@ -248,8 +259,9 @@ def test_out_of_memory_frees_the_cache_and_keeps_serving(media, monkeypatch):
     assert "Out of GPU memory" in error and outputs[-1].chatbot == history
     assert session.conv is None
     monkeypatch.setattr(Conversation, "stream", real)
-    outputs, error = turn(session, ask("Third."), history)
-    assert error is None and outputs[-1].chatbot[len(history)]["metadata"]["title"] == "New conversation"
+    outputs, error = turn(session, ask("Third."), history)  # the chat shown is re-read: its picture is back
+    assert error is None and outputs[-1].chatbot[len(history)]["metadata"]["title"] == "History re-read"
+    assert len(session.history) == 2
 
 
 @pytest.mark.parametrize("name, value", [("budget", 5), ("budget", -1), ("budget", 0), ("max_new_tokens", 0),
@@ -417,3 +429,75 @@ def test_each_turn_builds_its_method_once(media, monkeypatch):
     views = list(service.compare(service.Session(), config("snapkv"), ["h2o", "streamingllm"],
                                  service.prepare("What is this?", [media["image"]])))
     assert views[-1].done and sorted(built) == ["h2o", "streamingllm"]
+
+
+def test_a_method_is_offered_only_on_models_where_it_runs_and_the_card_says_why_once(media):
+    """VisionZip reads a CLIP tower's CLS attention (LLaVA-1.5): the pickers leave it out for a
+    Qwen-VL model, the model card says why once, and a LLaVA-1.5 model offers it again (read from
+    the models' configs: no weights load, nothing downloads)."""
+    assert set(service.refused_methods("tiny-qwen2-vl")) == {"visionzip"} == set(service.refused_methods(service.ARENA))
+    assert service.refused_methods("tiny-llava") == {} == service.refused_methods("llava-hf/llava-1.5-7b-hf")
+    assert "visionzip" not in service.methods_on("tiny-qwen2-vl") and "visionzip" in service.methods_on("tiny-llava")
+    picker = settings.methods_for_model("tiny-qwen2-vl", "visionzip")
+    assert "visionzip" not in [n for _, n in picker.choices] and picker.value == settings.DEFAULT_METHOD
+    assert settings.methods_for_model("tiny-qwen2-vl", "snapkv").value == "snapkv"
+    assert settings.methods_for_model("tiny-llava", "visionzip").value == "visionzip"
+    card = settings.model_card("tiny-qwen2-vl")
+    assert card.count("Not offered with this model") == 1 and "VisionZip" in card and "CLS token" in card
+    assert "Not offered" not in settings.model_card("tiny-llava")
+    boxes = compare.methods_for_model("tiny-qwen2-vl", ["snapkv", "visionzip"])
+    assert boxes.value == ["snapkv"] and "visionzip" not in [n for _, n in boxes.choices]
+    assert "visionzip" in [n for _, n in compare.methods_for_model("tiny-llava", ["snapkv"]).choices]
+    # what the pickers offer is what runs: the engine refuses it on the one, answers on the other
+    _, error = turn(service.Session(), ask("What is this?", media["image"]), method="visionzip",
+                    params={"visionzip": {"keep": 0.5}})
+    assert error is not None and service.refused_methods("tiny-qwen2-vl")["visionzip"][:-1] in error
+    _, error = turn(service.Session(), ask("What is this?", media["image"]), method="visionzip", model="tiny-llava",
+                    params={"visionzip": {"keep": 0.5}})
+    assert error is None
+
+
+def test_the_words_say_what_happened():
+    """A budget-only change says the new budget; a method is said to do what it does (KIVI quantises);
+    the line computed at real scale counts the whole conversation on a follow-up; the About tab says
+    which figures are computed, asks "When do the methods differ?" once and describes each method in
+    one plain sentence."""
+    session = service.Session()
+    scene = str(chat.ASSETS / "arena_colour.png")
+    arena = dict(model="tiny-arena-vl", method="snapkv")
+    first, error = turn(session, ask("What colour is the circle?", scene), budget=0.8, **arena)
+    second, error = turn(session, ask("What colour is the cross?"), first[-1].chatbot, budget=0.5, **arena)
+    line = second[-1].chatbot[len(first[-1].chatbot)]
+    assert error is None and line["content"].startswith("Now held by SnapKV at a budget of 0.50:")
+    scale = second[-1].scale_line
+    counted = int(re.search(r"\(full cache → SnapKV, ([\d,]+) tokens in the conversation so far\)", scale)[1].replace(",", ""))
+    assert counted > session.history[-1].message.text.count(" ") + 16  # the picture's tokens are in it
+    assert "this conversation" in scale and "prompt tokens" not in scale
+    assert chat_status.what_it_did("kivi") == "stored the picture in fewer bits"
+    assert chat_status.what_it_did("snapkv") == "dropped part of the picture"
+    assert chat_status.what_it_did("zipvl") == "dropped part of the picture and stored the picture in fewer bits"
+    page = about.INTRO + about.PANELS
+    assert page.count("When do the methods differ?") == 1 and "Every memory and speed figure is measured" not in page
+    assert "*computed, not measured*" in page
+    table = about.methods_table()
+    assert not re.search(r"\b(TaR|VaN|tau|probes)\b", table)
+    rows = table.splitlines()[2:]
+    sentences = [r.strip("| ").split(" | ")[-1] for r in rows]
+    assert len(rows) == len(service.method_specs()) and all(". " not in t and t.endswith(".") for t in sentences)
+
+
+def test_the_panels_fit_a_half_width_panel_at_1280_px():
+    """In plotly terms: a 2-token answer's memory panel ticks whole tokens only; the streaming
+    memory panel's x title fits half of a 1280 px page (~600 px of 12 px text); the quality panel's
+    legend sits under the plot, clear of the panel's own label at its top left."""
+    two = plots.memory_figure([plots.Drawn("H2O", service.Meters(kv_trace=[100, 120, 140]))],
+                              plots.Drawn("Full cache", service.Meters(kv_trace=[200, 220, 240])))
+    assert two.layout.xaxis.dtick == 1 and two.layout.xaxis.tick0 == 0
+    long = plots.memory_figure([plots.Drawn("H2O", service.Meters(kv_trace=list(range(1, 40))))])
+    assert long.layout.xaxis.dtick is None and long.layout.xaxis.tickformat == "d"
+    stream = service.StreamView(frames=[2, 4], kv_bytes=[100, 120], peak_kv_bytes=[110, 130], frames_total=4,
+                                cap_bytes=150, capped=True)
+    streamed = plots.memory_figure([plots.Drawn("H2O", service.Meters(kv_trace=[120, 130, 140]), stream=stream)])
+    assert len(streamed.layout.xaxis.title.text) * 7 < 540  # ~7 px a character at 12 px: inside half of 1280 px
+    quality = plots.quality_figure(())
+    assert quality.layout.legend.y < 0 and quality.layout.legend.yanchor == "top" and quality.layout.margin.b >= 100

@@ -12,7 +12,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from components.chat import NEW_CONVERSATION
+from components.history import REREAD
 from components.settings import control_names
 from tests.test_app_client import free_port
 
@@ -91,9 +91,9 @@ def test_each_mcp_call_has_a_session_of_its_own(mcp_url):
     chat_a, _, status_a, *_ = ask(asked)  # caller A
     _, _, status_b, *_ = ask(asked)  # caller B, the same question: nothing "(cached)" from A's call
     assert "cached" not in status_a and "cached" not in status_b, status_b
-    # A's chat sent back as its history: a call is answered on its own, so a new conversation, said
+    # A's chat sent back as its history: a call is answered on its own session, which re-reads it, said
     chat, _, status, *_ = ask(asked | {"message": {"text": "And then?", "files": []}, "history": chat_a})
-    assert chat[:2] == chat_a and chat[2]["metadata"]["title"] == NEW_CONVERSATION, chat
+    assert chat[:2] == chat_a and chat[2]["metadata"]["title"] == REREAD, chat
     assert "cached" not in status
 
 

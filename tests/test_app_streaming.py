@@ -12,7 +12,7 @@ import pytest
 from tests.app_support import MODEL, ask, config, turn
 from tests.support import make_video
 
-from components import chat, plots, settings
+from components import chat_status, plots, settings
 from kv_arena import service
 from kv_arena.errors import UserError
 from kv_arena.media import write_avi
@@ -116,8 +116,8 @@ def test_the_memory_figure_draws_chunks_before_the_answer_and_the_cap():
     figure = plots.memory_figure([run])
     chunks, cap = figure.data[1], figure.data[2]
     assert list(chunks.x) == [-3, -2, -1] and list(cap.x) == [-3, 1] and list(cap.y) == [2, 2]
-    assert chat.stream_line(stream).startswith("streamed 6 frames in 3 chunks under")
-    assert chat.stream_line(stream, 64).startswith("streamed 6 frames in 3 chunks (all the media have: the slider "
+    assert chat_status.stream_line(stream).startswith("streamed 6 frames in 3 chunks under")
+    assert chat_status.stream_line(stream, 64).startswith("streamed 6 frames in 3 chunks (all the media have: the slider "
                                                    "asked for 64) under")
 
 

@@ -23,6 +23,29 @@ def test_examples_have_a_follow_up_about_another_object_and_known_answers():
     assert scenes.true_answer("", "What colour is the circle?") is None  # no media, no scene
 
 
+def test_every_question_about_a_scenes_objects_is_marked_and_another_says_why_not():
+    """The scene knows every object: the colour of any shape, the shape of any colour, which moves,
+    in any of its images; a question its objects cannot answer gets a short reason, not a mark."""
+    by_kind = {scene.kind: prepare(scene.questions[0], list(scene.files)).media for scene in scenes.examples()}
+    colour = by_kind["colour"]  # a red cross, a green triangle, a blue circle
+    assert scenes.judged(colour, "What colour is the triangle?") == ("green", "")
+    assert scenes.judged(colour, "what COLOR is the Triangle") == ("green", "")
+    assert scenes.judged(colour, "Which shape is green?") == ("triangle", "")
+    assert scenes.judged(colour, "What colour is the square?") == (None, "this scene has no square")
+    assert scenes.judged(colour, "Which shape is yellow?") == (None, "nothing in this scene is yellow")
+    assert scenes.judged(colour, "Which shape moves?") == (None, "nothing moves in a still picture")
+    truth, why = scenes.judged(colour, "How many shapes are there?")
+    assert truth is None and "colour of a shape" in why
+    assert scenes.judged(by_kind["images"], "What colour is the triangle?") == ("green", "")  # the first of two images
+    assert scenes.judged(by_kind["images"], "Which shape is yellow?") == ("ring", "")  # the second
+    assert scenes.judged(by_kind["moving"], "What colour is the ring?") == ("yellow", "")
+    assert scenes.judged(by_kind["moving"], "What colour is the shape that moves?") == ("yellow", "")
+    assert scenes.judged("", "What colour is the circle?") == (None, "")  # no scene: no mark, nothing to say
+    drawn = scenes.draw_scene("moving", seed=7)
+    media = scenes.media_digest(drawn.files)
+    assert scenes.judged(media, "Which shape moves?") == (drawn.answers[0], "")
+
+
 def test_a_new_scene_is_drawn_with_its_answers():
     scene = scenes.draw_scene("colour", seed=5)
     assert scenes.scene_of(scenes.media_digest(scene.files)) == scene

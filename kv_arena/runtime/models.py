@@ -155,6 +155,17 @@ def shipped_config(repo: str, num_layers: int | None = None):
     return AutoConfig.for_model(**data)
 
 
+def model_config(name: str):
+    """The config of the model ``name`` as :func:`load_model` builds it, without its weights or a
+    download (a hub model's as the project ships it)."""
+    spec = model_spec(name)
+    if spec.source == "trained":
+        from ..tiny.arena_model import arena_config
+
+        return arena_config()
+    return tiny_config(spec.family) if spec.source == "builtin" else shipped_config(spec.repo)
+
+
 def shrink_vision(config, layers: int) -> None:
     """Cut the vision encoder of ``config`` to its first ``layers`` blocks (random weights on a CPU:
     a full-depth tower dominates every figure). Qwen2.5-VL keeps a full-attention block among them."""

@@ -25,27 +25,47 @@ from ..errors import UserError
 from .attention import active_run
 
 
-def _tower_layer(model):
-    """The CLIP encoder layer whose output the projector reads, or None where there is no such one."""
-    config = model.config
+def _tower_index(config) -> int | None:
+    """The index of the CLIP encoder layer whose output the projector reads, from the model's config
+    alone (no weights), or None where there is no such one."""
     if config.model_type != "llava" or getattr(config.vision_config, "model_type", "") != "clip_vision_model":
         return None
     if not isinstance(config.vision_feature_layer, int) or config.vision_feature_select_strategy != "default":
         return None
     # hidden_states[k] is the output of encoder layer k - 1, the embeddings being hidden_states[0]
+    index = config.vision_feature_layer % (config.vision_config.num_hidden_layers + 1) - 1
+    return index if index >= 0 else None
+
+
+def _tower_layer(model):
+    """The CLIP encoder layer whose output the projector reads, or None where there is no such one."""
+    index = _tower_index(model.config)
+    if index is None:
+        return None
     tower = model.model.vision_tower
     layers = getattr(tower, "vision_model", tower).encoder.layers  # CLIPVisionModel wraps it before transformers 5
-    index = config.vision_feature_layer % (len(layers) + 1) - 1
-    return layers[index] if index >= 0 else None
+    return layers[index] if index < len(layers) else None
+
+
+def _why(backend, family: str, advice: bool = True) -> str:
+    why = (f"{backend.title} ranks an image's tokens by the CLS token's attention in a CLIP vision tower (LLaVA-1.5); "
+           f"this {family} model's tower has none it can read")
+    return why + (f": pick another method, or {backend.title} at keep 1.0." if advice else ".")
 
 
 def refusal(model, backend: KVBackend) -> str | None:
     """Why ``backend`` cannot run on ``model`` (one line), or None where it can."""
     if not backend.selects_visual_tokens or _tower_layer(model) is not None:
         return None
-    family = model.config.model_type
-    return (f"{backend.title} ranks an image's tokens by the CLS token's attention in a CLIP vision tower (LLaVA-1.5); "
-            f"this {family} model's tower has none it can read: pick another method, or {backend.title} at keep 1.0.")
+    return _why(backend, model.config.model_type)
+
+
+def config_refusal(config, backend: KVBackend) -> str | None:
+    """Why ``backend`` cannot run on a model, from its config alone (no weights loaded), without
+    :func:`refusal`'s advice (a picker that does not offer the method says this), or None."""
+    if not backend.selects_visual_tokens or _tower_index(config) is not None:
+        return None
+    return _why(backend, config.model_type, advice=False)
 
 
 def check_runs_on(model, backend: KVBackend) -> None:

@@ -18,6 +18,8 @@ tensor and never imports torch. The app imports this package only; its modules, 
 * :mod:`.state`: what a session hands a GPU function and gets back (:mod:`.zerogpu`). The
   full-cache reference for a given input is computed once per session and reused; every view says
   whether its reference came from that cache (its timings are then from the earlier run).
+* :mod:`.resent`: a history a client sent that is not the session's conversation becomes it
+  (:func:`take_history`), for the turn's method to re-read as a switch re-reads.
 * :mod:`.turns`: :func:`chat_turn` answers one message, yielding a view (answer so far, meters,
   per-layer figures, kept visual tokens at the end) after every token; :func:`compare` runs the
   full cache and up to four methods one after another on one input.
@@ -52,12 +54,14 @@ from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, checked
 from .model_picker import check_model_allowed, default_model, has_random_weights, is_trained_here, model_choices, model_description
 from .model_pool import get_model
 from .plan import Plan, plan_turn
-from .methods import budget_spec, checked_params, is_reference, method_spec, method_specs, reference_spec, reuses_media
+from .methods import (budget_spec, checked_params, is_reference, method_spec, method_specs, methods_on, reference_spec,
+                      refused_methods, reuses_media)
 from .scenes import ARENA_EXAMPLES, Scene, draw_scene, media_hint, scene_types
 from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_default_k, mpic_ttft
 from .sessions import (Session, active, close_session, expire_idle, open_session, release, start_sweeper,
                        sweep_dead_sessions, track)
+from .resent import take_history
 from .state import ChatState
 from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
 from .upload_folder import use_own_upload_folder
@@ -91,8 +95,8 @@ __all__ = [
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",
     "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
     "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",
-    "budget_spec", "is_reference", "reference_spec", "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "plan_turn", "prepare", "release",
-    "reuses_media", "track",
+    "budget_spec", "is_reference", "methods_on", "reference_spec", "refused_methods", "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "plan_turn", "prepare", "release",
+    "reuses_media", "take_history", "track",
     # against hostile visitors (issue 36): inputs checked, private files, idle sessions
     "check_model_allowed", "check_sent_files", "checked_params", "checked_text", "in_upload_dir",
     "save_private_images", "active", "open_session", "expire_idle", "start_sweeper", "sweep_dead_sessions",

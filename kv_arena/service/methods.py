@@ -3,12 +3,16 @@ panels, the Compare tab and the About page never import a backend (or torch) the
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from kv_arena import backends
 from kv_arena.backends.descriptions import describe
 from kv_arena.backends.media_reuse import ReusesMedia
 from kv_arena.backends.params import BUDGET
 
 from ..errors import UserError
+from ..runtime.models import model_config
+from ..runtime.vision_tokens import config_refusal
 
 
 def reuses_media(name: str) -> bool:
@@ -60,3 +64,23 @@ def checked_params(params: dict[str, dict]) -> dict[str, dict]:
         except ValueError as exc:
             raise UserError(f"{method}: {exc}") from None
     return checked
+
+
+@lru_cache(maxsize=64)
+def refused_methods(model: str) -> dict[str, str]:
+    """The methods that cannot run on ``model`` with their own defaults, each with why (one line):
+    VisionZip needs a CLIP tower with a CLS token (LLaVA-1.5). Read from the model's config, so no
+    weights load and nothing downloads; an unknown model is a UserError."""
+    config = model_config(model)
+    out = {}
+    for name in backends.available():
+        reason = config_refusal(config, backends.make_backend(name, budget=BUDGET.default))
+        if reason is not None:
+            out[name] = reason
+    return out
+
+
+def methods_on(model: str) -> list[str]:
+    """The methods that run on ``model`` (:func:`refused_methods` left out), the full cache first."""
+    refused = refused_methods(model)
+    return [name for name in backends.available() if name not in refused]

@@ -43,27 +43,30 @@ def reread_cap(turn: TurnCost, plan_cap: int | None, streams: bool) -> int | Non
 
 
 def check_switch(costs: list[TurnCost], rereads: list[tuple[float, int]], method: type | str, *,
-                 context: int, full_cache: bool, now: float | None = None) -> int:
+                 context: int, full_cache: bool, now: float | None = None, sent: bool = False) -> int:
     """The tokens a switch to ``method`` would re-read; a UserError (one line, nothing changed) when
     it may not: a streamed turn and a method that cannot stream under a cap, more tokens than the
     model's ``context``, or more than REREAD_TOKENS_PER_MINUTE with the re-reads of the last
-    minute (``rereads``: (time, tokens) of this chat's earlier switches)."""
+    minute (``rereads``: (time, tokens) of this chat's earlier switches). ``sent``: the conversation is a
+    history a client sent, re-read in place of the session's (said so)."""
     cls = backends.backend_class(method) if isinstance(method, str) else method
     tokens = sum(c.tokens for c in costs)
-    keep = "Keep the method you had, or start a new chat."
+    keep = "Send a shorter history, or [] to start a new chat." if sent else "Keep the method you had, or start a new chat."
+    doing = f"Re-reading the history sent with {cls.title}" if sent else f"Switching to {cls.title}"
     if any(c.cap_bytes is not None for c in costs) and not (full_cache or cls.streams_under_cap):
         raise UserError(f"{cls.title} cannot re-read this conversation: a video in it was streamed under a memory "
                         f"cap, and {cls.title} cannot hold one. {keep}")
     if tokens > context:
-        raise UserError(f"Switching to {cls.title} would re-read {tokens:,} tokens, more than the model's context "
+        raise UserError(f"{doing} would re-read {tokens:,} tokens, more than the model's context "
                         f"({context:,}). {keep}")
     now = time.monotonic() if now is None else now
     recent = sum(n for at, n in rereads if now - at < WINDOW_S)
     if recent and recent + tokens > REREAD_TOKENS_PER_MINUTE:
         wait = WINDOW_S - (now - min(at for at, _ in rereads if now - at < WINDOW_S))
-        raise UserError(f"This chat re-read {recent:,} tokens in the last minute; switching to {cls.title} would "
+        raise UserError(f"This chat re-read {recent:,} tokens in the last minute; {doing[0].lower() + doing[1:]} would "
                         f"re-read {tokens:,} more (the limit is {REREAD_TOKENS_PER_MINUTE:,} a minute, "
-                        f"KV_ARENA_REREAD_TOKENS_PER_MINUTE). Wait {max(1, round(wait))} s, or keep the method.")
+                        f"KV_ARENA_REREAD_TOKENS_PER_MINUTE). Wait {max(1, round(wait))} s, or "
+                        f"{'send [] to start a new chat' if sent else 'keep the method'}.")
     return tokens
 
 

@@ -3,8 +3,11 @@ wrong: the clickable examples (the scene generator's own, each with a follow-up 
 object of the same media, and the Chat tab's, :data:`ARENA_EXAMPLES`) and fresh scenes drawn on request ("New scene"), one type at a time.
 
 A scene is known by the content of its media files (:attr:`Prepared.media`), so Gradio's copies of
-them are recognised; an answer is right when it equals the true one whole, case, spaces and
-punctuation aside. Media the app did not draw (uploads, hub models' examples) get no mark.
+them are recognised, and it knows every object in its media (:mod:`.scene_truth`), so any question
+about the colour or shape of one of them, or which moves, is marked, not only the two it was drawn
+with; another question gets a short reason why it is not marked (:func:`judged`). An answer is right
+when it equals the true one whole, case, spaces and punctuation aside. Media the app did not draw
+(uploads, hub models' examples) get no mark.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..tiny import arena_scenes
 from .current import current_app
 from .inputs import Prepared
 from .model_picker import is_trained_here
+from .scene_truth import SceneObject, judge, objects_of
 from .uploads import ASSETS, cap_folders, file_hash, make_public, note_private, session_folder, trim_folder
 
 KEEP = 256  # drawn scenes remembered for their answers
@@ -42,12 +46,15 @@ ARENA_EXAMPLES: list[tuple[str, list[str]]] = [(it.question.text, files)
 
 @dataclass(frozen=True)
 class Scene:
-    """Media files and a conversation about them with its true answers (first question, follow-up)."""
+    """Media files and a conversation about them with its true answers (first question, follow-up),
+    and every object its media show."""
 
     kind: str
     questions: tuple[str, ...]
     answers: tuple[str, ...]
     files: tuple[str, ...]
+    objects: tuple[SceneObject, ...] = ()
+    video: bool = False
 
 
 def normalised(text: str) -> str:
@@ -107,7 +114,8 @@ def examples() -> tuple[Scene, ...]:
         if not all(Path(p).is_file() for p in paths):
             continue
         turns = [(q.text, q.answer) for q in item.turns[:1]] + [t for t in [_follow_up(item)] if t]
-        out.append(Scene(kind, tuple(q for q, _ in turns), tuple(a for _, a in turns), paths))
+        out.append(Scene(kind, tuple(q for q, _ in turns), tuple(a for _, a in turns), paths, objects_of(item),
+                         item.video))
     return tuple(out)
 
 
@@ -146,7 +154,7 @@ def draw_scene(kind: str, seed: int | None = None, owner: str = "anonymous", cli
     cap_folders(mine.parent, max_scenes())
     trim_folder(mine, SCENES_PER_SESSION)
     scene = Scene(kind, tuple(q.text for q in item.turns), tuple(q.answer for q in item.turns),
-                  tuple(str(p) for p in paths))
+                  tuple(str(p) for p in paths), objects_of(item), item.video)
     current_app().scenes.remember(media_digest(paths), scene)
     return scene
 
@@ -158,13 +166,20 @@ def scene_of(media: str) -> Scene | None:
     return current_app().scenes.find(media) or _example_digests().get(media)
 
 
-def true_answer(media: str, question: str) -> str | None:
-    """The true answer to ``question`` about the scene with these media, or None when unknown."""
+def judged(media: str, question: str) -> tuple[str | None, str]:
+    """(true answer, "") for ``question`` about the scene with these media; (None, why it cannot be
+    marked) for a question its objects do not answer; (None, "") when the media are no scene."""
     scene = scene_of(media)
     if scene is None:
-        return None
+        return None, ""
     asked = normalised(question)
-    return next((a for q, a in zip(scene.questions, scene.answers) if normalised(q) == asked), None)
+    stored = next((a for q, a in zip(scene.questions, scene.answers) if normalised(q) == asked), None)
+    return (stored, "") if stored is not None else judge(scene.objects, scene.video, question)
+
+
+def true_answer(media: str, question: str) -> str | None:
+    """The true answer to ``question`` about the scene with these media, or None when unknown."""
+    return judged(media, question)[0]
 
 
 def is_right(answer: str, truth: str | None) -> bool | None:

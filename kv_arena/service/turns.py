@@ -24,7 +24,7 @@ from .plan import Plan, plan_turn
 from .rereads import TurnCost, check_switch, recent_rereads, reread_cap
 from .sessions import Session, stopping
 from .state import ChatState, Reference, ReferenceCache, arrive, depart
-from .scenes import is_right, true_answer
+from .scenes import is_right, judged
 from .store import media_store
 from .streamed import joined_layout, stream_media, with_stream
 from .view_types import ChatView, CompareRun, CompareTurn, CompareView, ProgressNote, ReferenceView, SwitchNote
@@ -179,7 +179,7 @@ def _turn(state: ChatState, plan: Plan, prepared: Prepared,
                           references=state.references)
         if state.rereadable(settings):  # the same conversation, now held by this method
             switch = yield from _reread(state, fresh.conv, plan, session_id)
-            if state.conv.backend.is_reference:  # the full cache's chat is the reference from here on
+            if state.conv is not None and state.conv.backend.is_reference:  # the full cache's chat: the reference from here on
                 state.references.adopt(state.conv, settings.generation + tuple(p.key for p in state.history))
             fresh.history, fresh.answers, fresh.costs, new_chat = state.history, state.answers, state.costs, False
             fresh.rereads = recent_rereads(state.rereads, switch.tokens)
@@ -201,12 +201,13 @@ def _turn(state: ChatState, plan: Plan, prepared: Prepared,
         except UserError as exc:  # refused mid-stream (a cap too small, past the context): the cache holds a part
             raise UserError(f"{exc} {ROLLED_BACK}") from None
         message = Message(message.text, media_first=message.media_first)  # the question, on the capped cache
+    before = conv.seen  # what the conversation fed before this prompt (a streamed media's chunks included)
     for update in conv.stream(message, **plan.generation, should_stop=lambda: stopping(session_id)):
         metrics = meters(update.metrics)
         view = ChatView(update.text, update.done, new_chat, conv.backend.title,
                         with_stream(metrics, stream) if stream else metrics, layer_figures(conv),
                         _reference_view(reference, cached), stream, switch=switch,
-                        is_reference=conv.backend.is_reference)
+                        is_reference=conv.backend.is_reference, context_tokens=before + update.metrics.prompt_tokens)
         if not update.done:
             yield view
             continue
@@ -316,9 +317,10 @@ def compare_on_gpu(references: ReferenceCache, settings: Settings, plans: list[P
 
 
 def marked(turn: ChatView | CompareTurn, media: str, question: str) -> ChatView | CompareTurn:
-    """A turn's answer with its true answer and right/wrong where the scene is known (else None)."""
-    truth = true_answer(media, question)
-    return replace(turn, question=question, truth=truth, right=is_right(turn.text, truth))
+    """A turn's answer with its true answer and right/wrong where the scene is known (else None),
+    or why a question about a known scene is not marked."""
+    truth, unmarked = judged(media, question)
+    return replace(turn, question=question, truth=truth, right=is_right(turn.text, truth), unmarked=unmarked)
 
 
 def _compare_runs(references: ReferenceCache, settings: Settings, plans: list[Plan], turns: list[Prepared],

@@ -116,8 +116,10 @@ class ChatView:
     question: str = ""
     truth: str | None = None  # the scene's true answer, when the app drew the scene
     right: bool | None = None
+    unmarked: str = ""  # why a question about a scene the app drew is not marked ("": marked, or no scene)
     switch: SwitchNote | None = None  # the conversation so far was re-read by this method first
     is_reference: bool = False  # the method is the full cache itself: its figures are the reference
+    context_tokens: int = 0  # tokens of the whole conversation the cache stood for after this prompt
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ class CompareTurn:
     cached: bool = False  # the full cache's, from an earlier run on this input
     truth: str | None = None
     right: bool | None = None
+    unmarked: str = ""  # why a question about a scene the app drew is not marked
     done: bool = False
 
 

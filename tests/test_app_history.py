@@ -1,0 +1,87 @@
+"""A history that is not the session's conversation (edited, or sent to another session) is re-read,
+its picture and its answers as sent, instead of a new conversation starting without the picture;
+what cannot be re-read (a file it may not use, past the limits) is refused in one line."""
+
+from __future__ import annotations
+
+import re
+
+from tests.app_support import ask, config, turn
+
+from components import chat, checked_controls
+from components.history import NEW_CONVERSATION, REREAD, transcript, with_own_files
+from kv_arena import service
+from kv_arena.service import rereads
+
+SCENE = str(chat.ASSETS / "arena_colour.png")  # a circle (blue) and a cross (red), among others
+ARENA = dict(model="tiny-arena-vl", method="full")
+
+
+def titles(history: list) -> list:
+    return [(m.get("metadata") or {}).get("title") for m in history]
+
+
+def first_chat(session: service.Session) -> list:
+    outputs, error = turn(session, ask("What colour is the circle?", SCENE), **ARENA)
+    assert error is None and "**right**" in outputs[-1].status
+    return outputs[-1].chatbot
+
+
+def test_an_edited_history_is_re_read_with_its_picture():
+    session = service.Session()
+    history = first_chat(session)
+    edited = history[:-1] + [history[-1] | {"content": "A circle, I think."}]
+    outputs, error = turn(session, ask("What colour is the cross?"), edited, **ARENA)
+    assert error is None
+    shown = outputs[-1].chatbot
+    assert shown[: len(edited)] == edited and NEW_CONVERSATION not in titles(shown) and titles(shown).count(REREAD) == 1
+    assert re.search(r"re-read its 1 turn above, files and answers as sent \(\d+ tokens", shown[len(edited)]["content"])
+    assert shown[-1]["content"] == "red" and "**right**" in outputs[-1].status  # the picture is in its memory
+    assert len(session.history) == 2 and session.transcript == transcript(shown)
+    assert session.transcript[0][2] == "A circle, I think."  # the answer as sent
+    third, error = turn(session, ask("What colour is the circle?"), shown, **ARENA)  # continued, not re-read again
+    assert error is None and titles(third[-1].chatbot).count(REREAD) == 1 and "**right**" in third[-1].status
+    assert len(session.history) == 3
+
+
+def test_a_history_sent_to_another_session_is_re_read_by_its_method():
+    history = first_chat(service.Session())
+    other = service.Session()  # a new client, or the cache freed
+    outputs, error = turn(other, ask("What colour is the cross?"), history, model="tiny-arena-vl", method="snapkv",
+                          budget=0.5)
+    assert error is None and outputs[-1].chatbot[-1]["content"] == "red" and "**right**" in outputs[-1].status
+    assert titles(outputs[-1].chatbot).count(REREAD) == 1 and "SnapKV at a budget of 0.50 re-read" in outputs[-1].chatbot[len(history)]["content"]
+    assert len(other.history) == 2
+
+
+def test_a_history_naming_a_file_it_may_not_use_is_refused_in_one_line(media):
+    session = service.Session()  # holds no copy of a file gradio_client downloaded for another session
+    returned = {"type": "file", "file": {"path": "/home/someone/downloads/x.png"}, checked_controls.RETURNED: True}
+    theirs = [{"role": "user", "content": [returned, {"type": "text", "text": "What is it?"}]},
+              {"role": "assistant", "content": "A cross."}]
+    outputs, error = turn(session, ask("What colour is it?"), theirs, **ARENA)
+    assert error is not None and "holds no copy of" in error and "\n" not in error
+    assert outputs[-1].chatbot == with_own_files(theirs, session) and outputs[-1].textbox == ask("What colour is it?")
+    assert session.history == []  # nothing read
+    outside = [{"role": "user", "content": [{"path": str(media["image"])}, "What is it?"]},
+               {"role": "assistant", "content": "A cross."}]
+    outputs = list(chat.respond(ask("And its colour?"), outside, session, config(**ARENA), sent_by_client=True))
+    assert "was not uploaded to this app" in outputs[-1].status and session.history == []
+    first_chat(session)  # and the session goes on
+
+
+def test_a_history_past_the_limits_is_refused_in_one_line(monkeypatch):
+    session = service.Session()
+    history = first_chat(session)
+    words = " ".join(["blue"] * 4000)  # 4,000 tokens, under the limits of one message's text
+    long = history + [{"role": r, "content": words if r == "assistant" else "More?"} for _ in range(9)
+                      for r in ("user", "assistant")]  # 36,000 tokens: more than the model's context (32,768)
+    _, error = turn(session, ask("What colour is the cross?"), long, **ARENA)
+    assert error is not None and re.search(r"Re-reading the history sent with .* more than the model's context", error)
+    assert len(session.history) == 1  # the conversation as it was
+    monkeypatch.setattr(rereads, "REREAD_TOKENS_PER_MINUTE", 1)  # one re-read a minute, whatever its size
+    edited = history[:-1] + [history[-1] | {"content": "Blue."}]
+    _, error = turn(session, ask("What colour is the cross?"), edited, **ARENA)
+    assert error is None
+    _, error = turn(session, ask("What colour is the cross?"), history, **ARENA)
+    assert error is not None and "in the last minute" in error and "send [] to start a new chat" in error
