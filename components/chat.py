@@ -179,11 +179,16 @@ def respond(message, history: list, session: service.Session, settings: service.
     session's conversation is re-read, its files and answers included (``sent_by_client``: sent
     through a request, so each file it names must be an upload of this client's)."""
     try:
-        history, (text, files) = list(checked_history(history)), parse_message(message)
+        history = list(checked_history(history))
     except UserError as exc:
         yield refused_turn(exc, message, history)
         return
-    history = with_own_files(history, session)
+    history = with_own_files(history, session)  # the server's own copies: files this client may fetch back
+    try:
+        text, files = parse_message(message)
+    except UserError as exc:
+        yield ChatOutputs(chatbot=history, status=refusal(exc), textbox=box_as_sent(message))
+        return
     try:
         service.check_uploads(session, files)
         prepared = service.prepare(text, files, settings.num_frames, progress_reporter(progress))

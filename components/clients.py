@@ -40,6 +40,7 @@ from kv_arena import service
 
 from . import event_shape
 from .request_size import RequestSizeLimit
+from .served_files import ServedFiles
 
 COOKIE = "kv_arena_client"
 UPLOAD_ROUTE = "/upload"  # POST: the files' bytes in, their server paths out (a JSON list)
@@ -300,6 +301,8 @@ class ClientCookie:
         async def receive_noted():
             return pending.pop(0) if pending else await receive()
 
+        served = ServedFiles(sent) if scope.get("method") == "GET" and (result or QUEUE_DATA.search(path)) else None
+
         async def send_with_cookie(message) -> None:
             nonlocal status, body, held
             if message["type"] == "http.response.start":
@@ -329,6 +332,8 @@ class ClientCookie:
                     EVENTS.note(body)
             elif message["type"] == "http.response.body" and result and not message.get("more_body"):
                 EVENTS.done(result.group(1))
+            if served is not None and message["type"] == "http.response.body":
+                served.read(message.get("body", b""))  # the files it names: this client's, before it asks
             await send(message)
 
         await self.app(scope, receive_noted, send_with_cookie)

@@ -1,5 +1,5 @@
 """Bad input through the public API, as a careless or hostile client sends it: broken, empty,
-huge, animated and mislabelled files, a prompt of 100,000 characters, a 900 s video, values out of
+huge, animated and mislabelled files, a message of 100,000 characters, a 900 s video, values out of
 range or not numbers, unknown methods and models, a hub model with no network, another client's
 upload, too many methods to compare.
 
@@ -96,7 +96,7 @@ CHAT_CASES = [
     ("an empty image", "What is this?", ["empty.png"], {}, "is not a readable image", None),
     ("a text file named .mp4", "What happens?", ["notes.mp4"], {}, "is not a video that can be decoded", None),
     ("a text file", "What is this?", ["notes.txt"], {}, "is not a readable image", None),
-    ("a 100,000-character prompt", "why " * 25_000, [], {}, "The prompt is too long", None),
+    ("a 100,000-character prompt", "why " * 25_000, [], {}, "The message is too long", None),
     ("a 900 s video", "What happens?", ["long.avi"], {}, "lasts 900 s; the limit is 600 s", None),
     ("8000 x 8000 pixels", "What is this?", ["huge.png"], {}, "8000 x 8000 pixels; the limit is 25 million", None),
     ("an animated GIF", "What moves?", ["moving.gif"], {}, "is an animation of 3 frames", None),

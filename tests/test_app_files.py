@@ -124,3 +124,27 @@ def test_a_drawn_scene_is_served_to_its_own_client_only(server):
             for route in spellings(path):
                 assert status(url + route, other.cookies) == 404, route
                 assert status(url + route) == 404, route
+
+
+def test_the_pictures_an_answer_shows_are_served_to_its_client_only(server, tmp_path):
+    """Gradio's copy of a picture the chat shows (in its cache, named by the file's hash) reaches the
+    client the answer went to, and no other client, nor one without a cookie."""
+    from gradio_client import Client
+
+    from tests.test_app_client import send
+
+    _, url = server
+    picture = tmp_path / "mine.png"
+    make_image(5, (112, 112)).save(picture)
+    client = Client(url, verbose=False, download_files=False)
+    final, _ = send(client, "What is in the picture?", [str(picture)])
+    shown = [part["file"] for m in final[0] for part in (m["content"] if isinstance(m["content"], list) else [])
+             if isinstance(part, dict) and "file" in part]
+    shown = [f["path"] if isinstance(f, dict) else f for f in shown]  # a FileData without downloads
+    assert shown
+    with httpx.Client() as other:
+        other.get(url, timeout=10)
+        for path in shown:
+            assert status(f"{url}gradio_api/file={path}", client.cookies) == 200
+            assert status(f"{url}gradio_api/file={path}", other.cookies) == 404
+            assert status(f"{url}gradio_api/file={path}") == 404

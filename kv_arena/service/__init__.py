@@ -65,8 +65,8 @@ from .resent import take_history
 from .state import ChatState
 from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
 from .upload_folder import use_own_upload_folder
-from .uploads import (check_sent_files, check_uploads, in_upload_dir, may_read, note_uploads, save_private_images,
-                      upload_room)
+from .uploads import (check_sent_files, check_uploads, in_upload_dir, may_read, note_served, note_uploads,
+                      save_private_images, upload_room)
 from . import blind
 from .blind import Battle, BoardRow, Reveal, VotesUnavailable
 from .view_types import (
@@ -94,7 +94,7 @@ __all__ = [
     "ReferenceView", "ReuseSummary", "StreamView", "TtftView",
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",
     "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
-    "is_trained_here", "kept_visuals", "may_read", "media_hint", "media_library", "method_spec", "method_specs",
+    "is_trained_here", "kept_visuals", "may_read", "note_served", "media_hint", "media_library", "method_spec", "method_specs",
     "budget_spec", "is_reference", "methods_on", "reference_spec", "refused_methods", "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "plan_turn", "prepare", "release",
     "reuses_media", "take_history", "track",
     # against hostile visitors (issue 36): inputs checked, private files, idle sessions

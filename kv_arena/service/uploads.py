@@ -288,6 +288,23 @@ def note_private(paths, client: str | None) -> None:
             book.files[str(Path(path).resolve())] = _Upload(clients={client} if client else set())
 
 
+def note_served(paths, client: str) -> None:
+    """Files under Gradio's folder that an event's messages handed ``client`` (Gradio's copies of
+    what an output names): served to it as well as to whoever else they were for. Noted as seen
+    by it (used), so they count against no cap on unused uploads."""
+    book = _book()
+    with book.lock:
+        for path in paths:
+            try:
+                name = Path(path).resolve()
+            except (OSError, ValueError, RuntimeError):
+                continue
+            if host_folder() in name.parents:
+                record = book.files.setdefault(str(name), _Upload())
+                record.clients.add(client)
+                record.users.add(client)
+
+
 def save_private_images(session: Uploader, images, kind: str = "overlays") -> list[str]:
     """PNG files of ``images`` in the session's folder, readable by its client only; the folder
     keeps the newest :data:`KEEP_PRIVATE` (older ones go, and with them their URLs)."""
