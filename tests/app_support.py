@@ -3,6 +3,9 @@ calls it (their small media files are the ``media`` fixture, in conftest.py)."""
 
 from __future__ import annotations
 
+import socket
+from contextlib import contextmanager
+
 from components import chat, settings
 
 MODEL = "tiny-qwen2-vl"
@@ -27,3 +30,24 @@ def turn(session, message, history=(), method="streamingllm", **kw):
 
 def ask(text, *files):
     return {"text": text, "files": list(files)}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def launched_app():
+    """(demo, url) of the app launched in this process on a free port of 127.0.0.1, as ``python
+    app.py`` launches it (the same limits and middleware); closed afterwards."""
+    from app import build_demo, launch_options
+
+    demo = build_demo()
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                            quiet=True, **launch_options())
+    try:
+        yield demo, url
+    finally:
+        demo.close()

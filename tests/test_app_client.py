@@ -5,7 +5,6 @@ errors as messages, per-client isolation (sessions and uploads), the named endpo
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.app_support import control_kwargs
+from tests.app_support import control_kwargs, free_port, launched_app
 from tests.support import make_image
 import gradio_client.client
 from gradio_client import Client, handle_file
@@ -27,21 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny-qwen2-vl"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def url():
-    from app import build_demo, launch_options
-
-    demo = build_demo()
-    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                                  quiet=True, **launch_options())
-    yield local_url
-    demo.close()
+    with launched_app() as (_, address):
+        yield address
 
 
 @pytest.fixture(scope="module")

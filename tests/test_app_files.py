@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.support import make_image
-from tests.test_app_client import free_port
+from tests.app_support import launched_app
 from tests.test_app_hostile import chat_data, file_data, raw_event, raw_upload, spellings
 from tools.app_process import AppProcess
 from tools.upload_flood import flood, kept_bytes
@@ -100,13 +100,8 @@ def test_unused_uploads_are_capped_per_client_and_in_all_and_none_outlive_a_rest
 @pytest.fixture(scope="module")
 def server():
     """(demo, url) of one launched app."""
-    from app import build_demo, launch_options
-
-    demo = build_demo()
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                            quiet=True, **launch_options())
-    yield demo, url
-    demo.close()
+    with launched_app() as launched:
+        yield launched
 
 
 def test_a_drawn_scene_is_served_to_its_own_client_only(server):

@@ -31,21 +31,16 @@ from kv_arena.errors import UserError
 from kv_arena.runtime.generate import Conversation
 from kv_arena.service import sessions, uploads
 from kv_arena.service.store import media_store
-from tests.app_support import MODEL, ask, config
+from tests.app_support import MODEL, ask, config, launched_app
 from tests.support import make_image, write_mjpeg_avi
-from tests.test_app_client import controls, free_port, send
+from tests.test_app_client import controls, send
 
 
 @pytest.fixture(scope="module")
 def server():
     """(demo, url) of one launched app."""
-    from app import build_demo, launch_options
-
-    demo = build_demo()
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                            quiet=True, **launch_options())
-    yield demo, url
-    demo.close()
+    with launched_app() as launched:
+        yield launched
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,8 @@ import time
 
 import httpx
 import pytest
-from tests.app_support import ask, turn
+from tests.app_support import ask, launched_app, turn
 from tests.support import make_video
-from tests.test_app_client import free_port
 
 from components import chat, request_size
 from kv_arena import service
@@ -24,13 +23,8 @@ CAP_MB = 80 * 2048 / 2**20  # 80 tokens of tiny-qwen2-vl
 
 @pytest.fixture(scope="module")
 def url():
-    from app import build_demo, launch_options
-
-    demo = build_demo()
-    _, address, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                                quiet=True, **launch_options())
-    yield address
-    demo.close()
+    with launched_app() as (_, address):
+        yield address
 
 
 # --- text and request size ---------------------------------------------------------------------

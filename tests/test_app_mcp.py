@@ -14,7 +14,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from components.history import REREAD
 from components.settings import control_names
-from tests.test_app_client import free_port
+from tests.app_support import free_port
 
 MODEL = "tiny-qwen2-vl"
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,8 @@ import pytest
 from gradio_client import Client
 
 from components.queue_limit import DEFAULT_LIMIT, LIMIT_ENV
-from tests.test_app_client import controls, free_port
+from tests.test_app_client import controls
+from tests.app_support import launched_app
 from tests.test_app_hostile import chat_data, fn_index
 
 FLOOD = 40  # more than the queue holds (KV_ARENA_QUEUE, 32)
@@ -25,15 +26,10 @@ FLOOD = 40  # more than the queue holds (KV_ARENA_QUEUE, 32)
 
 @pytest.fixture(scope="module")
 def server():
-    from app import build_demo, launch_options
-
-    demo = build_demo()
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                            quiet=True, **launch_options())
-    yield demo, url
-    # the floods' last events end before the server does (the chat runs one event at a time, in order)
-    served(url, Client(url, verbose=False))
-    demo.close()
+    with launched_app() as (demo, url):
+        yield demo, url
+        # the floods' last events end before the server does (the chat runs one event at a time, in order)
+        served(url, Client(url, verbose=False))
 
 
 def flood(demo, url: str, count: int, headers: dict | None = None) -> list[httpx.Response]:

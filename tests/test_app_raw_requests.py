@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from components.settings import control_names
-from tests.test_app_client import free_port
+from tests.app_support import launched_app
 from tests.test_app_hostile import chat_data, file_data, fn_index, one_line, raw_event
 
 NOWHERE = "kv-arena-audit.invalid"  # a host name the server must never look up
@@ -20,13 +20,8 @@ NOWHERE = "kv-arena-audit.invalid"  # a host name the server must never look up
 
 @pytest.fixture(scope="module")
 def server():
-    from app import build_demo, launch_options
-
-    demo = build_demo()
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                            quiet=True, **launch_options())
-    yield demo, url
-    demo.close()
+    with launched_app() as launched:
+        yield launched
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import torch
 from tests.support import make_image
 
 import backends
-from backends.kivi import KIVI, KIVILayer, channel_group
+from backends.kivi import KIVILayer, channel_group
 from backends.quant import unpack
 from kv_arena.runtime.generate import Conversation
 from kv_arena.runtime.inputs import Message
