@@ -22,12 +22,14 @@ precision until a whole group of them can be quantised together.
   four 2-bit or two 4-bit codes per byte; scales and zero points in the cache's dtype). The paper's
   authors store the same three tensors; transformers' ``QuantizedCache`` quantises keys and values
   along one axis and re-quantises the whole cache at every flush, which is not KIVI's scheme.
-* Padding: a row of codes is packed into whole bytes, a token's D channels for keys and each value
-  group's g channels for values. Where g x bits (or D x bits) is not a multiple of 8 the row ends in
-  unused bits: D = 6 at 2 bits holds 12 bits of codes in 2 bytes. The authors' kernels pack 32-bit
-  words and assume sizes that divide evenly; here the padding is held, counted in the bytes held
-  and reported apart (``bytes[i]["padding"]``). None at D = 32, 64, 80 or 128 (g = 32, 32, 20, 32)
-  at 2, 4 or 8 bits.
+* Padding: codes are packed a token's D channels at a time, for values too (:class:`ValueCodes`:
+  one row per token, the scales per group of g channels beside it), so a value group whose g x bits
+  is not a multiple of 8 no longer pads to a whole byte on its own (packed group by group, D = 20 at
+  G = 8, g = 5, took 8 bytes a token and head at 2 bits where 5 hold the codes). A row still ends in
+  unused bits where D x bits is not a multiple of 8 (D = 6 at 2 bits: 12 bits in 2 bytes), for
+  keys and values alike; the authors' kernels pack 32-bit words and assume sizes that divide
+  evenly. That padding is held, counted in the bytes held and reported apart
+  (``bytes[i]["padding"]``); none at any even D times 4 bits, none at 2 bits when 4 divides D.
 * Bytes held = key and value codes (padding included) + scales + zero points + both
   full-precision residuals.
 
@@ -39,8 +41,8 @@ bytes it realises (``realised_fraction``), like ZipVL. 16 bits keeps the cache d
 Reads: a prefill's attention runs over the dequantised cache ``append`` returns (transient). A
 decode query is answered from the codes (``read_decode``): the keys are scored without being
 dequantised, since a key channel's scale and zero point factor out of q . k within a group of tokens
-(:func:`key_code_scores`); the values are dequantised ``READ_BLOCK`` tokens at a time through a
-byte-to-codes table and mixed block by block (:func:`value_code_mix`), never as a whole tensor. The
+(:func:`key_code_scores`); the values are unpacked and dequantised ``READ_BLOCK`` tokens at a time
+and mixed block by block (:func:`value_code_mix`), never as a whole tensor. The
 bytes held stay the packed ones: nothing unpacked outlives the step. Equal to attention over the
 dequantised cache up to float rounding (tests/test_kivi.py).
 
@@ -56,13 +58,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from .base import KVBackend, KVLayer, Report
 from .params import param
-from .quant import FULL_BITS, QuantTensor, check_bits, code_table, quantize, unpack_float
+from .quant import FULL_BITS, QuantTensor, check_bits, pack, quantize, unpack, unpack_float
 
-READ_BLOCK = 1024  # tokens whose codes a decode query unpacks at a time: its float32 temporaries stay small
+READ_BLOCK = 2048  # tokens whose codes a decode query unpacks at a time: its float32 temporaries stay small
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,11 +83,25 @@ def quantize_keys(keys: torch.Tensor, bits: int, group_size: int) -> QuantTensor
     return quantize(keys.reshape(one, heads, n // group_size, group_size, dim), bits, reduce_dim=3)
 
 
-def quantize_values(values: torch.Tensor, bits: int, group_size: int) -> QuantTensor:
-    """Values (1, H, n, D): per token over each group of channels. Held as (1, H, n, D / g, g)."""
+@dataclass
+class ValueCodes(QuantTensor):
+    """Values as :func:`quantize_values` holds them: ``shape`` (1, H, n, D / w, w) with one scale and
+    zero point per token and group of w channels, but each token's D codes packed as one row, as keys'
+    are, so a group never pads to a whole byte on its own."""
+
+    def dequantize(self) -> torch.Tensor:
+        codes = unpack(self.codes, self.bits, self.shape[-2] * self.shape[-1]).float().view(self.shape)
+        return (codes * self.scale.float() + self.zero.float()).to(self.dtype)
+
+
+def quantize_values(values: torch.Tensor, bits: int, group_size: int) -> ValueCodes:
+    """Values (1, H, n, D): per token over each group of w channels (w = :func:`channel_group`), the
+    codes of a token's D channels packed together (:class:`ValueCodes`)."""
     one, heads, n, dim = values.shape
-    g = channel_group(dim, group_size)
-    return quantize(values.reshape(one, heads, n, dim // g, g), bits, reduce_dim=4)
+    w = channel_group(dim, group_size)
+    q = quantize(values.reshape(one, heads, n, dim // w, w), bits, reduce_dim=4)
+    codes = pack(unpack(q.codes, bits, w).reshape(one, heads, n, dim), bits)
+    return ValueCodes(q.shape, bits, q.dtype, codes=codes, scale=q.scale, zero=q.zero)
 
 
 def dequantize_tokens(q: QuantTensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -102,7 +117,7 @@ def concat_tokens(first: QuantTensor | None, second: QuantTensor) -> QuantTensor
     if first is None:
         return second
     shape = first.shape[:2] + (first.shape[2] + second.shape[2],) + first.shape[3:]
-    return QuantTensor(shape, first.bits, first.dtype, codes=torch.cat([first.codes, second.codes], dim=2),
+    return type(first)(shape, first.bits, first.dtype, codes=torch.cat([first.codes, second.codes], dim=2),
                        scale=torch.cat([first.scale, second.scale], dim=2), zero=torch.cat([first.zero, second.zero], dim=2))
 
 
@@ -114,39 +129,35 @@ def key_code_scores(q: QuantTensor, query: torch.Tensor) -> torch.Tensor:
     heads, groups, size, dim = q.shape[1:]
     scale, zero = q.scale[0, :, :, 0].float(), q.zero[0, :, :, 0].float()  # (H_kv, n / G, D)
     scaled = query[:, None] * scale[:, :, None]  # (H_kv, n / G, g, D): q_c s_c per group
-    out = torch.matmul(query, zero.transpose(-1, -2))[:, :, :, None].repeat(1, 1, 1, size)  # (H_kv, g, n / G, G)
     step = max(1, READ_BLOCK // size)
-    for start in range(0, groups, step):
-        stop = min(groups, start + step)
-        codes = unpack_float(q.codes[0, :, start:stop], q.bits, dim)  # (H_kv, b, G, D)
-        out[:, :, start:stop] += torch.matmul(scaled[:, start:stop], codes.transpose(-1, -2)).transpose(1, 2)
-    return out.view(heads, query.shape[1], groups * size)
+    parts = [torch.matmul(scaled[:, start:start + step],
+                          unpack_float(q.codes[0, :, start:start + step], q.bits, dim).transpose(-1, -2))
+             for start in range(0, groups, step)]  # (H_kv, b, g, G) each
+    scores = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+    scores += torch.matmul(zero, query.transpose(-1, -2))[..., None]  # q . z, per group: (H_kv, n / G, g, 1)
+    return scores.transpose(1, 2).reshape(heads, query.shape[1], groups * size)
 
 
-def value_code_mix(q: QuantTensor, probs: torch.Tensor) -> torch.Tensor:
+def value_code_mix(q: ValueCodes, probs: torch.Tensor) -> torch.Tensor:
     """float32 probabilities (H_kv, g, n) times values held as :func:`quantize_values` codes: (H_kv, g, D).
-    ``READ_BLOCK`` tokens at a time, their codes are looked up (:func:`~backends.quant.code_table`),
-    scaled and shifted in place and mixed with one matrix product: only that block is ever
-    dequantised. (The factored form, (p_t s_t) @ codes + sum_t p_t z_t, needs one small product per
-    channel group, s_t being per token and group; on a CPU it measured 1.3-1.5x slower than this.)"""
+    ``READ_BLOCK`` tokens at a time, their codes are unpacked, scaled and shifted in place (one scale
+    and zero point per token and channel group) and mixed with one matrix product: only that block
+    is ever dequantised. (The factored form, (p_t s_t) @ codes + sum_t p_t z_t, needs one small
+    product per channel group, s_t being per token and group; on a CPU it measured 1.3-1.5x slower.)"""
     heads, n, groups, width = q.shape[1:]
-    packed = q.codes[0]  # (H_kv, n, D / w, bytes): byte j holds channels j, j + bytes, ... of its group
-    size, per = packed.shape[-1], 8 // q.bits
-    table = code_table(q.bits, packed.device)
-    scale, zero = q.scale[0, ..., None].float(), q.zero[0, ..., None].float()  # (H_kv, n, D / w, 1, 1)
-    out = probs.new_zeros(heads, probs.shape[1], groups * size * per)
+    scale, zero = q.scale[0].float(), q.zero[0].float()  # (H_kv, n, D / w, 1)
+    out = probs.new_zeros(heads, probs.shape[1], groups * width)
     for start in range(0, n, READ_BLOCK):
         stop = min(n, start + READ_BLOCK)
-        block = F.embedding(packed[:, start:stop].int(), table)  # (H_kv, b, D / w, bytes, per)
-        block.mul_(scale[:, start:stop]).add_(zero[:, start:stop])
-        out += torch.matmul(probs[..., start:stop], block.view(heads, stop - start, -1))
-    out = out.view(heads, -1, groups, size, per).transpose(-1, -2).reshape(heads, -1, groups, per * size)
-    return out[..., :width].reshape(heads, probs.shape[1], groups * width)  # the channels in order, padding dropped
+        block = unpack_float(q.codes[0, :, start:stop], q.bits, groups * width)  # (H_kv, b, D)
+        block.view(heads, stop - start, groups, width).mul_(scale[:, start:stop]).add_(zero[:, start:stop])
+        out += torch.matmul(probs[..., start:stop], block)
+    return out
 
 
 def padding_bytes(q: QuantTensor) -> int:
-    """Bytes of ``q``'s codes that hold no code: a row of codes (a token's D key channels, a value
-    group's w channels) is packed into whole bytes, so rows of w x bits not a multiple of 8 end unused."""
+    """Bytes of ``q``'s codes that hold no code: a row of codes (a token's D channels) is packed into
+    whole bytes, so rows of D x bits not a multiple of 8 end unused."""
     return (q.codes.numel() * 8 - math.prod(q.shape) * q.bits) // 8
 
 
@@ -329,4 +340,4 @@ class KIVI(KVBackend):
         report.bits = self.bits
 
 
-__all__ = ["KIVI", "KIVILayer", "KIVIReport", "channel_group", "quantize_keys", "quantize_values"]
+__all__ = ["KIVI", "KIVILayer", "KIVIReport", "ValueCodes", "channel_group", "quantize_keys", "quantize_values"]

@@ -71,19 +71,6 @@ def unpack_float(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return out
 
 
-_TABLES: dict[tuple[int, str], torch.Tensor] = {}
-
-
-def code_table(bits: int, device) -> torch.Tensor:
-    """(256, 8 // bits) float32: the codes one packed byte holds, plane by plane (low bits first), so
-    an embedding lookup turns packed bytes into float codes in one op."""
-    key = (bits, str(device))
-    if key not in _TABLES:
-        byte = torch.arange(256, device=device)
-        _TABLES[key] = torch.stack([(byte >> s) & ((1 << bits) - 1) for s in range(0, 8, bits)], dim=-1).float()
-    return _TABLES[key]
-
-
 @dataclass
 class QuantTensor:
     """A tensor held as packed codes + per-group scale and zero point (or dense at 16 bits)."""
