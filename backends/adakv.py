@@ -7,9 +7,19 @@ entries, a layer's budget goes to the entries with the highest scores over all i
   the keys with kernel 5, GQA groups averaged); see :mod:`backends.snapkv`. Each head's votes are a
   softmax average, so heads' scores are comparable and can be ranked together (Sec. 4).
 * Allocation (Algorithm 1): the layer keeps ``H_kv x budget x tokens seen`` entries, as SnapKV.
-  Every head keeps its observation window; the rest of the layer's budget is filled by the top
-  scores over all heads at once. Safeguard (Sec. 4, the authors' code): each head first keeps its
-  own top ``alpha x`` (its even share of the selectable budget), alpha = 0.2, so no head is emptied.
+  Every head keeps its observation window; the rest of the layer's budget B (per head: its even
+  share b = B / H_kv) is given out by the top scores over all heads at once. No head may be emptied,
+  and two safeguards exist; ``allocation`` picks one, both weighting the even split by ``alpha``:
+
+  - ``floor`` (default): kvpress's ``AdaKVPress`` (alpha 0.2): each head first keeps its own top
+    floor(alpha x b), then the best remaining scores over all heads fill B. This is not the AdaKV
+    authors' rule.
+  - ``mix``: the AdaKV authors' code (FFY0/AdaKV, ``AdaptiveSnapKVCluster``, alpha 0.5): the joint
+    top B gives head h c_h entries, and head h keeps its own top round((1 - alpha) c_h + floor(alpha b))
+    (halves to even, as ``torch.round``), at most what it holds. The floor and the rounding can leave
+    the layer off B by at most 1.5 entries per head (the reported budgets count what is held). The authors' scores are also
+    max-pooled with kernel 7: ``allocation=mix, alpha=0.5, pooling=maxpool, kernel_size=7`` is their
+    setting; the defaults keep SnapKV's (average pooling, kernel 5), as kvpress does.
 * Storage: heads then hold different numbers of entries. A padded (H_kv, max) tensor would hold as
   many bytes as the most generous head gives every head, so the layer stores the kept entries of
   all heads back to back with one length per head (:class:`HeadwiseLayer`; the authors' code does
@@ -51,6 +61,21 @@ def headwise_top_k(scores: list[torch.Tensor], budget: int, floor: int) -> list[
     flat = ranked.flatten().topk(budget).indices
     head, index = flat // width, flat % width
     return [index[head == h].sort().values for h in range(len(scores))]
+
+
+def mixed_top_k(scores: list[torch.Tensor], budget: int, alpha: float) -> list[torch.Tensor]:
+    """The AdaKV authors' allocation: ascending indices per head into its own ``scores``. The joint top
+    ``budget`` over all heads counts c_h per head; head h keeps its top round((1 - alpha) c_h +
+    floor(alpha x budget / H)), capped at its entries. ``budget`` must not exceed the entries."""
+    heads = len(scores)
+    width = max(s.numel() for s in scores)
+    ranked = scores[0].new_full((heads, width), float("-inf"))
+    for h, s in enumerate(scores):
+        ranked[h, : s.numel()] = s
+    counts = torch.bincount(ranked.flatten().topk(budget).indices // width, minlength=heads)
+    floor = int(budget // heads * alpha)  # the authors': int(base_capacity * floor_ratio)
+    capacity = torch.round(counts * (1 - alpha) + floor).int().tolist()
+    return [s.topk(min(c, s.numel())).indices.sort().values for s, c in zip(scores, capacity)]
 
 
 class HeadwiseLayer(KVLayer):
@@ -159,9 +184,15 @@ class AdaKV(SnapKV):
     does = "drops"
     paper = "https://arxiv.org/abs/2407.11550"
     summary = ("SnapKV's scores, but a layer's budget is not split evenly between its heads: the best-scoring "
-               "entries of all heads together are kept, so heads with spread-out attention keep more.")
-    alpha: float = param(0.2, "Safeguard: each head first keeps this share of its even split of the budget "
-                         "(authors' code: 0.2; 1.0 is SnapKV's even split).", 0.0, 1.0, 0.05)
+               "entries of all heads together are kept, so heads with spread-out attention keep more. Default: "
+               "kvpress's AdaKVPress (each head keeps at least 0.2 of an even share); allocation 'mix' is the "
+               "AdaKV authors' rule (half even share, half joint; they also max-pool with kernel 7).")
+    alpha: float = param(0.2, "Weight of the even split: with 'floor' each head first keeps this share of it "
+                         "(kvpress: 0.2); with 'mix' a head's share is alpha x even + (1 - alpha) x joint "
+                         "(AdaKV authors: 0.5). 1.0 is SnapKV's even split.", 0.0, 1.0, 0.05)
+    allocation: str = param("floor", "Safeguard against emptied heads: 'floor' (kvpress's AdaKVPress) or 'mix' "
+                            "(the AdaKV authors' code; with alpha 0.5, maxpool, kernel 7 it is their setting).",
+                            choices=("floor", "mix"))
     streams_under_cap = False  # a cap per streamed chunk would need the allocation per chunk
     report_type: ClassVar[type[Report]] = AdaKVReport
 
@@ -203,9 +234,11 @@ class AdaKV(SnapKV):
             return recent
         scores = [snapkv_scores(query[:, h * group:(h + 1) * group], layer.head(h)[0], scaling, window,
                                 self.kernel_size, self.pooling)[0] for h in range(heads)]
-        floor = int(self.alpha * (count - window))
-        chosen = headwise_top_k(scores, heads * (count - window), floor)
+        if self.allocation == "mix":
+            chosen = mixed_top_k(scores, heads * (count - window), self.alpha)
+        else:
+            chosen = headwise_top_k(scores, heads * (count - window), int(self.alpha * (count - window)))
         return [torch.cat([c, r]) for c, r in zip(chosen, recent)]
 
 
-__all__ = ["AdaKV", "AdaKVReport", "HeadwiseLayer", "headwise_top_k"]
+__all__ = ["AdaKV", "AdaKVReport", "HeadwiseLayer", "headwise_top_k", "mixed_top_k"]

@@ -10,8 +10,10 @@ layer: they are neither computed nor cached there.
   (and the issue): one softmax row per layer instead of the T x T map, and the token that produces
   the first logit is the one asking.
 * Prune (Sec. 4.1): of the chunk's n visual tokens (every image and video of it, ranked together;
-  the code has one image), the ceil((1 - R) n) best are kept, R = 50% (Sec. 5, "K=2, R=50%"); text
-  tokens and the last prompt token are always kept.
+  the code has one image), the round((1 - R) n) best are kept, R = 50% (Sec. 5, "K=2, R=50%"); text
+  tokens and the last prompt token are always kept. The count follows the authors' code, which sets
+  its attention rank with Python's ``round`` (halves to even: n = 5 at R = 50% keeps 2, where
+  ceil would keep 3); the paper gives no rounding. A share small enough to round to 0 keeps none.
 * Layers K+1 .. L run on the kept rows only (``narrows_prefill``): the runtime shortens the hidden
   states, the rotary tables and the positions before layer K+1 (``kv_arena.runtime.narrowing``), so
   the prefill itself is cheaper, not just the cache, and those layers cache the kept tokens at
@@ -31,7 +33,6 @@ full cache's for the same tokens, all layers).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -50,12 +51,17 @@ def last_token_attention(query: torch.Tensor, key: torch.Tensor, scaling: float)
 
 def kept_rows(scores: torch.Tensor, visual: torch.Tensor, prune_ratio: float) -> torch.Tensor:
     """Ascending row indices kept of a prompt chunk: every non-visual row, the last row, and the
-    ceil((1 - ``prune_ratio``) n) best-``scores`` rows of the n ``visual`` (bool) ones."""
+    :func:`kept_count` best-``scores`` rows of the n ``visual`` (bool) ones."""
     visual = visual.clone()
     visual[-1] = False  # the last prompt token produces the first logit: never dropped
     candidates = visual.nonzero().flatten()
-    keep = math.ceil((1 - prune_ratio) * candidates.numel() - 1e-9)
+    keep = kept_count(candidates.numel(), prune_ratio)
     return rows_kept(visual, scores[candidates].topk(keep).indices)
+
+
+def kept_count(visual: int, prune_ratio: float) -> int:
+    """Visual tokens kept of ``visual``: round((1 - R) n), Python's round as in the authors' code."""
+    return round((1 - prune_ratio) * visual)
 
 
 def rows_kept(visual: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:

@@ -60,6 +60,17 @@ def unpack(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return torch.cat([(packed >> shift) & mask for shift in range(0, 8, bits)], dim=-1)[..., :n]
 
 
+def unpack_float(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """:func:`unpack` straight into float32 (..., n): each plane is shifted, masked and written into
+    its slice of the result, with no uint8 copy of the whole unpacked tensor."""
+    out = torch.empty(*packed.shape[:-1], n, dtype=torch.float32, device=packed.device)
+    width, mask = packed.shape[-1], (1 << bits) - 1
+    for start, shift in zip(range(0, n, width), range(0, 8, bits)):
+        stop = min(n, start + width)
+        out[..., start:stop].copy_(((packed >> shift) & mask)[..., : stop - start])
+    return out
+
+
 @dataclass
 class QuantTensor:
     """A tensor held as packed codes + per-group scale and zero point (or dense at 16 bits)."""

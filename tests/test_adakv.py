@@ -10,24 +10,24 @@ import torch
 from tests.support import causal_probs, make_image, prefill_call, random_layer
 
 import backends
-from backends.adakv import AdaKV, HeadwiseLayer, headwise_top_k
+from backends.adakv import AdaKV, HeadwiseLayer, headwise_top_k, mixed_top_k
 from kv_arena.runtime.generate import Conversation
 from kv_arena.runtime.inputs import Message
 
 TOKENS, KV_HEADS, HEADS, DIM, WINDOW, KERNEL = 60, 2, 4, 8, 4, 3
 
 
-def reference_adakv(query, key, budget: float, alpha: float) -> list[set[int]]:
+def reference_adakv(query, key, budget: float, alpha: float, kernel: int = KERNEL, pooling: str = "avgpool") -> list[set[int]]:
     """Ada-SnapKV from the papers, element by element: SnapKV's votes (softmax of the window's
     queries, averaged over the window, average-pooled with zero padding, averaged over each GQA
     group), every head's window kept, each head's top floor(alpha x even share), then the best of
     all heads' remaining votes until the layer holds H_kv x budget x T entries."""
     probs = causal_probs(query, key, DIM ** -0.5)[:, -WINDOW:, : TOKENS - WINDOW].mean(dim=1)  # (H, T - w)
-    half = KERNEL // 2
+    half = kernel // 2
     pooled = torch.zeros_like(probs)
     for j in range(TOKENS - WINDOW):
         lo, hi = max(0, j - half), min(TOKENS - WINDOW, j + half + 1)
-        pooled[:, j] = probs[:, lo:hi].sum(dim=1) / KERNEL
+        pooled[:, j] = probs[:, lo:hi].sum(dim=1) / kernel if pooling == "avgpool" else probs[:, lo:hi].max(dim=1).values
     votes = pooled.view(KV_HEADS, HEADS // KV_HEADS, -1).mean(dim=1)
     count = math.ceil(budget * TOKENS - 1e-9)
     share = count - WINDOW
@@ -40,6 +40,40 @@ def reference_adakv(query, key, budget: float, alpha: float) -> list[set[int]]:
     for _, h, j in rest[: KV_HEADS * share - sum(len(k) - WINDOW for k in kept)]:
         kept[h].add(j)
     return kept
+
+
+def reference_authors_adakv(query, key, budget: float, alpha: float, kernel: int) -> list[set[int]]:
+    """The AdaKV authors' allocation (FFY0/AdaKV ``AdaptiveSnapKVCluster``), element by element: the
+    window's votes max-pooled with ``kernel``, GQA groups averaged; the joint top B = H_kv x b of
+    every head's votes (b = budget x T - window) counts c_h per head; head h keeps its window and its
+    own top round((1 - alpha) c_h + int(alpha b)), halves to even."""
+    probs = causal_probs(query, key, DIM ** -0.5)[:, -WINDOW:, : TOKENS - WINDOW].mean(dim=1)
+    half = kernel // 2
+    pooled = torch.stack([probs[:, max(0, j - half):j + half + 1].max(dim=1).values for j in range(TOKENS - WINDOW)], 1)
+    votes = pooled.view(KV_HEADS, HEADS // KV_HEADS, -1).mean(dim=1)
+    share = math.ceil(budget * TOKENS - 1e-9) - WINDOW
+    joint = sorted(((float(votes[h, j]), h) for h in range(KV_HEADS) for j in range(TOKENS - WINDOW)), reverse=True)
+    counts = [sum(1 for _, h in joint[: KV_HEADS * share] if h == head) for head in range(KV_HEADS)]
+    kept = []
+    for h in range(KV_HEADS):
+        capacity = round(counts[h] * (1 - alpha) + int(share * alpha))
+        order = sorted(range(TOKENS - WINDOW), key=lambda j: -float(votes[h, j]))
+        kept.append(set(order[:capacity]) | set(range(TOKENS - WINDOW, TOKENS)))
+    return kept, votes
+
+
+def same_choice(layer, kept: list[set[int]], votes: torch.Tensor) -> bool:
+    """Head by head the same window, the same count and the same votes chosen (max pooling makes
+    neighbours tie, and which of two tied entries a top-k takes is arbitrary)."""
+    for h, expected in enumerate(kept):
+        got = set(layer.head(h)[2].tolist())
+        window = set(range(TOKENS - WINDOW, TOKENS))
+        if len(got) != len(expected) or not window <= got:
+            return False
+        values = lambda chosen: sorted(float(votes[h, j]) for j in chosen - window)
+        if values(got) != pytest.approx(values(expected), abs=1e-7):
+            return False
+    return True
 
 
 def skewed_inputs(seed: int):
@@ -70,6 +104,39 @@ def test_kept_sets_equal_the_papers_allocation(seed, budget, alpha):
     got = [set(layer.head(h)[2].tolist()) for h in range(KV_HEADS)]
     assert got == expected
     assert sum(map(len, got)) == KV_HEADS * math.ceil(budget * TOKENS - 1e-9)
+
+
+def test_mixed_top_k_mixes_the_joint_counts_with_the_even_split():
+    scores = [torch.tensor([9.0, 8.0, 7.0, 6.0]), torch.tensor([1.0, 0.5, 0.2, 3.0])]
+    # budget 4: the joint top 4 are all head 0's (c = 4, 0); b = 2, int(0.5 b) = 1: round(2 + 1), round(0 + 1)
+    assert [i.tolist() for i in mixed_top_k(scores, 4, 0.5)] == [[0, 1, 2], [3]]
+    # budget 6: c = 4, 2; int(0.5 x 3) = 1: 3 and 2 entries, one under the budget (the authors' int)
+    assert [i.tolist() for i in mixed_top_k(scores, 6, 0.5)] == [[0, 1, 2], [0, 3]]
+    assert [i.tolist() for i in mixed_top_k(scores, 4, 0.0)] == [[0, 1, 2, 3], []]  # alpha 0: the joint top-k
+    assert [i.tolist() for i in mixed_top_k(scores, 4, 1.0)] == [[0, 1], [0, 3]]  # alpha 1: the even split
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("budget", [0.25, 0.4])
+def test_mix_allocation_equals_the_authors_code(seed, budget):
+    layer, query, keys = skewed_inputs(seed)
+    AdaKV(budget=budget, window_size=WINDOW, kernel_size=7, pooling="maxpool", alpha=0.5, allocation="mix").after_attention(
+        prefill_call(TOKENS), layer, query, layer.keys, DIM ** -0.5)
+    kept, votes = reference_authors_adakv(query, keys, budget, 0.5, 7)
+    assert same_choice(layer, kept, votes)
+    assert len({len(k) for k in kept}) > 1  # the heads were given different shares
+    floor, query, _ = skewed_inputs(seed)  # kvpress's floor rule on the same max-pooled scores: its own reference
+    AdaKV(budget=budget, window_size=WINDOW, kernel_size=7, pooling="maxpool", alpha=0.5).after_attention(
+        prefill_call(TOKENS), floor, query, floor.keys, DIM ** -0.5)
+    assert same_choice(floor, reference_adakv(query, keys, budget, 0.5, 7, "maxpool"), votes)
+
+
+def test_the_default_is_kvpress_and_says_so():
+    method = backends.make_backend("adakv")
+    assert (method.allocation, method.alpha, method.pooling, method.kernel_size) == ("floor", 0.2, "avgpool", 5)
+    assert "kvpress" in AdaKV.summary and "authors" in AdaKV.summary
+    with pytest.raises(ValueError, match="allocation"):
+        backends.make_backend("adakv", allocation="even")
 
 
 def test_headwise_layer_holds_only_what_it_kept_and_attends_exactly():

@@ -4,14 +4,13 @@ and it generates what a full cache masked to them generates, decoding included."
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from tests.support import TINY_MODELS, make_image
 
 import backends
 from backends.base import KVBackend
+from backends.fastv import kept_rows
 from kv_arena.runtime.generate import Conversation
 from kv_arena.runtime.inputs import Message
 
@@ -34,12 +33,13 @@ class Recorder(KVBackend):
 
 def paper_kept(query, key, scaling, layout, prune_ratio: float) -> set[int]:
     """FastV's rule written out: the last prompt token's softmax row over every key, averaged over
-    the query heads; of the visual tokens, the ceil((1 - R) n) best stay, every other token stays."""
+    the query heads; of the visual tokens, the round((1 - R) n) best stay (the authors' code's Python
+    round), every other token stays."""
     heads, kv_heads = query.shape[1], key.shape[1]
     keys = key[0].repeat_interleave(heads // kv_heads, dim=0)  # (H, S, D)
     row = torch.softmax((query[0, :, -1:] @ keys.transpose(1, 2)).float() * scaling, dim=-1)[:, 0].mean(0)
     visual = [t for v in layout.visuals for first, end in v.token_spans for t in range(first, end)]
-    keep = math.ceil((1 - prune_ratio) * len(visual))
+    keep = round((1 - prune_ratio) * len(visual))
     best = sorted(visual, key=lambda t: -float(row[t]))[:keep]
     return set(range(layout.start, layout.end)) - set(visual) | set(best)
 
@@ -65,6 +65,18 @@ def test_kept_tokens_are_the_papers_choice_and_later_layers_hold_only_them(model
     assert report.layer_budgets[-1] == len(conv.cache.layers[-1].positions[0]) / conv.seen < 1
 
 
+@pytest.mark.parametrize("visual,prune_ratio,kept", [(5, 0.5, 2), (9, 0.5, 4), (7, 0.5, 4), (3, 0.3, 2), (10, 0.7, 3)])
+def test_kept_count_rounds_as_the_authors_code_does(visual, prune_ratio, kept):
+    """round((1 - R) n), halves to even (the authors' ``round``), not ceil: 5 at R = 50% keeps 2
+    (ceil: 3), 3 at R = 30% keeps 2 (ceil of 2.1: 3)."""
+    assert kept == round((1 - prune_ratio) * visual)
+    rows = torch.ones(visual + 3, dtype=torch.bool)
+    rows[:2] = rows[-1] = False  # two text tokens first, the last prompt token after the visual ones
+    scores = torch.arange(visual + 3, dtype=torch.float32)  # later visual tokens score higher
+    chosen = kept_rows(scores, rows, prune_ratio).tolist()
+    assert chosen == [0, 1] + list(range(2 + visual - kept, 2 + visual)) + [visual + 2]
+
+
 def test_layers_after_k_compute_the_kept_rows_only(models):
     loaded = models("tiny-qwen2-vl")
     rows = []
@@ -78,7 +90,7 @@ def test_layers_after_k_compute_the_kept_rows_only(models):
             h.remove()
     visual = update.metrics.visual_tokens
     prompt = update.metrics.prompt_tokens
-    kept = prompt - visual + math.ceil(visual / 2)
+    kept = prompt - visual + round(visual / 2)
     assert rows[:loaded.num_layers] == [prompt] * 2 + [kept] * (loaded.num_layers - 2)
 
 
@@ -111,7 +123,7 @@ def test_generates_what_full_attention_masked_to_the_kept_tokens_generates(model
     conv = Conversation(loaded, backends.make_backend("fastv"))
     got = conv.ask(MESSAGE, max_new_tokens=10, ignore_eos=True)
     dropped = set(range(conv.seen)) - set(conv.cache.kept_positions()[-1][0].tolist())
-    assert len(dropped) == math.floor(got.metrics.visual_tokens / 2)
+    assert len(dropped) == got.metrics.visual_tokens - round(got.metrics.visual_tokens / 2)
     ref_conv = Conversation(loaded, MaskedFull(2, dropped))
     ref = ref_conv.ask(MESSAGE, max_new_tokens=10, ignore_eos=True)
     assert got.token_ids == ref.token_ids

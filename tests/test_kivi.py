@@ -11,8 +11,10 @@ import torch
 from tests.support import make_image
 
 import backends
-from backends.kivi import KIVILayer, channel_group
-from backends.quant import unpack
+from backends.kivi import KIVI, KIVILayer, channel_group
+import backends.kivi
+from backends.attention_math import attention_probs, causal_attention
+from backends.quant import QuantTensor, unpack
 from kv_arena.runtime.generate import Conversation
 from kv_arena.runtime.inputs import Message
 
@@ -60,7 +62,7 @@ def layer_codes(layer: KIVILayer) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer's key and value codes, unpacked, as (H, n, D)."""
     qk, qv = layer.quant_keys, layer.quant_values
     keys = unpack(qk.codes, qk.bits, qk.shape[-1]).reshape(HEADS, -1, DIM)
-    values = unpack(qv.codes, qv.bits, qv.shape[-1]).reshape(HEADS, -1, DIM)
+    values = unpack(qv.codes, qv.bits, DIM).reshape(HEADS, -1, DIM)  # a token's D codes packed as one row
     return keys.float(), values.float()
 
 
@@ -84,9 +86,11 @@ def test_residual_windows_stay_exact_and_flush_on_algorithm_1s_schedule():
     assert (layer.keys.shape[2], layer.values.shape[2]) == (21 % R, R)
     first_block = layer.quant_keys.codes.clone()
     for t in range(21, 40):
-        out_k, out_v = layer.append_decode(keys[:, :, t:t + 1], values[:, :, t:t + 1], torch.tensor([t]))
+        layer.append_decode(keys[:, :, t:t + 1], values[:, :, t:t + 1], torch.tensor([t]))
+        layer.flush()  # KIVI.after_forward's, after the step's attention
         l = t + 1
         assert (layer.keys.shape[2], layer.values.shape[2]) == (l % R, R)  # keys: l mod R; values: the newest R
+        out_k, out_v = layer.dense()
         assert torch.equal(out_k[:, :, l - l % R:], keys[:, :, l - l % R:l])  # the residuals are exact
         assert torch.equal(out_v[:, :, l - R:], values[:, :, l - R:l])
         assert out_k.shape[2] == out_v.shape[2] == l
@@ -115,7 +119,7 @@ def test_bytes_held_are_codes_scales_zero_points_and_residuals():
     codes = HEADS * key_tokens * DIM * 2 // 8 + HEADS * value_tokens * DIM * 2 // 8
     scales = 2 * 2 * (HEADS * key_tokens // G * DIM + HEADS * value_tokens * DIM // G)  # scale + zero, fp16
     residual = 2 * HEADS * DIM * (13 + 16)
-    assert layer.byte_parts() == {"codes": codes, "scales": scales, "residual": residual}
+    assert layer.byte_parts() == {"codes": codes, "padding": 0, "scales": scales, "residual": residual}
     assert layer.nbytes() == codes + scales + residual
 
 
@@ -140,6 +144,73 @@ def test_same_codes_as_transformers_quantized_cache_quanto_backend():
         key_hat = key_hat.reshape(HEADS, 6, DIM, G).transpose(-1, -2).reshape(1, HEADS, 48, DIM)
         assert torch.allclose(dense_k[:, :, :48], key_hat, atol=1e-5), bits
         assert torch.allclose(dense_v[:, :, :48], value_hat.reshape(1, HEADS, 48, DIM), atol=1e-5), bits
+
+
+def decode_step(layer: KIVILayer, t: int, seed: int):
+    """One decode token stored (not flushed) and a query for it."""
+    g = torch.Generator().manual_seed(seed)
+    heads, dim = layer.keys.shape[1], layer.keys.shape[3]
+    layer.append_decode(torch.randn(1, heads, 1, dim, generator=g), torch.randn(1, heads, 1, dim, generator=g),
+                        torch.tensor([t]))
+    return torch.randn(1, 2 * heads, 1, dim, generator=g)
+
+
+@pytest.mark.parametrize("bits,dim,tokens", [(2, 64, 77), (4, 64, 100), (8, 64, 40), (2, 20, 61), (4, 6, 50), (2, 8, 10)])
+def test_a_decode_query_reads_the_codes_and_equals_attention_over_the_dequantised_cache(monkeypatch, bits, dim, tokens):
+    """Keys scored from their codes (q s . codes + q . z per channel group), values mixed a block at a
+    time: the same output and softmax row as exact attention over the dequantised cache, and no
+    whole key or value tensor is dequantised (QuantTensor.dequantize is never called)."""
+    g = torch.Generator().manual_seed(dim + tokens)
+    keys, values = torch.randn(1, HEADS, tokens, dim, generator=g) * 3, torch.randn(1, HEADS, tokens, dim, generator=g)
+    layer = KIVILayer(bits, G, R)
+    layer.append(keys, values, torch.arange(tokens))
+    query = decode_step(layer, tokens, seed=1)
+    dense_k, dense_v = layer.dense()
+    monkeypatch.setattr(QuantTensor, "dequantize", lambda self: pytest.fail("a decode read dequantised a tensor"))
+    monkeypatch.setattr("backends.kivi.READ_BLOCK", 16)  # several blocks
+    out, row = layer.read_decode(query, dim ** -0.5)
+    torch.testing.assert_close(out, causal_attention(query, dense_k, dense_v, dim ** -0.5), atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(row, attention_probs(query, dense_k, dim ** -0.5), atol=1e-7, rtol=1e-5)
+
+
+def test_a_flush_step_attends_in_full_precision_first_as_the_authors_code():
+    """At a flush the step's query reads the R keys and R + 1 values in full precision, then they are
+    quantised (jy-yuan/KIVI attends, then quantises); the runtime flushes in KIVI.after_forward."""
+    keys, values = kv(2 * R - 1)
+    layer = KIVILayer(2, G, R)
+    layer.append(keys, values, torch.arange(2 * R - 1))
+    assert (layer.keys.shape[2], layer.values.shape[2]) == (R - 1, R)
+    query = decode_step(layer, 2 * R - 1, seed=2)
+    assert (layer.keys.shape[2], layer.values.shape[2]) == (R, R + 1)  # nothing quantised before the attention
+    before_k, before_v = layer.dense()
+    out, _ = layer.read_decode(query, DIM ** -0.5)
+    torch.testing.assert_close(out, causal_attention(query, before_k, before_v, DIM ** -0.5), atol=2e-6, rtol=1e-5)
+    layer.flush()
+    assert (layer.keys.shape[2], layer.values.shape[2]) == (0, R)  # then the R keys and the oldest value
+    after_k, after_v = layer.dense()
+    assert not torch.allclose(out, causal_attention(query, after_k, after_v, DIM ** -0.5), atol=1e-4)  # the other order
+
+
+def test_value_groups_do_not_pad_on_their_own_and_a_row_s_padding_is_counted():
+    """D = 20 at G = 8: value groups of g = 5 channels (10 bits at 2 bits). Packed group by group they
+    took 2 bytes each, 8 a token; packed a token's row at a time they take the 5 bytes the 40 bits
+    need. D = 6 at 2 bits: a row of 12 bits held in 2 bytes, for keys and values: the 4 unused bits of
+    each row are counted in the bytes held and reported apart."""
+    layer = KIVILayer(2, G, R)
+    layer.append(torch.randn(1, HEADS, 40, 20), torch.randn(1, HEADS, 40, 20), torch.arange(40))
+    assert channel_group(20, G) == 5 and layer.quant_values.shape[-2:] == (4, 5)
+    assert layer.quant_values.codes.shape == (1, HEADS, 40 - R, 5) and layer.byte_parts()["padding"] == 0
+
+    layer = KIVILayer(2, G, R)
+    layer.append(torch.randn(1, HEADS, 40, 6), torch.randn(1, HEADS, 40, 6), torch.arange(40))
+    key_rows, value_rows = HEADS * 32, HEADS * (40 - R)  # keys: 40 - 40 mod R tokens; values: 40 - R
+    assert layer.quant_keys.codes.shape[-1] == layer.quant_values.codes.shape[-1] == 2  # ceil(12 bits / 8)
+    parts = layer.byte_parts()
+    assert parts["padding"] == (key_rows + value_rows) * 4 // 8
+    assert parts["codes"] == (key_rows + value_rows) * 12 // 8
+    assert parts["codes"] + parts["padding"] == layer.quant_keys.codes.numel() + layer.quant_values.codes.numel()
+    assert layer.nbytes() == sum(parts.values())
+    assert "padding" in backends.kivi.__doc__
 
 
 def test_value_groups_fall_back_to_a_divisor_of_the_head_dim():
@@ -167,7 +238,7 @@ def test_a_chat_on_a_tiny_model_holds_the_bits_it_reports(models):
     assert report.realised_fraction == pytest.approx(conv.cache.nbytes() / full)
     heads, seen = cfg.num_key_value_heads, conv.seen
     key_tokens, value_tokens = seen - seen % 128, seen - 128  # Algorithm 1's residuals: l mod R and R
-    expected = {"codes": heads * (key_tokens + value_tokens) * head_dim * 2 // 8,
+    expected = {"codes": heads * (key_tokens + value_tokens) * head_dim * 2 // 8, "padding": 0,
                 "scales": 2 * 4 * heads * (key_tokens // 32 * head_dim + value_tokens * head_dim // channel_group(head_dim, 32)),
                 "residual": 4 * heads * head_dim * (seen % 128 + 128)}
     assert report.bytes == [expected] * cfg.num_hidden_layers
