@@ -11,7 +11,7 @@ import torch
 from tests.support import make_image
 
 import backends
-from backends.kivi import KIVI, KIVILayer, channel_group
+from backends.kivi import KIVILayer, channel_group
 import backends.kivi
 from backends.attention_math import attention_probs, causal_attention
 from backends.quant import QuantTensor, unpack
