@@ -113,10 +113,15 @@ RANGE_JS = """
     note.className = "range-note";
     block.appendChild(note);
   }
-  note.textContent = (value < low || value > high || isNaN(value))
-    ? `${label ? label.textContent : "This value"} must lie between ${low} and ${high}: ` +
-      `${box.value} was set to ${isNaN(value) ? low : Math.min(high, Math.max(low, value))}.`
+  const outside = value < low || value > high || isNaN(value);
+  const clamped = isNaN(value) ? low : Math.min(high, Math.max(low, value));
+  note.textContent = outside
+    ? `${label ? label.textContent : "This value"} must lie between ${low} and ${high}: ${box.value} was set to ${clamped}.`
     : "";
+  if (outside) {  // the box shows what was set, not what was typed
+    box.value = String(clamped);
+    box.dispatchEvent(new Event("input", {bubbles: true}));
+  }
 }, true)
 """
 

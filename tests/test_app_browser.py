@@ -125,6 +125,7 @@ def test_a_newcomer_recovers_from_a_bad_file_then_chats_switches_method_and_comp
         budget.fill(typed)
         budget.press("Enter")
         expect(page.locator("#budget .range-note")).to_have_text(note)  # under the box itself
+        expect(budget).to_have_value("1" if typed == "5" else typed)  # the box shows what was set
     page.locator("#chat-input textarea").fill("What colour is the cross?")
     submit(page)
     answered(page, 3)  # the answer, the switch's line, the new answer
