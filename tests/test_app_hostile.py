@@ -290,17 +290,23 @@ def test_a_failure_inside_the_model_keeps_the_previous_turns(url, tmp_path):
 
 
 # --- 7. a client gone mid-prefill stops it --------------------------------------------------------
-def test_a_streamed_prefill_stops_between_chunks_when_its_client_goes(media, monkeypatch):
+def test_a_streamed_prefill_stops_between_chunks_when_its_client_goes(tmp_path, monkeypatch):
+    from kv_arena.media import write_avi
+    from tests.support import make_video
+
     fed = []
     real = Conversation.prefill_chunk
 
     def counted(self, chunk, cap_bytes=None):
         fed.append(chunk)
+        time.sleep(0.05)  # a chunk takes longer than the status line's throttle: the client sees the stream
         return real(self, chunk, cap_bytes)
 
     monkeypatch.setattr(Conversation, "prefill_chunk", counted)
+    video = tmp_path / "long.avi"  # 48 frames: 12 chunks (the bundled clip has fewer frames than asked for)
+    write_avi(video, make_video(2, frames=48, size=112).frames, fps=8)
     session = service.Session()
-    answer = chat.respond(ask("Where does the ball go?", media["video"]), [], session,
+    answer = chat.respond(ask("Where does the ball go?", str(video)), [], session,
                           config("streamingllm", num_frames=48, stream_cap_mb=1))
     for outputs in answer:
         if isinstance(outputs.status, str) and "Streaming frame" in outputs.status:
