@@ -39,7 +39,7 @@ from starlette.middleware import Middleware
 from kv_arena import service
 
 from . import event_shape
-from .request_size import RequestSizeLimit
+from .request_size import RequestSizeLimit, declared_length
 from .served_files import ServedFiles
 
 COOKIE = "kv_arena_client"
@@ -208,13 +208,6 @@ async def _too_large(send, line: str, headers: list) -> None:
     await send({"type": "http.response.body", "body": line.encode()})
 
 
-def _declared_length(scope) -> int:
-    try:
-        return int(dict(scope.get("headers", [])).get(b"content-length", b"0"))
-    except ValueError:
-        return 0
-
-
 async def _drain(receive) -> None:
     """Read a refused request's body to its end, writing nothing (a client still sending it would
     otherwise see the connection close instead of the answer)."""
@@ -280,7 +273,7 @@ class ClientCookie:
         status, body, sent_body = 0, b"", b""
         pending: list[dict] = []
         cookie = [] if sent else [(b"set-cookie", _set_cookie(client, _secure(scope)))]
-        refused = service.upload_room(sent, _declared_length(scope)) if upload else None
+        refused = service.upload_room(sent, declared_length(scope) or 0) if upload else None
         if refused:  # over a cap on unused uploads: refused before Gradio writes anything
             await _drain(receive)
             await _too_large(send, refused, cookie)
@@ -301,7 +294,9 @@ class ClientCookie:
         async def receive_noted():
             return pending.pop(0) if pending else await receive()
 
-        served = ServedFiles(sent) if scope.get("method") == "GET" and (result or QUEUE_DATA.search(path)) else None
+        # the files an event's messages name become this client's (one without a cookie keeps none)
+        streams = scope.get("method") == "GET" and (result or QUEUE_DATA.search(path))
+        served = ServedFiles(sent) if sent and streams else None
 
         async def send_with_cookie(message) -> None:
             nonlocal status, body, held

@@ -20,7 +20,8 @@ def too_large_line(size: int | None) -> str:
             "KV_ARENA_MAX_REQUEST_BYTES): send shorter text; files go through the upload.")
 
 
-def _declared_length(scope) -> int | None:
+def declared_length(scope) -> int | None:
+    """A request's Content-Length, or None where it sends none (or one that is no number)."""
     for key, value in scope.get("headers", []):
         if key == b"content-length":
             try:
@@ -51,7 +52,7 @@ class RequestSizeLimit:
                 or scope.get("path", "").endswith(UPLOAD_ROUTE):
             await self.app(scope, receive, send)
             return
-        declared = _declared_length(scope)
+        declared = declared_length(scope)
         if declared is not None and declared > self.limit:
             await _refuse(send, declared)
             return

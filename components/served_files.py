@@ -34,9 +34,10 @@ class ServedFiles:
     """One response's stream of server-sent events, read as it goes out: the files each message
     names are noted as ``client``'s (a message split across body chunks is read whole)."""
 
-    def __init__(self, client: str | None) -> None:
+    def __init__(self, client: str) -> None:
         self.client = client
         self.pending = b""
+        self.noted: set[str] = set()  # a streamed answer names the same pictures in every message
 
     def read(self, chunk: bytes) -> None:
         self.pending += chunk
@@ -51,6 +52,7 @@ class ServedFiles:
             value = json.loads(data)
         except (ValueError, UnicodeDecodeError):
             return
-        paths = file_paths(value)
-        if paths and self.client:
+        paths = [path for path in file_paths(value) if path not in self.noted]
+        if paths:
             service.note_served(paths, self.client)
+            self.noted.update(paths)
