@@ -184,3 +184,22 @@ def test_training_asks_the_types_begun_by_each_step():
     assert {s.item.kind for s in train.draw(0, args, adapter)} <= {"colour", "unknown"}
     with pytest.raises(SystemExit):  # every type needs a first step, one of them 0
         train.parse_args(["--types-from", "colour=1,shape=2"])
+
+
+def test_the_moving_object_moves_inside_every_tokens_two_frames_at_every_scale():
+    """A video token spans frames 2g and 2g + 1: "Which shape moves?" is answerable only if the object
+    moves inside each of those pairs (a path drawn straight across the frame did not fit 16-32 frames,
+    and nearly every full-size video had it still)."""
+    train = training_module("train_arena_v3")
+    args = train.parse_args([])
+    for scale in sorted({train.scale_at(step, args) for step in range(0, args.scale_until + 1, 300)}):
+        for seed in range(12):
+            it = scenes.item(seed, "moving", 1, scale)
+            frames = it.pictures
+            for g in range(len(frames) // 2):
+                (a,), (b,) = ([t for t in frames[f].things if t.shape == it.question.answer] for f in (2 * g, 2 * g + 1))
+                cells = np.hypot((a.x - b.x) * frames[0].cols, (a.y - b.y) * frames[0].rows)
+                assert cells >= 0.6, (scale, seed, g)
+                assert all(t.size / 2 - 1e-9 <= t.y <= 1 - t.size / 2 + 1e-9 for t in (a, b))
+                still = [t for t in frames[2 * g].things if t != a]
+                assert still == [t for t in frames[2 * g + 1].things if t != b]  # the others stay put

@@ -237,11 +237,11 @@ def _sides(rng, key: str, scale: float) -> tuple[int, int]:
 
 
 def colour_question(shape: str, colour: str, tokens) -> Question:
-    return Question("colour", f"What colour is the {shape}?", colour, tuple(tokens))
+    return Question("colour", f"What colour is the {shape}?", colour, tuple(tokens), (tuple(tokens),))
 
 
 def shape_question(shape: str, colour: str, tokens) -> Question:
-    return Question("shape", f"Which shape is {colour}?", shape, tuple(tokens))
+    return Question("shape", f"Which shape is {colour}?", shape, tuple(tokens), (tuple(tokens),))
 
 
 def _follow_ups(rng, objects, first: set[int], turns: int) -> list[Question]:
@@ -276,12 +276,14 @@ def _pictures_item(rng, kind: str, turns: int, scale: float) -> Item:
     order = [i for c in COLOURS for i, o in enumerate(objects) if o[1] == c]
     if kind == "objects":
         words = " ".join(f"{objects[i][1]} {objects[i][0]}" for i in order)
-        first = Question("objects", "What is in the picture?", words, tuple(sorted(k for o in objects for k in o[2])))
+        first = Question("objects", "What is in the picture?", words, tuple(sorted(k for o in objects for k in o[2])),
+                         tuple(objects[i][2] for i in order for _ in range(2)))  # "red star": both words read it
         asked = set(range(len(objects)))
     elif kind == "pair":
         a, b = (int(v) for v in rng.choice(len(objects), size=2, replace=False))
         (sa, ca, ta), (sb, cb, tb) = objects[a], objects[b]
-        first = Question("pair", f"What colours are the {sa} and the {sb}?", f"{ca} {cb}", tuple(sorted(ta + tb)))
+        first = Question("pair", f"What colours are the {sa} and the {sb}?", f"{ca} {cb}", tuple(sorted(ta + tb)),
+                         (ta, tb))
         asked = {a, b}
     else:
         a = int(rng.integers(len(objects)))
@@ -291,8 +293,27 @@ def _pictures_item(rng, kind: str, turns: int, scale: float) -> Item:
     return Item(kind, [first] + follow, pictures, informative=tuple(sorted({k for o in objects for k in o[2]})))
 
 
+def _to_and_fro(rng, frames: int, step: float, length: float) -> list[float]:
+    """Positions along a segment of ``length``, ``step`` apart from frame to frame, turning back at
+    the ends, only ever between two tokens' frames (2g + 1 to 2g + 2): inside every token's two frames
+    the object moves a whole step."""
+    pos, way, out = float(rng.uniform(0, length)), 1.0 if rng.random() < 0.5 else -1.0, []
+    for _ in range(frames // 2):
+        if not 0 <= pos + way * step <= length:
+            way = -way
+        out += [pos, pos + way * step]
+        pos += way * step
+        if not 0 <= pos + way * step <= length:
+            way = -way
+        pos += way * step
+    return out
+
+
 def _moving_item(rng, turns: int, scale: float) -> Item:
-    """One object moves about a cell per frame in a straight line (any direction); 1 to 4 stay put."""
+    """One object moves about a cell per frame, to and fro along a straight segment of 2 to 4 cells
+    (any direction), so it moves inside the two frames of every token however many frames there are
+    (a path straight across the frame, a cell a frame, does not fit 16-32 frames into 10-12 cells: drawn
+    that way, the "moving" object of nearly every full-size video stood still); 1 to 4 objects stay put."""
     lo, hi = SIZES["moving"][1]
     frames = 2 * int(rng.integers(max(2, round(lo * scale) // 2), max(3, round(hi * scale) // 2) + 1))
     cols, rows = _sides(rng, "moving", min(1.0, scale + 0.3))
@@ -300,19 +321,15 @@ def _moving_item(rng, turns: int, scale: float) -> Item:
     objects = kinds(rng, int(rng.integers(max(2, turns), 6)))
     (mshape, mcolour), rest = objects[0], objects[1:]
     size = float(rng.uniform(*OBJECT_CELLS)) / rows
+    hx, hy = size / 2 * rows / cols, size / 2
     speed = float(rng.uniform(0.8, 1.3)) / rows  # cells per frame, as a fraction of the height
-    for _ in range(100):  # a straight path that stays inside the frame
-        angle = float(rng.uniform(0, 2 * math.pi))
-        dx, dy = speed * math.cos(angle) * rows / cols, speed * math.sin(angle)
-        span_x, span_y = abs(dx) * (frames - 1), abs(dy) * (frames - 1)
-        hx, hy = size / 2 * rows / cols, size / 2
-        if span_x < 1 - 2 * hx and span_y < 1 - 2 * hy:
-            break
-    else:
-        dx, dy, span_x, span_y = 0.0, 0.0, 0.0, 0.0
-    x0 = float(rng.uniform(hx, 1 - hx - span_x)) + (span_x if dx < 0 else 0)
-    y0 = float(rng.uniform(hy, 1 - hy - span_y)) + (span_y if dy < 0 else 0)
-    path = [Thing(mshape, mcolour, x0 + f * dx, y0 + f * dy, size) for f in range(frames)]
+    length = float(rng.uniform(2.0, 4.0)) / rows  # the segment, likewise
+    angle = float(rng.uniform(0, 2 * math.pi))
+    ux, uy = math.cos(angle) * rows / cols, math.sin(angle)
+    span_x, span_y = abs(ux) * length, abs(uy) * length  # the segment fits: 4 cells + an object < 8 cells a side
+    x0 = float(rng.uniform(hx, 1 - hx - span_x)) + (span_x if ux < 0 else 0)
+    y0 = float(rng.uniform(hy, 1 - hy - span_y)) + (span_y if uy < 0 else 0)
+    path = [Thing(mshape, mcolour, x0 + a * ux, y0 + a * uy, size) for a in _to_and_fro(rng, frames, speed, length)]
     canvas = Picture(cols, rows, bg)
     statics = []
     for shape, colour in rest:
@@ -333,7 +350,7 @@ def _moving_item(rng, turns: int, scale: float) -> Item:
 
     objects = [(mshape, mcolour, tokens_of(lambda g: [path[2 * g], path[2 * g + 1]]))]
     objects += [(t.shape, t.colour, tokens_of(lambda g, t=t: [t])) for t in statics]
-    first = Question("shape", "Which shape moves?", mshape, objects[0][2])
+    first = Question("shape", "Which shape moves?", mshape, objects[0][2], (objects[0][2],))
     questions = [first] + _follow_ups(rng, objects, {0}, turns)
     fps = float(rng.choice([1.0, 2.0, 2.0, 3.0]))
     return Item("moving", questions, pictures, video=True,

@@ -32,6 +32,11 @@ v2 taught, kept here:
   share of the items hide, from the question on, a random part (sometimes all) of the background
   tokens and of the system prompt (never its first token), as an attention mask: what a method's
   eviction after the prefill does.
+- Auxiliary losses for the lookup (issue #45): with the whole scene in view the answer loss alone
+  left every lookup at one object in three for 2,000 steps. --point-weight (pointer_loss.py) asks
+  two heads of decoder layer 2 to attend, where each answer word is predicted, to the object the
+  word names; --object-weight (object_loss.py) asks every visual token, at the input of that layer,
+  to name its object's shape, colour and motion, through heads kept outside the model.
 New: a size curriculum (--scale-from: pictures and videos start smaller and reach the full sizes
 at --scale-until, cheaper steps while the basics are learnt), batches of about --tokens tokens,
 and out-of-scope pictures (--odd-share of every batch from --odd-from on) taught to answer
@@ -42,6 +47,7 @@ second run that background in view means "unknown": at step 250 it answered "unk
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import time
@@ -59,6 +65,8 @@ from . import drawn_scenes as scenes
 from .answer_loss import answer_loss, hidden_mask, padded
 from .checkpoints import lr_at, record, resume, update
 from .curriculum import add_reveal_arg, hide_for_training, reveal
+from .object_loss import layer_input, object_loss, object_targets, save_heads, setup_heads
+from .pointer_loss import POINTER_ATTENTION, Pointing, pointing, rows_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,9 +131,13 @@ def visual_features(model, seqs: list[Sequence]) -> tuple[torch.Tensor | None, t
     return images, videos
 
 
-def forward(model, seqs: list[Sequence], pad: int):
+def forward(model, seqs: list[Sequence], pad: int, *points: Pointing):
     """Loss, and per sequence and turn whether every answer token and the end of turn is the argmax
-    (teacher forced: the same as greedy decoding getting the whole answer right)."""
+    (teacher forced: the same as greedy decoding getting the whole answer right). With ``points``
+    (pointer_loss.py), the attention weights they ask for are collected on the way."""
+    if points:
+        with pointing(*points):
+            return forward(model, seqs, pad)
     ids, pos, labels = (t.to(model.device) for t in padded(seqs, [s.positions for s in seqs], pad))
     mask = hidden_mask(seqs, ids.shape[1])
     cfg = model.config
@@ -136,6 +148,41 @@ def forward(model, seqs: list[Sequence], pad: int):
     if videos is not None:
         embeds = embeds.masked_scatter((ids == cfg.video_token_id)[..., None], videos.to(embeds.dtype))
     return answer_loss(model, seqs, embeds, pos, labels, None if mask is None else mask.to(model.device))[:2]
+
+
+@dataclass
+class Auxiliary:
+    """The auxiliary losses a run adds to the answers' (--point-weight: pointer_loss.py, --object-weight:
+    object_loss.py), with the object heads and their optimiser, and what each step's losses read."""
+
+    heads: torch.nn.Module | None = None
+    heads_optimizer: torch.optim.Optimizer | None = None
+    on_named: list = field(default_factory=list)  # per step: the pointed heads' weight on the named tokens
+    object: list = field(default_factory=list)  # per step: the object heads' loss
+
+    def log(self) -> str:
+        parts = [f" on named {np.mean(self.on_named[-25:]):.3f}"] if self.on_named else []
+        parts += [f" objects {np.mean(self.object[-25:]):.3f}"] if self.object else []
+        return "".join(parts)
+
+
+def losses(model, seqs: list[Sequence], pad: int, step: int, args, aux: Auxiliary):
+    """(the answers' loss, the loss to minimise: the answers' plus the auxiliary losses on at ``step``)."""
+    point = Pointing(args.point_layer, args.point_heads, rows_of(seqs)) \
+        if args.point_weight and step >= args.point_from else None
+    objects = aux.heads is not None and step >= args.object_from
+    with layer_input(model, args.object_layer) if objects else contextlib.nullcontext() as got:
+        answer = forward(model, seqs, pad, *[point] if point else [])[0]
+    total = answer
+    if point is not None and point.masses:
+        aux.on_named.append(point.mean_mass())
+        total = total + args.point_weight * point.loss()
+    if objects:
+        extra = object_loss(aux.heads, got[0], seqs, [object_targets(s.item) for s in seqs])
+        if extra is not None:
+            aux.object.append(extra.item())
+            total = total + args.object_weight * extra
+    return answer, total
 
 
 def scale_at(step: int, args) -> float:
@@ -180,17 +227,24 @@ def draw(step: int, args, adapter) -> list[Sequence]:
 _held_out: dict = {}
 
 
-def held_out_chats(adapter, kind: str, per_type: int, pool=None) -> list[Sequence]:
-    """The held-out two-turn chats of ``kind``, encoded once per process (every evaluation reads the
-    same ones); with a ``pool``, by its worker processes, eight chats a task."""
-    key = (kind, per_type)
-    if key not in _held_out:
-        if pool is None:
-            _held_out[key] = [encode(adapter, it) for it in scenes.held_out(kind, per_type, turns=2)]
-        else:
-            parts = [pool.submit(_encode_held_out_in_worker, kind, per_type, lo, lo + 8) for lo in range(0, per_type, 8)]
-            _held_out[key] = [seq for part in parts for seq in part.result()]
-    return _held_out[key]
+def encode_held_out(kind: str, per_type: int, pool) -> None:
+    """Encode the held-out two-turn chats of ``kind`` once, by the worker processes of ``pool`` (eight
+    chats a task), for every evaluation of this process to read (a machine with memory to spare:
+    80 chats of every type take about 12 GB)."""
+    parts = [pool.submit(_encode_held_out_in_worker, kind, per_type, lo, lo + 8) for lo in range(0, per_type, 8)]
+    _held_out[(kind, per_type)] = [seq for part in parts for seq in part.result()]
+
+
+def held_out_batches(adapter, kind: str, per_type: int, size: int = 8):
+    """The held-out two-turn chats of ``kind``, ``size`` at a time: those :func:`encode_held_out` keeps,
+    else encoded batch by batch here (the same chats; only a batch's pixels are held at once)."""
+    kept = _held_out.get((kind, per_type))
+    if kept is not None:
+        yield from (kept[start:start + size] for start in range(0, len(kept), size))
+        return
+    items = scenes.held_out(kind, per_type, turns=2)
+    for start in range(0, len(items), size):
+        yield [encode(adapter, it) for it in items[start:start + size]]
 
 
 def needed_only(seq: Sequence) -> Sequence:
@@ -209,10 +263,8 @@ def evaluate(model, adapter, per_type: int) -> dict[str, float]:
     pad = adapter.tokenizer.pad_token_id
     out = {}
     for kind in scenes.QUESTION_TYPES + ("unknown",):
-        chats = held_out_chats(adapter, kind, per_type)
         hits, asked = [], []
-        for start in range(0, len(chats), 8):
-            part = chats[start:start + 8]
+        for part in held_out_batches(adapter, kind, per_type):
             hits += forward(model, part, pad)[1]
             if kind != "unknown":  # the curriculum's first stage: only the first question's objects in view
                 asked += forward(model, [needed_only(s) for s in part], pad)[1]
@@ -260,6 +312,7 @@ def setup(args):
     model, adapter, params, optimizer = checkpoints.setup(args, arena_v3_model.build, (), 0.0)
     tower, _ = load_eyes(Path(args.eyes))
     model.model.visual.load_state_dict(tower)
+    model.set_attn_implementation({"text_config": POINTER_ATTENTION})  # SDPA, plus the rows --point-weight asks for
     return model, adapter, params, optimizer
 
 
@@ -292,6 +345,17 @@ def parse_args(argv=None):
                         "learnt before the reveal is rehearsed, not forgotten")
     p.add_argument("--fall", type=float, default=0.15,
                    help="a *_needed_only probe this far under its best during the reveal halves the learning rate")
+    p.add_argument("--point-weight", type=float, default=0.0,
+                   help="weight of pointer_loss.py's auxiliary loss: heads that attend to the named object")
+    p.add_argument("--point-from", type=int, default=0, help="first step with the pointer loss")
+    p.add_argument("--point-layer", type=int, default=2, help="the decoder layer whose heads are pointed")
+    p.add_argument("--point-heads", type=lambda t: tuple(int(x) for x in t.split(",")), default=(0, 2),
+                   help="the heads pointed (one per key-value head by default; the others stay free)")
+    p.add_argument("--object-weight", type=float, default=0.0,
+                   help="weight of object_loss.py's auxiliary loss: every visual token names its object's shape, "
+                        "colour and motion at the input of --object-layer")
+    p.add_argument("--object-from", type=int, default=0, help="first step with the object loss")
+    p.add_argument("--object-layer", type=int, default=2, help="the decoder layer whose input the object heads read")
     p.add_argument("--types-from", type=parse_types_from,
                    default="colour=0,shape=0,images=250,moving=350,pair=500,objects=650",
                    help="TYPE=STEP,...: the step from which each question type is asked")
@@ -342,12 +406,15 @@ def main(argv=None) -> int:
     factor = curve[-1].get("lr_factor", 1.0) if curve else 1.0
     pad = adapter.tokenizer.pad_token_id
     model.train()
-    seen_loss = []
+    seen_loss, aux = [], Auxiliary()
+    if args.object_weight:
+        aux.heads, aux.heads_optimizer = setup_heads(model.config.text_config.hidden_size, Path(args.eyes), out,
+                                                     args.lr, args.device)
     end = min(args.steps, args.stop_at or args.steps)
     pool = concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
     if args.workers > 1:  # the held-out chats, encoded by the pool while nothing else waits for it
         for kind in scenes.QUESTION_TYPES + ("unknown",):
-            held_out_chats(adapter, kind, args.eval_items, pool)
+            encode_held_out(kind, args.eval_items, pool)
     ahead = {k: pool.submit(_draw_in_worker, k, args) for k in range(start, min(end, start + 2 * args.workers))}
     for step in range(start, end):
         for group in optimizer.param_groups:
@@ -363,16 +430,26 @@ def main(argv=None) -> int:
                 hide_for_training(s, rng, 0.0, 1.0, 1.0)
             else:
                 hide_for_training(s, rng, evict, objects, background)
-        seen_loss.append(update(optimizer, params, forward(model, seqs, pad)[0]))
+        answer, loss = losses(model, seqs, pad, step, args, aux)
+        if aux.heads_optimizer is not None:
+            aux.heads_optimizer.zero_grad(set_to_none=True)
+            for group in aux.heads_optimizer.param_groups:
+                group["lr"] = optimizer.param_groups[0]["lr"]
+        update(optimizer, params, loss)
+        if aux.heads_optimizer is not None:
+            aux.heads_optimizer.step()
+        seen_loss.append(answer.item())  # the curve's loss stays the answers' alone
         done = step + 1
         if done % 25 == 0:
-            print(f"step {done} loss {np.mean(seen_loss[-25:]):.4f} scale {scale_at(step, args):.2f} "
+            print(f"step {done} loss {np.mean(seen_loss[-25:]):.4f}{aux.log()} scale {scale_at(step, args):.2f} "
                   f"batch {len(seqs)} lr {optimizer.param_groups[0]['lr']:.2e}", flush=True)
         out_of_time = args.minutes is not None and time.time() - began > 60 * args.minutes
         if done % args.eval_every == 0 or done in (args.steps, args.stop_at) or out_of_time:
             acc = evaluate(model, adapter, args.eval_items)
             factor = watch_probes(curve, acc, done, args, factor)
             record(model, out, curve, optimizer, done, seen_loss, t0, {**acc, "lr_factor": factor})
+            if aux.heads is not None:
+                save_heads(aux.heads, aux.heads_optimizer, out)
         if out_of_time:
             print(f"stopped at step {done} after {args.minutes} minutes; rerun the same command to go on", flush=True)
             break

@@ -1,0 +1,110 @@
+"""The pointer loss of tiny-arena-vl v3's stage 2 (training/pointer_loss.py): the attention weights it
+reads are the model's own, its seam changes nothing the model computes, and every answer word points
+at the object it names."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME
+from tests.support import training_module
+
+train = training_module("train_arena_v3")
+pointer = training_module("pointer_loss")
+scenes = training_module("drawn_scenes")
+
+
+@pytest.fixture(scope="module")
+def model_and_chats():
+    model, adapter = train.arena_v3_model.build(3)
+    model.eval()
+    kinds = ("colour", "moving", "pair", "objects")
+    chats = [train.encode(adapter, scenes.item(7, kind, 2, 0.4)) for kind in kinds]
+    chats.append(train.encode(adapter, scenes.out_of_scope(7, 1, 0.4)))
+    chats[0] = dataclasses.replace(chats[0], hidden=chats[0].visual_at[::3])  # an eviction mask in the batch
+    return model, adapter, chats
+
+
+def eager_weights(model, chats, pad: int, layer: int) -> torch.Tensor:
+    """Layer ``layer``'s attention weights from transformers' eager attention (float mask)."""
+    hidden_mask, padded = training_module("answer_loss").hidden_mask, training_module("answer_loss").padded
+    model.set_attn_implementation({"text_config": "eager", "vision_config": VISION_ATTENTION_NAME})
+    ids, pos, _ = padded(chats, [s.positions for s in chats], pad)
+    mask = hidden_mask(chats, ids.shape[1])
+    mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    embeds = model.model.get_input_embeddings()(ids)
+    images, videos = train.visual_features(model, chats)
+    embeds = embeds.masked_scatter((ids == model.config.image_token_id)[..., None], images)
+    embeds = embeds.masked_scatter((ids == model.config.video_token_id)[..., None], videos)
+    with torch.no_grad():
+        out = model.model.language_model(inputs_embeds=embeds, position_ids=pos, attention_mask=mask,
+                                         use_cache=False, output_attentions=True)
+    return out.attentions[layer]
+
+
+def test_the_weights_it_reads_are_eager_attentions_and_the_pass_is_unchanged(model_and_chats):
+    model, adapter, chats = model_and_chats
+    pad = adapter.tokenizer.pad_token_id
+    model.set_attn_implementation({"text_config": pointer.POINTER_ATTENTION, "vision_config": VISION_ATTENTION_NAME})
+    p = pointer.Pointing(1, (0, 3), pointer.rows_of(chats))
+    with torch.no_grad():
+        loss, hits = train.forward(model, chats, pad, p)[:2]
+        plain_loss, plain_hits = train.forward(model, chats, pad)[:2]
+    assert torch.equal(loss, plain_loss) and hits == plain_hits  # collecting weights changes nothing
+    weights = eager_weights(model, chats, pad, 1)
+    expected = torch.stack([weights[b, [0, 3], at][:, tokens].sum(-1) for b, at, tokens in p.rows])
+    (mass,) = p.masses
+    assert mass.shape == (len(p.rows), 2)
+    torch.testing.assert_close(mass, expected, rtol=1e-4, atol=1e-6)
+    assert float(p.loss()) == pytest.approx(float(-expected.clamp_min(1e-6).log().mean()), rel=1e-4)
+
+
+def test_every_answer_word_points_at_the_object_it_names(model_and_chats):
+    _, _, chats = model_and_chats
+    rows = pointer.rows_of(chats)
+    expected = []
+    for b, s in enumerate(chats):
+        for turn, answer in zip(s.item.turns, s.answers):
+            words = turn.answer.split()
+            assert len(answer) == len(words) + 1  # one token a word, then the end of turn
+            if s.item.kind != "unknown":
+                assert len(turn.parts) == len(words) and set().union(*turn.parts) == set(turn.tokens)
+            expected += [(b, at, [s.visual_at[k] for k in part]) for (at, _), part in zip(answer, turn.parts)]
+    assert rows == expected and {b for b, _, _ in rows} == {0, 1, 2, 3}  # nothing of the out-of-scope picture
+    pair = chats[2].item.question
+    assert [len(p) for p in pair.parts] == [len(set(p)) for p in pair.parts] and set(pair.parts[0]).isdisjoint(pair.parts[1])
+    listed = chats[3].item.question  # "red star blue ring": a colour and a shape for each object, both read it
+    assert listed.parts[0::2] == listed.parts[1::2]
+    assert all(max(tokens) < chats[b].after for b, _, tokens in rows)  # about the media
+
+
+def test_its_gradient_reaches_the_queries_and_keys_of_its_layer_only(model_and_chats):
+    model, adapter, chats = model_and_chats
+    model.set_attn_implementation({"text_config": pointer.POINTER_ATTENTION, "vision_config": VISION_ATTENTION_NAME})
+    model.zero_grad()
+    p = pointer.Pointing(1, (0,), pointer.rows_of(chats[:2]))
+    train.forward(model, chats[:2], adapter.tokenizer.pad_token_id, p)
+    p.loss().backward()
+    layers = model.model.language_model.layers
+    assert layers[1].self_attn.q_proj.weight.grad.abs().sum() > 0
+    assert layers[1].self_attn.k_proj.weight.grad.abs().sum() > 0
+    assert layers[1].self_attn.v_proj.weight.grad is None or not layers[1].self_attn.v_proj.weight.grad.any()
+    assert all(layer.self_attn.q_proj.weight.grad is None or not layer.self_attn.q_proj.weight.grad.any()
+               for layer in layers[2:])
+    model.zero_grad()
+
+
+def test_the_probe_reports_shares_per_layer_and_the_bar(model_and_chats, capsys):
+    model, adapter, _ = model_and_chats
+    probe = training_module("probe_v3")
+    model.set_attn_implementation({"text_config": pointer.POINTER_ATTENTION, "vision_config": VISION_ATTENTION_NAME})
+    shares = probe.attention(model, adapter, 2)
+    layers = model.config.text_config.num_hidden_layers
+    assert set(shares) == set(probe.KINDS)
+    assert all(len(row) == layers + 1 and all(0.0 <= v <= 1.0 for v in row) for row in shares.values())
+    assert probe.bar(model, adapter, 1) is False  # random weights answer nothing right
+    table = capsys.readouterr().out
+    assert "| pair |" in table and "| unknown |" in table and "not met" in table

@@ -1,0 +1,107 @@
+"""Stage 2 of tiny-arena-vl v3: an auxiliary loss that teaches the lookup hop directly.
+
+Two runs of stage 2 (issue #45) read an object well when it is the only one in view (0.75-1.0) but
+answered about one object in three in full view through 2,000 steps, and the attention shows why: at
+the position that predicts the answer, no head of any layer puts more of its weight on the named
+object's tokens than their share of the objects' tokens (``python -m training.probe_v3 RUN --attention``).
+The answer loss alone leaves that lookup on a plateau. Here, at the position that predicts each
+answer word, ``--point-heads`` of decoder layer ``--point-layer`` are asked to attend to the tokens of
+the object the word names (``Question.parts``: the asked object, both objects of a pair in turn, each
+object of a list):
+the loss is ``-log`` of the attention weight those tokens receive, averaged over answer words and heads,
+added to the answer loss at ``--point-weight``. The other heads and layers stay free.
+
+It is a seam of transformers' ``AttentionInterface``: the text model runs ``POINTER_ATTENTION``,
+which is transformers' own SDPA plus, inside :func:`pointing` for the chosen layer, the attention
+weights of the few rows asked for (the rest of the matrix is never built). Nothing is added to the
+model: the weights it saves load into the app unchanged.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+POINTER_ATTENTION = "arena_pointer"
+
+
+@dataclass
+class Pointing:
+    """The rows one forward pass asks about: for each, (chat in the batch, the sequence index that
+    predicts the answer's first token, the sequence indices of the named object's tokens)."""
+
+    layer: int
+    heads: tuple[int, ...]
+    rows: list[tuple[int, int, list[int]]]
+    masses: list[torch.Tensor] = field(default_factory=list)  # (rows, heads): weight on the named tokens
+
+    def loss(self) -> torch.Tensor:
+        mass = torch.cat(self.masses)
+        return -torch.log(mass.clamp_min(1e-6)).mean()
+
+    def mean_mass(self) -> float:
+        return float(torch.cat(self.masses).detach().mean()) if self.masses else 0.0
+
+
+def rows_of(seqs) -> list[tuple[int, int, list[int]]]:
+    """Every answer word of a batch of training chats (train_arena_v3's Sequence) that names an
+    object (its question's ``parts``): the chat, the index that predicts the word, and the sequence
+    indices of that object's tokens."""
+    rows = []
+    for b, s in enumerate(seqs):
+        for turn, answer in zip(s.item.turns, s.answers):
+            for (at, _), tokens in zip(answer, turn.parts):
+                if tokens:
+                    rows.append((b, at, [s.visual_at[k] for k in tokens]))
+    return rows
+
+
+_ACTIVE: ContextVar[tuple[Pointing, ...]] = ContextVar("arena_pointing", default=())
+
+
+@contextmanager
+def pointing(*ps: Pointing):
+    """Collect the attention weights each of ``ps`` asks for during the forward passes inside."""
+    token = _ACTIVE.set(ps)
+    try:
+        yield ps
+    finally:
+        _ACTIVE.reset(token)
+
+
+def _named_mass(module, query, key, attention_mask, scaling, p: Pointing) -> torch.Tensor:
+    """(rows, heads) softmax weight on each row's named tokens, under the same mask as the pass."""
+    b = torch.tensor([r[0] for r in p.rows], device=query.device)
+    at = torch.tensor([r[1] for r in p.rows], device=query.device)
+    heads = torch.tensor(p.heads, device=query.device)
+    groups = getattr(module, "num_key_value_groups", 1)
+    q = query[b, :, at][:, heads]  # (rows, heads, dim): advanced indices apart put the rows first
+    k = key[b][:, heads // groups]  # (rows, heads, keys, dim)
+    logits = torch.einsum("rhd,rhkd->rhk", q, k) * (scaling if scaling is not None else q.shape[-1] ** -0.5)
+    keys = torch.arange(k.shape[2], device=query.device)
+    allowed = keys[None, :] <= at[:, None]
+    if attention_mask is not None:
+        row_mask = attention_mask[b, 0, at, : k.shape[2]]
+        allowed = allowed & (row_mask if row_mask.dtype == torch.bool else row_mask == 0)
+    probs = logits.masked_fill(~allowed[:, None, :], float("-inf")).softmax(-1)
+    named = torch.zeros_like(allowed)
+    for i, (_, _, tokens) in enumerate(p.rows):
+        named[i, tokens] = True
+    return (probs * named[:, None, :]).sum(-1)
+
+
+def pointer_attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, **kwargs):
+    for p in _ACTIVE.get():
+        if p.rows and module.layer_idx == p.layer:
+            p.masses.append(_named_mass(module, query, key, attention_mask, scaling, p))
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+AttentionInterface.register(POINTER_ATTENTION, pointer_attention)
+AttentionMaskInterface.register(POINTER_ATTENTION, sdpa_mask)
