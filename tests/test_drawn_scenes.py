@@ -203,3 +203,25 @@ def test_the_moving_object_moves_inside_every_tokens_two_frames_at_every_scale()
                 assert all(t.size / 2 - 1e-9 <= t.y <= 1 - t.size / 2 + 1e-9 for t in (a, b))
                 still = [t for t in frames[2 * g].things if t != a]
                 assert still == [t for t in frames[2 * g + 1].things if t != b]  # the others stay put
+
+
+@pytest.mark.parametrize("kind", ["colour", "images", "pair", "objects"])
+def test_each_answer_word_is_tied_to_the_core_of_its_object(kind):
+    """``Question.parts``: per answer word, the cells whose centre lies in its object's box (a cell at the
+    edge shows a corner, not the shape), never empty, always among the cells the question depends on."""
+    for seed in range(6):
+        it = scenes.item(seed, kind, 2)
+        offsets = np.cumsum([0] + [p.token_count for p in it.pictures])
+        boxes = {}
+        for i, p in enumerate(it.pictures):
+            for t in p.things:
+                boxes[t.colour] = (i, p, t)
+        for q in it.turns:
+            assert len(q.parts) == len(q.answer.split())
+            for word, part in zip(q.answer.split(), q.parts):
+                assert part and set(part) <= set(q.tokens if kind != "objects" else it.informative)
+                i, p, t = boxes[word] if word in boxes else next(b for b in boxes.values() if b[2].shape == word)
+                cells = [k - offsets[i] for k in part]
+                assert set(cells) <= set(p.cells_of(t))
+                if len(cells) > 1:
+                    assert all(abs((k % p.cols + 0.5) / p.cols - t.x) <= t.size / 2 * p.rows / p.cols + 1e-9 for k in cells)

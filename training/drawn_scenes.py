@@ -81,6 +81,18 @@ class Picture:
         r0, r1 = _span(thing.y - half, thing.y + half, self.rows)
         return [r * self.cols + c for r in range(r0, r1) for c in range(c0, c1)]
 
+    def core_of(self, thing: Thing) -> list[int]:
+        """The cells whose centre lies inside the object's box (those that show its shape; a cell at
+        its edge shows a corner of it), or the one cell under its centre for an object that holds none."""
+        hx, hy = thing.size / 2 * self.rows / self.cols, thing.size / 2
+
+        def held(k: int) -> bool:
+            return (abs((k % self.cols + 0.5) / self.cols - thing.x) <= hx
+                    and abs((k // self.cols + 0.5) / self.rows - thing.y) <= hy)
+
+        centre = min(int(thing.y * self.rows), self.rows - 1) * self.cols + min(int(thing.x * self.cols), self.cols - 1)
+        return [k for k in self.cells_of(thing) if held(k)] or [centre]
+
     def image(self) -> Image.Image:
         return draw(self)
 
@@ -236,20 +248,24 @@ def _sides(rng, key: str, scale: float) -> tuple[int, int]:
     return cols, max(MIN_SIDE, round(side * side / cols))
 
 
-def colour_question(shape: str, colour: str, tokens) -> Question:
-    return Question("colour", f"What colour is the {shape}?", colour, tuple(tokens), (tuple(tokens),))
+# An object of a scene: (shape, colour, the tokens it overlaps, its core: the tokens that show its shape).
+# A question depends on all its tokens (``Question.tokens``: what an eviction must keep); the word that
+# names it is tied to its core (``Question.parts``: what the pointer loss of training points at).
 
 
-def shape_question(shape: str, colour: str, tokens) -> Question:
-    return Question("shape", f"Which shape is {colour}?", shape, tuple(tokens), (tuple(tokens),))
+def colour_question(shape: str, colour: str, tokens, core) -> Question:
+    return Question("colour", f"What colour is the {shape}?", colour, tuple(tokens), (tuple(core),))
+
+
+def shape_question(shape: str, colour: str, tokens, core) -> Question:
+    return Question("shape", f"Which shape is {colour}?", shape, tuple(tokens), (tuple(core),))
 
 
 def _follow_ups(rng, objects, first: set[int], turns: int) -> list[Question]:
     others = [o for i, o in enumerate(objects) if i not in first]
     out = []
     for i in rng.permutation(len(others))[: turns - 1]:
-        shape, colour, tokens = others[i]
-        out.append((colour_question if rng.random() < 0.5 else shape_question)(shape, colour, tokens))
+        out.append((colour_question if rng.random() < 0.5 else shape_question)(*others[i]))
     return out
 
 
@@ -271,19 +287,20 @@ def _pictures_item(rng, kind: str, turns: int, scale: float) -> Item:
             thing = place(rng, pictures[i], shape, colour)
             if thing is not None:
                 pictures[i].things.append(thing)
-                objects.append((shape, colour, tuple(int(offset[i] + k) for k in pictures[i].cells_of(thing))))
+                objects.append((shape, colour, tuple(int(offset[i] + k) for k in pictures[i].cells_of(thing)),
+                                tuple(int(offset[i] + k) for k in pictures[i].core_of(thing))))
                 break
     order = [i for c in COLOURS for i, o in enumerate(objects) if o[1] == c]
     if kind == "objects":
         words = " ".join(f"{objects[i][1]} {objects[i][0]}" for i in order)
         first = Question("objects", "What is in the picture?", words, tuple(sorted(k for o in objects for k in o[2])),
-                         tuple(objects[i][2] for i in order for _ in range(2)))  # "red star": both words read it
+                         tuple(objects[i][3] for i in order for _ in range(2)))  # "red star": both words read it
         asked = set(range(len(objects)))
     elif kind == "pair":
         a, b = (int(v) for v in rng.choice(len(objects), size=2, replace=False))
-        (sa, ca, ta), (sb, cb, tb) = objects[a], objects[b]
+        (sa, ca, ta, core_a), (sb, cb, tb, core_b) = objects[a], objects[b]
         first = Question("pair", f"What colours are the {sa} and the {sb}?", f"{ca} {cb}", tuple(sorted(ta + tb)),
-                         (ta, tb))
+                         (core_a, core_b))
         asked = {a, b}
     else:
         a = int(rng.integers(len(objects)))
@@ -341,16 +358,18 @@ def _moving_item(rng, turns: int, scale: float) -> Item:
     pictures = [Picture(cols, rows, bg, statics + [path[f]], {"colour_jitter": 25, "jpeg": jpeg}) for f in range(frames)]
     per = cols * rows
 
-    def tokens_of(things_by_frame):  # a video token spans frames 2g and 2g+1
+    def tokens_of(things_by_frame, cells=canvas.cells_of):  # a video token spans frames 2g and 2g+1
         out = set()
         for g in range(frames // 2):
             for t in things_by_frame(g):
-                out.update(g * per + k for k in canvas.cells_of(t))
+                out.update(g * per + k for k in cells(t))
         return tuple(sorted(out))
 
-    objects = [(mshape, mcolour, tokens_of(lambda g: [path[2 * g], path[2 * g + 1]]))]
-    objects += [(t.shape, t.colour, tokens_of(lambda g, t=t: [t])) for t in statics]
-    first = Question("shape", "Which shape moves?", mshape, objects[0][2], (objects[0][2],))
+    moving = tokens_of(lambda g: [path[2 * g], path[2 * g + 1]])
+    objects = [(mshape, mcolour, moving, moving)]  # every token it crosses shows it moving
+    objects += [(t.shape, t.colour, tokens_of(lambda g, t=t: [t]), tokens_of(lambda g, t=t: [t], canvas.core_of))
+                for t in statics]
+    first = Question("shape", "Which shape moves?", mshape, moving, (moving,))
     questions = [first] + _follow_ups(rng, objects, {0}, turns)
     fps = float(rng.choice([1.0, 2.0, 2.0, 3.0]))
     return Item("moving", questions, pictures, video=True,

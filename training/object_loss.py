@@ -28,6 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from . import drawn_scenes as scenes
+from .train_arena_v3_eyes import (  # ObjectHeads: stage 1's read-outs, on a decoder token
+    Heads as ObjectHeads,
+)
+from .train_arena_v3_eyes import load_eyes
 
 HEADS_FILE = "object_heads.pt"
 BACKGROUND_WEIGHT = 0.3  # stage 1's: background is most of a picture, unweighted it drowns the objects
@@ -62,19 +66,6 @@ def object_targets(item) -> dict[str, torch.Tensor] | None:
                 mark(offset, p, t, False)
             offset += p.token_count
     return {"shape": shape, "colour": colour, "motion": motion}
-
-
-class ObjectHeads(torch.nn.Module):
-    """Linear read-outs of a decoder token: shape, colour, motion (class 0: background / still)."""
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.shape = torch.nn.Linear(width, 1 + len(SHAPES))
-        self.colour = torch.nn.Linear(width, 1 + len(COLOURS))
-        self.motion = torch.nn.Linear(width, 2)
-
-    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"shape": self.shape(x), "colour": self.colour(x), "motion": self.motion(x)}
 
 
 @contextmanager
@@ -115,19 +106,14 @@ def object_loss(heads: ObjectHeads, hidden: torch.Tensor, seqs, targets: list) -
 
 def setup_heads(width: int, eyes: Path, out: Path, lr: float, device) -> tuple[ObjectHeads, torch.optim.Optimizer]:
     """The heads and their optimiser: resumed from ``out`` when a run saved them, else stage 1's heads."""
-    from .train_arena_v3_eyes import load_eyes
-
     heads = ObjectHeads(width)
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
     saved = Path(out) / HEADS_FILE
-    if saved.is_file():
-        state = torch.load(saved, map_location="cpu")
-        heads.load_state_dict(state["heads"])
-        heads.to(device)
+    state = torch.load(saved, map_location="cpu") if saved.is_file() else None
+    heads.load_state_dict(state["heads"] if state else load_eyes(eyes)[1])
+    heads.to(device)  # before the optimiser's state is loaded: it follows its parameters' device
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
+    if state:
         optimizer.load_state_dict(state["optimizer"])
-    else:
-        heads.load_state_dict(load_eyes(eyes)[1])
-        heads.to(device)
     return heads, optimizer
 
 

@@ -2,13 +2,13 @@
 
 Two runs of stage 2 (issue #45) read an object well when it is the only one in view (0.75-1.0) but
 answered about one object in three in full view through 2,000 steps, and the attention shows why: at
-the position that predicts the answer, no head of any layer puts more of its weight on the named
-object's tokens than their share of the objects' tokens (``python -m training.probe_v3 RUN --attention``).
+the position that predicts the answer, no head of any layer favours the named object's tokens much
+beyond their share of the objects' tokens (``python -m training.probe_v3 RUN --attention``).
 The answer loss alone leaves that lookup on a plateau. Here, at the position that predicts each
 answer word, ``--point-heads`` of decoder layer ``--point-layer`` are asked to attend to the tokens of
-the object the word names (``Question.parts``: the asked object, both objects of a pair in turn, each
-object of a list):
-the loss is ``-log`` of the attention weight those tokens receive, averaged over answer words and heads,
+the object the word names (``Question.parts``: the core of the asked object, the cells that show its
+shape; of both objects of a pair in turn; of each object of a list). The loss is ``-log`` of the
+attention weight those tokens receive, taken from the logits, averaged over answer words and heads,
 added to the answer loss at ``--point-weight``. The other heads and layers stay free.
 
 It is a seam of transformers' ``AttentionInterface``: the text model runs ``POINTER_ATTENTION``,
@@ -39,14 +39,19 @@ class Pointing:
     layer: int
     heads: tuple[int, ...]
     rows: list[tuple[int, int, list[int]]]
-    masses: list[torch.Tensor] = field(default_factory=list)  # (rows, heads): weight on the named tokens
+    # per forward pass, (rows, heads): log of the weight on the named tokens, from the logits (a weight
+    # taken first and clamped would stop the gradient where the head looks elsewhere: where it is needed)
+    log_masses: list[torch.Tensor] = field(default_factory=list)
 
     def loss(self) -> torch.Tensor:
-        mass = torch.cat(self.masses)
-        return -torch.log(mass.clamp_min(1e-6)).mean()
+        return -torch.cat(self.log_masses).mean()
+
+    def mass(self) -> torch.Tensor:
+        """(rows, heads): the weight on the named tokens."""
+        return torch.cat(self.log_masses).exp()
 
     def mean_mass(self) -> float:
-        return float(torch.cat(self.masses).detach().mean()) if self.masses else 0.0
+        return float(self.mass().detach().mean()) if self.log_masses else 0.0
 
 
 def rows_of(seqs) -> list[tuple[int, int, list[int]]]:
@@ -75,8 +80,9 @@ def pointing(*ps: Pointing):
         _ACTIVE.reset(token)
 
 
-def _named_mass(module, query, key, attention_mask, scaling, p: Pointing) -> torch.Tensor:
-    """(rows, heads) softmax weight on each row's named tokens, under the same mask as the pass."""
+def _named_log_mass(module, query, key, attention_mask, scaling, p: Pointing) -> torch.Tensor:
+    """(rows, heads) log of the softmax weight on each row's named tokens, under the same mask as the
+    pass: the log-sum-exp of the named tokens' logits less that of every allowed one."""
     b = torch.tensor([r[0] for r in p.rows], device=query.device)
     at = torch.tensor([r[1] for r in p.rows], device=query.device)
     heads = torch.tensor(p.heads, device=query.device)
@@ -89,17 +95,17 @@ def _named_mass(module, query, key, attention_mask, scaling, p: Pointing) -> tor
     if attention_mask is not None:
         row_mask = attention_mask[b, 0, at, : k.shape[2]]
         allowed = allowed & (row_mask if row_mask.dtype == torch.bool else row_mask == 0)
-    probs = logits.masked_fill(~allowed[:, None, :], float("-inf")).softmax(-1)
     named = torch.zeros_like(allowed)
     for i, (_, _, tokens) in enumerate(p.rows):
         named[i, tokens] = True
-    return (probs * named[:, None, :]).sum(-1)
+    every = logits.masked_fill(~allowed[:, None, :], float("-inf")).logsumexp(-1)
+    return logits.masked_fill(~(named & allowed)[:, None, :], float("-inf")).logsumexp(-1) - every
 
 
 def pointer_attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, **kwargs):
     for p in _ACTIVE.get():
         if p.rows and module.layer_idx == p.layer:
-            p.masses.append(_named_mass(module, query, key, attention_mask, scaling, p))
+            p.log_masses.append(_named_log_mass(module, query, key, attention_mask, scaling, p))
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 

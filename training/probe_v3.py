@@ -34,7 +34,7 @@ from kv_arena.tiny.arena_model import load_arena_weights
 
 from . import drawn_scenes as scenes
 from . import train_arena_v3 as train
-from .pointer_loss import POINTER_ATTENTION, Pointing, rows_of
+from .pointer_loss import POINTER_ATTENTION, Pointing
 
 KINDS = ("colour", "shape", "images", "moving")
 
@@ -80,7 +80,7 @@ def attention(model, adapter, items: int) -> dict[str, list[float]]:
         seqs = [objects_only(train.encode(adapter, it)) for it in scenes.held_out(kind, items, turns=1)]
         named, every, token_share = [], [], []
         for s in seqs:  # the first question only: a one-object question in every type probed here
-            (_, at, tokens), = rows_of([s])[:1]
+            at, tokens = s.answers[0][0][0], [s.visual_at[k] for k in s.item.question.tokens]
             objects = [s.visual_at[k] for k in s.item.informative]
             named.append((at, tokens))
             every.append((at, objects))
@@ -94,8 +94,8 @@ def attention(model, adapter, items: int) -> dict[str, list[float]]:
                      for p in on_all]
             train.forward(model, seqs[start:start + 8], pad, *part)
             for whole, batch in zip(on_named + on_all, part):
-                whole.masses += batch.masses
-        shares = [round(float((torch.cat(n.masses) / torch.cat(a.masses).clamp_min(1e-9)).mean(0).max()), 2)
+                whole.log_masses += batch.log_masses
+        shares = [round(float((n.mass() / a.mass().clamp_min(1e-9)).mean(0).max()), 2)
                   for n, a in zip(on_named, on_all)]
         out[kind] = shares + [round(float(np.mean(token_share)), 2)]
         print(kind, "named share by layer (best head):", shares, "token share:", out[kind][-1], flush=True)

@@ -174,7 +174,7 @@ def losses(model, seqs: list[Sequence], pad: int, step: int, args, aux: Auxiliar
     with layer_input(model, args.object_layer) if objects else contextlib.nullcontext() as got:
         answer = forward(model, seqs, pad, *[point] if point else [])[0]
     total = answer
-    if point is not None and point.masses:
+    if point is not None and point.log_masses:
         aux.on_named.append(point.mean_mass())
         total = total + args.point_weight * point.loss()
     if objects:
@@ -306,12 +306,14 @@ def setup(args):
     and the vision tower's patch embedding and merger at --vision-lr-scale of the rate. With
     --eyes (stage 2): the tower trained by train_arena_v3_eyes.py, loaded and frozen whole."""
     if not args.eyes:
-        return checkpoints.setup(args, arena_v3_model.build, ("merger", "patch_embed"), args.vision_lr_scale)
-    from .train_arena_v3_eyes import load_eyes
+        model, adapter, params, optimizer = checkpoints.setup(args, arena_v3_model.build, ("merger", "patch_embed"),
+                                                              args.vision_lr_scale)
+    else:
+        from .train_arena_v3_eyes import load_eyes
 
-    model, adapter, params, optimizer = checkpoints.setup(args, arena_v3_model.build, (), 0.0)
-    tower, _ = load_eyes(Path(args.eyes))
-    model.model.visual.load_state_dict(tower)
+        model, adapter, params, optimizer = checkpoints.setup(args, arena_v3_model.build, (), 0.0)
+        tower, _ = load_eyes(Path(args.eyes))
+        model.model.visual.load_state_dict(tower)
     model.set_attn_implementation({"text_config": POINTER_ATTENTION})  # SDPA, plus the rows --point-weight asks for
     return model, adapter, params, optimizer
 
@@ -345,15 +347,15 @@ def parse_args(argv=None):
                         "learnt before the reveal is rehearsed, not forgotten")
     p.add_argument("--fall", type=float, default=0.15,
                    help="a *_needed_only probe this far under its best during the reveal halves the learning rate")
-    p.add_argument("--point-weight", type=float, default=0.0,
-                   help="weight of pointer_loss.py's auxiliary loss: heads that attend to the named object")
+    p.add_argument("--point-weight", type=float, default=0.5,
+                   help="weight of pointer_loss.py's auxiliary loss: heads that attend to the named object (0: off)")
     p.add_argument("--point-from", type=int, default=0, help="first step with the pointer loss")
     p.add_argument("--point-layer", type=int, default=2, help="the decoder layer whose heads are pointed")
     p.add_argument("--point-heads", type=lambda t: tuple(int(x) for x in t.split(",")), default=(0, 2),
                    help="the heads pointed (one per key-value head by default; the others stay free)")
-    p.add_argument("--object-weight", type=float, default=0.0,
+    p.add_argument("--object-weight", type=float, default=0.5,
                    help="weight of object_loss.py's auxiliary loss: every visual token names its object's shape, "
-                        "colour and motion at the input of --object-layer")
+                        "colour and motion at the input of --object-layer (stage 2, with --eyes; 0: off)")
     p.add_argument("--object-from", type=int, default=0, help="first step with the object loss")
     p.add_argument("--object-layer", type=int, default=2, help="the decoder layer whose input the object heads read")
     p.add_argument("--types-from", type=parse_types_from,
@@ -407,7 +409,7 @@ def main(argv=None) -> int:
     pad = adapter.tokenizer.pad_token_id
     model.train()
     seen_loss, aux = [], Auxiliary()
-    if args.object_weight:
+    if args.object_weight and args.eyes:  # the heads start from stage 1's
         aux.heads, aux.heads_optimizer = setup_heads(model.config.text_config.hidden_size, Path(args.eyes), out,
                                                      args.lr, args.device)
     end = min(args.steps, args.stop_at or args.steps)

@@ -19,8 +19,9 @@ class Question:
     text: str
     answer: str
     tokens: tuple[int, ...]  # visual tokens the answer depends on
-    # per answer word, the visual tokens of the object it names (generation 3's scenes; the pointer
-    # loss of its training); empty where a generator does not say
+    # per answer word, the visual tokens that show the object it names (generation 3's scenes: the
+    # cells whose centre lies in the object, for the pointer loss of its training); empty where a
+    # generator does not say
     parts: tuple[tuple[int, ...], ...] = ()
 
 
