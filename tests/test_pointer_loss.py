@@ -30,10 +30,10 @@ def model_and_chats():
 
 def eager_weights(model, chats, pad: int, layer: int) -> torch.Tensor:
     """Layer ``layer``'s attention weights from transformers' eager attention (float mask)."""
-    hidden_mask, padded = training_module("answer_loss").hidden_mask, training_module("answer_loss").padded
+    answer_loss = training_module("answer_loss")
     model.set_attn_implementation({"text_config": "eager", "vision_config": VISION_ATTENTION_NAME})
-    ids, pos, _ = padded(chats, [s.positions for s in chats], pad)
-    mask = hidden_mask(chats, ids.shape[1])
+    ids, pos, _ = answer_loss.padded(chats, [s.positions for s in chats], pad)
+    mask = answer_loss.hidden_mask(chats, ids.shape[1])
     mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
     embeds = model.model.get_input_embeddings()(ids)
     images, videos = train.visual_features(model, chats)

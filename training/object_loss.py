@@ -27,15 +27,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import drawn_scenes as scenes
-from .train_arena_v3_eyes import (  # ObjectHeads: stage 1's read-outs, on a decoder token
-    Heads as ObjectHeads,
-)
-from .train_arena_v3_eyes import load_eyes
+from .train_arena_v3_eyes import COLOURS, SHAPES, Heads, load_eyes
 
 HEADS_FILE = "object_heads.pt"
 BACKGROUND_WEIGHT = 0.3  # stage 1's: background is most of a picture, unweighted it drowns the objects
-SHAPES, COLOURS = scenes.SHAPES, tuple(scenes.COLOURS)
 
 
 def object_targets(item) -> dict[str, torch.Tensor] | None:
@@ -83,7 +78,7 @@ def layer_input(model, layer: int):
         handle.remove()
 
 
-def object_loss(heads: ObjectHeads, hidden: torch.Tensor, seqs, targets: list) -> torch.Tensor | None:
+def object_loss(heads: Heads, hidden: torch.Tensor, seqs, targets: list) -> torch.Tensor | None:
     """The heads' loss on the visual tokens of the chats that have ``targets`` (None: out of scope)."""
     rows, cols, wanted = [], [], {name: [] for name in ("shape", "colour", "motion")}
     for b, (s, t) in enumerate(zip(seqs, targets)):
@@ -104,9 +99,9 @@ def object_loss(heads: ObjectHeads, hidden: torch.Tensor, seqs, targets: list) -
     return total
 
 
-def setup_heads(width: int, eyes: Path, out: Path, lr: float, device) -> tuple[ObjectHeads, torch.optim.Optimizer]:
+def setup_heads(width: int, eyes: Path, out: Path, lr: float, device) -> tuple[Heads, torch.optim.Optimizer]:
     """The heads and their optimiser: resumed from ``out`` when a run saved them, else stage 1's heads."""
-    heads = ObjectHeads(width)
+    heads = Heads(width)
     saved = Path(out) / HEADS_FILE
     state = torch.load(saved, map_location="cpu") if saved.is_file() else None
     heads.load_state_dict(state["heads"] if state else load_eyes(eyes)[1])
@@ -117,7 +112,7 @@ def setup_heads(width: int, eyes: Path, out: Path, lr: float, device) -> tuple[O
     return heads, optimizer
 
 
-def save_heads(heads: ObjectHeads, optimizer, out: Path) -> None:
+def save_heads(heads: Heads, optimizer, out: Path) -> None:
     """Beside the run's checkpoint (written aside, then moved, as the weights are)."""
     tmp = Path(out) / (HEADS_FILE + ".tmp")
     torch.save({"heads": heads.state_dict(), "optimizer": optimizer.state_dict()}, tmp)

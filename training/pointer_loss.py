@@ -33,8 +33,8 @@ POINTER_ATTENTION = "arena_pointer"
 
 @dataclass
 class Pointing:
-    """The rows one forward pass asks about: for each, (chat in the batch, the sequence index that
-    predicts the answer's first token, the sequence indices of the named object's tokens)."""
+    """The rows one forward pass asks about, in layer ``layer``'s ``heads``: for each, (chat in the batch,
+    the sequence index that predicts an answer word, the sequence indices of the tokens it names)."""
 
     layer: int
     heads: tuple[int, ...]

@@ -85,18 +85,17 @@ def attention(model, adapter, items: int) -> dict[str, list[float]]:
             named.append((at, tokens))
             every.append((at, objects))
             token_share.append(len(tokens) / len(objects))
-        on_named = [Pointing(layer, heads, []) for layer in range(text.num_hidden_layers)]
-        on_all = [Pointing(layer, heads, []) for layer in range(text.num_hidden_layers)]
+        layers, targets = range(text.num_hidden_layers), {"named": named, "all": every}
+        masses = {(name, layer): [] for name in targets for layer in layers}
         for start in range(0, len(seqs), 8):
-            part = [Pointing(p.layer, heads, [(b, *named[start + b]) for b in range(len(seqs[start:start + 8]))])
-                    for p in on_named]
-            part += [Pointing(p.layer, heads, [(b, *every[start + b]) for b in range(len(seqs[start:start + 8]))])
-                     for p in on_all]
-            train.forward(model, seqs[start:start + 8], pad, *part)
-            for whole, batch in zip(on_named + on_all, part):
-                whole.log_masses += batch.log_masses
-        shares = [round(float((n.mass() / a.mass().clamp_min(1e-9)).mean(0).max()), 2)
-                  for n, a in zip(on_named, on_all)]
+            part = range(start, min(start + 8, len(seqs)))
+            asked = {(name, layer): Pointing(layer, heads, [(i - start, *targets[name][i]) for i in part])
+                     for name, layer in masses}
+            train.forward(model, seqs[start:start + 8], pad, *asked.values())
+            for key, p in asked.items():
+                masses[key].append(p.mass())
+        shares = [round(float((torch.cat(masses["named", layer]) / torch.cat(masses["all", layer]).clamp_min(1e-9))
+                              .mean(0).max()), 2) for layer in layers]
         out[kind] = shares + [round(float(np.mean(token_share)), 2)]
         print(kind, "named share by layer (best head):", shares, "token share:", out[kind][-1], flush=True)
     return out

@@ -160,6 +160,14 @@ class Auxiliary:
     on_named: list = field(default_factory=list)  # per step: the pointed heads' weight on the named tokens
     object: list = field(default_factory=list)  # per step: the object heads' loss
 
+    def step(self, lr: float) -> None:
+        """The object heads' optimiser step, at the decoder's rate, after the step's backward pass."""
+        if self.heads_optimizer is not None:
+            for group in self.heads_optimizer.param_groups:
+                group["lr"] = lr
+            self.heads_optimizer.step()
+            self.heads_optimizer.zero_grad(set_to_none=True)
+
     def log(self) -> str:
         parts = [f" on named {np.mean(self.on_named[-25:]):.3f}"] if self.on_named else []
         parts += [f" objects {np.mean(self.object[-25:]):.3f}"] if self.object else []
@@ -229,8 +237,8 @@ _held_out: dict = {}
 
 def encode_held_out(kind: str, per_type: int, pool) -> None:
     """Encode the held-out two-turn chats of ``kind`` once, by the worker processes of ``pool`` (eight
-    chats a task), for every evaluation of this process to read (a machine with memory to spare:
-    80 chats of every type take about 12 GB)."""
+    chats a task), for every evaluation of this process to read: for a machine with memory to spare
+    (80 chats of every type grew a CPU run to 12 GB, and a second run beside it was killed for memory)."""
     parts = [pool.submit(_encode_held_out_in_worker, kind, per_type, lo, lo + 8) for lo in range(0, per_type, 8)]
     _held_out[(kind, per_type)] = [seq for part in parts for seq in part.result()]
 
@@ -433,13 +441,8 @@ def main(argv=None) -> int:
             else:
                 hide_for_training(s, rng, evict, objects, background)
         answer, loss = losses(model, seqs, pad, step, args, aux)
-        if aux.heads_optimizer is not None:
-            aux.heads_optimizer.zero_grad(set_to_none=True)
-            for group in aux.heads_optimizer.param_groups:
-                group["lr"] = optimizer.param_groups[0]["lr"]
         update(optimizer, params, loss)
-        if aux.heads_optimizer is not None:
-            aux.heads_optimizer.step()
+        aux.step(optimizer.param_groups[0]["lr"])
         seen_loss.append(answer.item())  # the curve's loss stays the answers' alone
         done = step + 1
         if done % 25 == 0:

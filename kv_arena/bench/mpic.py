@@ -43,7 +43,6 @@ from contextlib import contextmanager
 
 import torch
 
-
 from ..errors import UserError
 from ..mpic.kv_store import KVStore
 from ..mpic.linking import ingest
