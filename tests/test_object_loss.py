@@ -43,7 +43,7 @@ def test_a_run_with_both_losses_saves_its_heads_outside_the_model_and_resumes(tm
     from safetensors.torch import load_file
 
     args = ["--eyes", "training/stage1", "--out", str(tmp_path), "--threads", "1", "--eval-every", "1",
-            "--eval-items", "1", "--point-weight", "0.5", "--object-weight", "0.5", "--scale-from", "0.3",
+            "--eval-items", "1", "--point-weight", "0.5", "--object-weight", "0.5", "--hop-from", "0", "--scale-from", "0.3",
             "--scale-until", "100000", "--tokens", "1200", "--max-batch", "3"]
     assert train.main(args + ["--stop-at", "1"]) == 0
     saved = torch.load(tmp_path / objects.HEADS_FILE)

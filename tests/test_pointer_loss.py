@@ -105,6 +105,8 @@ def test_the_probe_reports_shares_per_layer_and_the_bar(model_and_chats, capsys)
     layers = model.config.text_config.num_hidden_layers
     assert set(shares) == set(probe.KINDS)
     assert all(len(row) == layers + 1 and all(0.0 <= v <= 1.0 for v in row) for row in shares.values())
+    from_word = probe.attention(model, adapter, 2, "word")  # the first hop, read at the naming word
+    assert all(len(row) == layers + 1 and row[-1] == shares[kind][-1] for kind, row in from_word.items())
     assert probe.bar(model, adapter, 1) is False  # random weights answer nothing right
     table = capsys.readouterr().out
     assert "| pair |" in table and "| unknown |" in table and "not met" in table
@@ -128,3 +130,37 @@ def test_its_gradient_flows_where_the_head_looks_elsewhere():
     assert float(p.mass().detach()) < 1e-12
     p.loss().backward()
     assert query.grad[0, 0, 3, 0] > 1.0  # a step down the gradient raises the named key's logit, -30 q
+
+
+def test_each_answer_word_has_the_word_of_its_question_that_names_its_object(model_and_chats):
+    _, adapter, chats = model_and_chats
+    colour, moving, pair, listed, odd = chats
+    assert pointer.naming_words(colour.item.question) == [colour.item.question.text.rstrip("?").split()[-1]]
+    assert pointer.naming_words(moving.item.question) == ["moves"]
+    shapes = pointer.naming_words(pair.item.question)  # "What colours are the star and the ring?"
+    assert len(shapes) == 2 and all(w in scenes.SHAPES for w in shapes)
+    assert pointer.naming_words(listed.item.question) == [] and not odd.item.question.parts  # no hop: no object
+    for s in chats:  # every turn, the follow-ups included: the word itself, after the media and before the answer
+        assert len(s.words_at) == len(s.item.turns)
+        for turn, answer, words_at in zip(s.item.turns, s.answers, s.words_at):
+            assert [adapter.tokenizer.decode([s.ids[i]]).strip() for i in words_at] == pointer.naming_words(turn)
+            assert all(s.after <= i < answer[0][0] for i in words_at)
+
+
+def test_the_two_hops_find_the_object_from_its_word_and_the_word_from_the_answer(model_and_chats):
+    model, adapter, chats = model_and_chats
+    find, relay = pointer.hop_rows(chats)
+    expected_find, expected_relay = [], []
+    for b, s in enumerate(chats):
+        for turn, answer, words_at in zip(s.item.turns, s.answers, s.words_at):
+            for (at, _), word_at, part in zip(answer, words_at, turn.parts):
+                expected_find.append((b, word_at, [s.visual_at[k] for k in part]))
+                expected_relay.append((b, at, [word_at]))
+    assert find == expected_find and relay == expected_relay and {b for b, _, _ in find} == {0, 1, 2, 3}  # a list's follow-up names one
+    model.set_attn_implementation({"text_config": pointer.POINTER_ATTENTION, "vision_config": VISION_ATTENTION_NAME})
+    find, relay = pointer.hop_rows(chats[1:])  # chats[0] hides tokens a training chat never hides: the asked ones
+    hops = pointer.Pointing(0, (0, 2), find), pointer.Pointing(1, (0, 2), relay)
+    with torch.no_grad():
+        train.forward(model, chats[1:], adapter.tokenizer.pad_token_id, *hops)
+    assert [p.mass().shape for p in hops] == [(len(find), 2), (len(relay), 2)]
+    assert all(0 < float(p.mass().min()) and float(p.mass().max()) <= 1 + 1e-6 for p in hops)

@@ -11,6 +11,14 @@ shape; of both objects of a pair in turn; of each object of a list). The loss is
 attention weight those tokens receive, taken from the logits, averaged over answer words and heads,
 added to the answer loss at ``--point-weight``. The other heads and layers stay free.
 
+That formed the lookups keyed by colour and by motion, never the one keyed by shape ("What colour
+is the star?"), and ``python -m training.lookup_probe`` says why: a new head fitted on the frozen
+run finds the star from the word "star" at the decoder's input (the tower's output), not from where
+the answer is predicted, and not even from the word by the input of layer 1. So the lookup is also
+taught in two hops through the question's word (:func:`hop_rows`, ``--hop-weight``): at each naming
+word, heads of ``--find-layer`` (0, where the shapes are still plain) attend to the object it names;
+where the answer word is predicted, heads of ``--relay-layer`` attend to that word.
+
 It is a seam of transformers' ``AttentionInterface``: the text model runs ``POINTER_ATTENTION``,
 which is transformers' own SDPA plus, inside :func:`pointing` for the chosen layer, the attention
 weights of the few rows asked for (the rest of the matrix is never built). Nothing is added to the
@@ -19,6 +27,7 @@ model: the weights it saves load into the app unchanged.
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -27,6 +36,10 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from kv_arena.tiny.scene_items import Question
+
+from .drawn_scenes import COLOURS, SHAPES
 
 POINTER_ATTENTION = "arena_pointer"
 
@@ -65,6 +78,31 @@ def rows_of(seqs) -> list[tuple[int, int, list[int]]]:
                 if tokens:
                     rows.append((b, at, [s.visual_at[k] for k in tokens]))
     return rows
+
+
+NAMING = frozenset(SHAPES) | frozenset(COLOURS) | {"moves"}
+
+
+def naming_words(q: Question) -> list[str]:
+    """The words of ``q`` that name the objects its answer words are about, one per answer word, in
+    order ("star" for "What colour is the star?", "red" for "Which shape is red?", "moves" for "Which
+    shape moves?", both shapes of a pair); empty where they do not pair up ("What is in the picture?")."""
+    words = [w for w in re.findall(r"[a-z]+", q.text.lower()) if w in NAMING]
+    return words if len(words) == len(q.answer.split()) else []
+
+
+def hop_rows(seqs) -> tuple[list, list]:
+    """The two hops of a lookup through the question's word, as rows of two Pointings: (find) at the
+    position of each naming word, the tokens of the object it names; (relay) at the position that
+    predicts the answer word, that naming word."""
+    find, relay = [], []
+    for b, s in enumerate(seqs):
+        for turn, answer, words_at in zip(s.item.turns, s.answers, s.words_at):
+            for (at, _), word_at, tokens in zip(answer, words_at, turn.parts):
+                if words_at and tokens:
+                    find.append((b, word_at, [s.visual_at[k] for k in tokens]))
+                    relay.append((b, at, [word_at]))
+    return find, relay
 
 
 _ACTIVE: ContextVar[tuple[Pointing, ...]] = ContextVar("arena_pointing", default=())

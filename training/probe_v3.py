@@ -11,6 +11,7 @@ lookup hop alone). When ``needed_only`` is high and ``objects_only`` sits at one
 objects, the decoder reads an object but does not find the one the question names.
 
     python -m training.probe_v3 runs/tiny-arena-vl-v3 --attention   # where the heads look
+    python -m training.probe_v3 runs/tiny-arena-vl-v3 --attention --at-word   # ... from the naming word
     python -m training.probe_v3 runs/tiny-arena-vl-v3 --bar --items 200   # the shipping bar (exit 1 below it)
 
 ``--attention``: per type and decoder layer, the largest share a head gives the named object of its
@@ -67,11 +68,13 @@ def probe(model, adapter, items: int) -> dict[str, dict[str, float]]:
 
 
 @torch.no_grad()
-def attention(model, adapter, items: int) -> dict[str, list[float]]:
+def attention(model, adapter, items: int, query: str = "answer") -> dict[str, list[float]]:
     """Per type and decoder layer, the largest share any head gives the named object of the weight it
     puts on all the objects, at the position that predicts the answer (objects-only view, the question
     as the app asks it), and last the named object's share of the objects' tokens: a head that has
-    found the lookup sits near 1, one that reads the objects blindly near the token share."""
+    found the lookup sits near 1, one that reads the objects blindly near the token share. With
+    ``query="word"``, at the question's word that names the object instead (the first of the two
+    hops, pointer_loss.hop_rows)."""
     pad = adapter.tokenizer.pad_token_id
     text = model.config.text_config
     heads = tuple(range(text.num_attention_heads))
@@ -80,7 +83,8 @@ def attention(model, adapter, items: int) -> dict[str, list[float]]:
         seqs = [objects_only(train.encode(adapter, it)) for it in scenes.held_out(kind, items, turns=1)]
         named, every, token_share = [], [], []
         for s in seqs:  # the first question only: a one-object question in every type probed here
-            at, tokens = s.answers[0][0][0], [s.visual_at[k] for k in s.item.question.tokens]
+            at = s.answers[0][0][0] if query == "answer" else s.words_at[0][0]
+            tokens = [s.visual_at[k] for k in s.item.question.tokens]
             objects = [s.visual_at[k] for k in s.item.informative]
             named.append((at, tokens))
             every.append((at, objects))
@@ -127,6 +131,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--attention", action="store_true",
                    help="instead of the accuracies: where each layer's heads look when the answer is predicted")
+    p.add_argument("--at-word", action="store_true",
+                   help="with --attention: read the heads at the question's naming word, not the answer")
     p.add_argument("--bar", action="store_true",
                    help=f"instead: whether the run meets the shipping bar ({SHIP_BAR}); exits 1 when it does not")
     args = p.parse_args(argv)
@@ -141,7 +147,10 @@ def main(argv=None) -> int:
     model.eval()
     if args.bar:
         return 0 if bar(model, adapter, args.items) else 1
-    (attention if args.attention else probe)(model, adapter, args.items)
+    if args.attention:
+        attention(model, adapter, args.items, "word" if args.at_word else "answer")
+    else:
+        probe(model, adapter, args.items)
     return 0
 
 

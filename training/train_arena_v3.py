@@ -66,7 +66,7 @@ from .answer_loss import answer_loss, hidden_mask, padded
 from .checkpoints import lr_at, record, resume, update
 from .curriculum import add_reveal_arg, hide_for_training, reveal
 from .object_loss import layer_input, object_loss, object_targets, save_heads, setup_heads
-from .pointer_loss import POINTER_ATTENTION, Pointing, pointing, rows_of
+from .pointer_loss import POINTER_ATTENTION, Pointing, hop_rows, naming_words, pointing, rows_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,6 +83,9 @@ class Sequence:
     system: tuple[int, int]
     item: Item
     hidden: list[int] = field(default_factory=list)
+    # per turn, the sequence index of each word of its question that names an object its answer words
+    # are about (pointer_loss.naming_words), one per answer word; empty where they do not pair up
+    words_at: list[list[int]] = field(default_factory=list)
 
 
 def encode(adapter: QwenVLAdapter, it: Item, completion: bool = False) -> Sequence:
@@ -96,13 +99,16 @@ def encode(adapter: QwenVLAdapter, it: Item, completion: bool = False) -> Sequen
     ids = first.input_ids[0].tolist()
     pos = [first.rope_ids]
     nxt = first.next_position
-    answers = []
+    answers, words_at = [], []
+    question_from = first.layout.visuals[-1].span[1]  # the first question follows its media
     for k, q in enumerate(it.turns[:1] if completion else it.turns):
         if k:
+            question_from = len(ids)
             chunk = adapter.encode_turn(Message(q.text), len(ids), nxt, None, prefix_ids=[eos])
             ids += chunk.input_ids[0].tolist()
             pos.append(chunk.rope_ids.expand(3, -1))  # text: the three components agree
             nxt = chunk.next_position
+        words_at.append(_positions_of(adapter, ids, question_from, naming_words(q)))
         answer = adapter.tokens(q.answer) + [eos]
         answers.append([(len(ids) - 1 + i, t) for i, t in enumerate(answer)])
         ids += answer[:-1]
@@ -111,7 +117,18 @@ def encode(adapter: QwenVLAdapter, it: Item, completion: bool = False) -> Sequen
     lay = first.layout
     visual_at = [i for v in lay.visuals for i in range(*v.span)]
     return Sequence(ids, torch.cat(pos, dim=1), first.model_kwargs, answers, visual_at,
-                    lay.visuals[-1].span[1] + 1, lay.system, it)
+                    lay.visuals[-1].span[1] + 1, lay.system, it, words_at=words_at)
+
+
+def _positions_of(adapter: QwenVLAdapter, ids: list[int], start: int, words: list[str]) -> list[int]:
+    """The index of each of ``words``, in order, in ``ids`` from ``start`` on (each after the one before)."""
+    out, at = [], start
+    for word in words:
+        (token,) = adapter.tokens(word)
+        at = ids.index(token, at)
+        out.append(at)
+        at += 1
+    return out
 
 
 def visual_features(model, seqs: list[Sequence]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -152,12 +169,14 @@ def forward(model, seqs: list[Sequence], pad: int, *points: Pointing):
 
 @dataclass
 class Auxiliary:
-    """The auxiliary losses a run adds to the answers' (--point-weight: pointer_loss.py, --object-weight:
-    object_loss.py), with the object heads and their optimiser, and what each step's losses read."""
+    """The auxiliary losses a run adds to the answers' (--point-weight and --hop-weight: pointer_loss.py,
+    --object-weight: object_loss.py), with the object heads and their optimiser, and what each step's
+    losses read."""
 
     heads: torch.nn.Module | None = None
     heads_optimizer: torch.optim.Optimizer | None = None
     on_named: list = field(default_factory=list)  # per step: the pointed heads' weight on the named tokens
+    on_hops: list = field(default_factory=list)  # per step: the hops' heads' weight on what they are asked to find
     object: list = field(default_factory=list)  # per step: the object heads' loss
 
     def step(self, lr: float) -> None:
@@ -170,6 +189,7 @@ class Auxiliary:
 
     def log(self) -> str:
         parts = [f" on named {np.mean(self.on_named[-25:]):.3f}"] if self.on_named else []
+        parts += [" find {:.3f} relay {:.3f}".format(*np.mean(self.on_hops[-25:], axis=0))] if self.on_hops else []
         parts += [f" objects {np.mean(self.object[-25:]):.3f}"] if self.object else []
         return "".join(parts)
 
@@ -178,13 +198,20 @@ def losses(model, seqs: list[Sequence], pad: int, step: int, args, aux: Auxiliar
     """(the answers' loss, the loss to minimise: the answers' plus the auxiliary losses on at ``step``)."""
     point = Pointing(args.point_layer, args.point_heads, rows_of(seqs)) \
         if args.point_weight and step >= args.point_from else None
+    hops = ()
+    if args.hop_weight and step >= args.hop_from:
+        find, relay = hop_rows(seqs)
+        hops = (Pointing(args.find_layer, args.point_heads, find), Pointing(args.relay_layer, args.point_heads, relay))
     objects = aux.heads is not None and step >= args.object_from
     with layer_input(model, args.object_layer) if objects else contextlib.nullcontext() as got:
-        answer = forward(model, seqs, pad, *[point] if point else [])[0]
+        answer = forward(model, seqs, pad, *[p for p in (point, *hops) if p is not None])[0]
     total = answer
     if point is not None and point.log_masses:
         aux.on_named.append(point.mean_mass())
         total = total + args.point_weight * point.loss()
+    if hops and hops[0].log_masses:
+        aux.on_hops.append([p.mean_mass() for p in hops])
+        total = total + args.hop_weight * (hops[0].loss() + hops[1].loss()) / 2
     if objects:
         extra = object_loss(aux.heads, got[0], seqs, [object_targets(s.item) for s in seqs])
         if extra is not None:
@@ -328,7 +355,8 @@ def setup(args):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=4000, help="the schedule's length (the learning rate's cosine)")
+    p.add_argument("--steps", type=int, default=6000,
+                   help="the schedule's length (the learning rate's cosine; 4,000 until the run's step 4,000)")
     p.add_argument("--stop-at", type=int, default=None, help="stop after this step, the schedule unchanged")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "runs" / "tiny-arena-vl-v3"))
@@ -361,6 +389,13 @@ def parse_args(argv=None):
     p.add_argument("--point-layer", type=int, default=2, help="the decoder layer whose heads are pointed")
     p.add_argument("--point-heads", type=lambda t: tuple(int(x) for x in t.split(",")), default=(0, 2),
                    help="the heads pointed (one per key-value head by default; the others stay free)")
+    p.add_argument("--hop-weight", type=float, default=0.5,
+                   help="weight of the two hops through the question's word (pointer_loss.hop_rows): heads of "
+                        "--find-layer at the naming word attend to its object, heads of --relay-layer where the "
+                        "answer word is predicted attend to that word (0: off)")
+    p.add_argument("--hop-from", type=int, default=4000, help="first step with the hops")
+    p.add_argument("--find-layer", type=int, default=0, help="the decoder layer pointed from the naming word")
+    p.add_argument("--relay-layer", type=int, default=1, help="the decoder layer pointed from the answer at the word")
     p.add_argument("--object-weight", type=float, default=0.5,
                    help="weight of object_loss.py's auxiliary loss: every visual token names its object's shape, "
                         "colour and motion at the input of --object-layer (stage 2, with --eyes; 0: off)")
