@@ -22,17 +22,13 @@ import argparse
 import contextlib
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-
-from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME
-from kv_arena.tiny.arena_model import load_arena_weights
 
 from . import drawn_scenes as scenes
 from . import train_arena_v3 as train
 from .object_loss import layer_input
-from .pointer_loss import POINTER_ATTENTION
+from .probe_v3 import load_run
 
 
 @dataclass
@@ -155,15 +151,10 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=300, help="optimiser steps (full batch) of each fit")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
-    if not (Path(args.run) / "model.safetensors").is_file():
-        print(f"error: no model.safetensors in {args.run}", file=sys.stderr)
+    loaded = load_run(args.run, args.threads)
+    if loaded is None:
         return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, adapter = train.arena_v3_model.build(0)
-    model.set_attn_implementation({"text_config": POINTER_ATTENTION, "vision_config": VISION_ATTENTION_NAME})
-    load_arena_weights(model, Path(args.run))
-    model.eval()
+    model, adapter = loaded
     text = model.config.text_config
     rope = (text.rope_parameters["rope_theta"], list(text.rope_parameters["mrope_section"]))
     layers = [int(x) for x in args.layers.split(",")]

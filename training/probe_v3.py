@@ -124,6 +124,21 @@ def bar(model, adapter, items: int) -> bool:
     return met
 
 
+def load_run(folder: str, threads: int | None = None) -> tuple | None:
+    """A stage-2 run's model (as trained: the pointer's attention) and its adapter, to read; None, said
+    on stderr, when the folder holds no weights."""
+    if not (Path(folder) / "model.safetensors").is_file():
+        print(f"error: no model.safetensors in {folder}", file=sys.stderr)
+        return None
+    if threads:
+        torch.set_num_threads(threads)
+    model, adapter = train.arena_v3_model.build(0)
+    model.set_attn_implementation({"text_config": POINTER_ATTENTION, "vision_config": VISION_ATTENTION_NAME})
+    load_arena_weights(model, Path(folder))
+    model.eval()
+    return model, adapter
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="a stage-2 run's folder (model.safetensors, config.json)")
@@ -136,15 +151,10 @@ def main(argv=None) -> int:
     p.add_argument("--bar", action="store_true",
                    help=f"instead: whether the run meets the shipping bar ({SHIP_BAR}); exits 1 when it does not")
     args = p.parse_args(argv)
-    if not (Path(args.run) / "model.safetensors").is_file():
-        print(f"error: no model.safetensors in {args.run}", file=sys.stderr)
+    loaded = load_run(args.run, args.threads)
+    if loaded is None:
         return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, adapter = train.arena_v3_model.build(0)
-    model.set_attn_implementation({"text_config": POINTER_ATTENTION, "vision_config": VISION_ATTENTION_NAME})  # as trained
-    load_arena_weights(model, Path(args.run))
-    model.eval()
+    model, adapter = loaded
     if args.bar:
         return 0 if bar(model, adapter, args.items) else 1
     if args.attention:
