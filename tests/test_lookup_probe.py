@@ -59,4 +59,3 @@ def test_a_new_head_finds_a_plain_lookup_on_chats_it_was_not_fitted_on():
     assert abs(probe.token_share(read) - 1 / 3) < 1e-6
     _, share = probe.fit(fitted, read, 8, (10000.0, [1, 1, 2]), steps=150)
     assert share > 0.9
-

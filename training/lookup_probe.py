@@ -13,7 +13,8 @@ object, the run frozen, on half the held-out chats of ``--kind``, and read on th
 named object's share of the head's weight on all the objects (as ``--attention``), beside their token
 share. A new head of the model's own width that reaches it says the room is there; one that reaches
 it only wider says the head is too narrow; one that reaches it without M-RoPE only, that the turning
-dimensions crowd the content out.
+dimensions crowd the content out. With ``--query word`` the query is read at the question's word
+that names the object instead: whether the objects' tokens hold what a word can match at all.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Rows:
 
     hidden: torch.Tensor  # (chats, length, width)
     positions: torch.Tensor  # (chats, 3, length) M-RoPE positions
-    at: torch.Tensor  # (chats,) the index that predicts the answer's first word
+    at: torch.Tensor  # (chats,) the query's index: where the answer's first word is predicted, or the naming word
     named: torch.Tensor  # (chats, length) bool: the named object's tokens
     objects: torch.Tensor  # (chats, length) bool: every object's tokens
 
@@ -102,7 +103,7 @@ class NewHead(torch.nn.Module):
         self.q, self.k, self.rope, self.dim = torch.nn.Linear(width, dim), torch.nn.Linear(width, dim), rope, dim
 
     def log_weights(self, rows: Rows) -> torch.Tensor:
-        """(chats, length): log of the head's weight on each token at the answer's position (causal)."""
+        """(chats, length): log of the head's weight on each token at the query's position (causal)."""
         chats = torch.arange(len(rows.at))
         q, k = self.q(rows.hidden[chats, rows.at]), self.k(rows.hidden)
         if self.rope is not None:
