@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 
 import torch
+from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import rotate_half
 
 from . import drawn_scenes as scenes
 from . import train_arena_v3 as train
@@ -91,8 +92,7 @@ def rotary(positions: torch.Tensor, dim: int, theta: float, section: list[int]) 
 
 
 def _turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    return x * cos + rotate_half(x) * sin  # as the model turns its queries and keys
 
 
 class NewHead(torch.nn.Module):

@@ -99,7 +99,7 @@ def hop_rows(seqs) -> tuple[list, list]:
     for b, s in enumerate(seqs):
         for turn, answer, words_at in zip(s.item.turns, s.answers, s.words_at):
             for (at, _), word_at, tokens in zip(answer, words_at, turn.parts):
-                if words_at and tokens:
+                if tokens:
                     find.append((b, word_at, [s.visual_at[k] for k in tokens]))
                     relay.append((b, at, [word_at]))
     return find, relay
