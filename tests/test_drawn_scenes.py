@@ -78,6 +78,17 @@ def test_sizes_cover_the_range():
     assert min(frames) >= 16 and max(frames) <= 32
 
 
+@pytest.mark.parametrize("kind", scenes.QUESTION_TYPES)
+def test_every_object_is_a_cell_across_or_more(kind):
+    """v3 reads objects a cell across (28 px at the processed size) and larger: smaller ones, which its
+    frozen tower read at under 0.8, are not drawn (the fallback of docs/offline-model.md)."""
+    for seed in range(6):
+        it = scenes.item(seed, kind)
+        sides = [t.size * p.rows for p in it.pictures for t in p.things]
+        assert sides and min(sides) >= scenes.OBJECT_CELLS[0] - 1e-9 and max(sides) <= scenes.OBJECT_CELLS[1] + 1e-9
+    assert scenes.OBJECT_CELLS[0] >= 1.0
+
+
 def test_objects_are_listed_in_colour_order_and_pairs_name_two():
     for seed in range(10):
         it = scenes.item(seed, "objects")

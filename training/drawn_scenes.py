@@ -46,7 +46,10 @@ QUESTION_TYPES = ("colour", "shape", "images", "moving", "objects", "pair")
 MAX_TURNS = 3
 # The processor's bounds in cells (tokens): smaller pictures are upscaled, larger ones downscaled.
 MIN_CELLS, MAX_CELLS = 8 * 8, 48 * 48
-OBJECT_CELLS = (0.6, 2.2)  # an object's side, in cells of the processed picture
+# An object's side, in cells (tokens) of the processed picture. From 0.6 cells the frozen tower read
+# under 0.8 of the objects smaller than one cell (stage 1), and they were most of the decoder's errors
+# (probe_v3 --by-size, docs/offline-model.md): v3 reads objects a cell across (28 px) and larger.
+OBJECT_CELLS = (1.0, 2.2)
 WORDS = ("what", "colour", "colours", "is", "are", "the", "which", "shape", "moves", "in", "picture", "and", "?",
          UNKNOWN) + tuple(COLOURS) + SHAPES
 # (sides of one picture in cells at full size, pictures per item or frames per video)

@@ -13,6 +13,7 @@ objects, the decoder reads an object but does not find the one the question name
     python -m training.probe_v3 runs/tiny-arena-vl-v3 --attention   # where the heads look
     python -m training.probe_v3 runs/tiny-arena-vl-v3 --attention --at-word   # ... from the naming word
     python -m training.probe_v3 runs/tiny-arena-vl-v3 --bar --items 200   # the shipping bar (exit 1 below it)
+    python -m training.probe_v3 runs/tiny-arena-vl-v3 --by-size --items 80   # right answers by object size
 
 ``--attention``: per type and decoder layer, the largest share a head gives the named object of its
 weight on all the objects, when the answer is predicted, beside the named object's share of the
@@ -105,6 +106,47 @@ def attention(model, adapter, items: int, query: str = "answer") -> dict[str, li
     return out
 
 
+SIZE_BINS = ((0.0, 1.0), (1.0, 1.5), (1.5, 99.0))  # an object's side in cells: stage 1's bins (docs/offline-model.md)
+
+
+def named_things(it) -> list:
+    """The objects a first question's answer depends on: the one that moves (a video), every object
+    ("What is in the picture?"), else those whose shape or colour the question names."""
+    if it.video:
+        return [it.pictures[0].things[-1]]  # drawn_scenes puts the moving object last in every frame
+    things = [t for p in it.pictures for t in p.things]
+    if it.kind == "objects":
+        return things
+    words = set(it.question.text.rstrip("?").lower().split())
+    return [t for t in things if t.shape in words or t.colour in words]
+
+
+def smallest_side(it) -> float:
+    """The side, in cells of its picture, of the smallest object the first question depends on (a
+    Thing's size is a fraction of its picture's height)."""
+    named = named_things(it)
+    return min(t.size * p.rows for p in it.pictures[:1 if it.video else None] for t in p.things if t in named)
+
+
+@torch.no_grad()
+def by_size(model, adapter, items: int) -> dict[str, list[tuple[int, int]]]:
+    """Per type, first question in full view: (right, asked) for each of :data:`SIZE_BINS` of the
+    smallest object its answer depends on. Where the small objects fail and the large ones do not,
+    the limit is the frozen tower's reading (stage 1), not the decoder's lookup."""
+    pad = adapter.tokenizer.pad_token_id
+    out = {}
+    for kind in scenes.QUESTION_TYPES:
+        held = scenes.held_out(kind, items, turns=1)
+        seqs = [train.encode(adapter, it) for it in held]
+        hits = [h[0] for start in range(0, len(seqs), 8) for h in train.forward(model, seqs[start:start + 8], pad)[1]]
+        sides = [smallest_side(it) for it in held]
+        out[kind] = [(sum(bool(h) for h, s in zip(hits, sides) if lo <= s < hi), sum(lo <= s < hi for s in sides))
+                     for lo, hi in SIZE_BINS]
+        cells = ", ".join(f"{r}/{n}" for r, n in out[kind])
+        print(f"{kind}: right/asked by the smallest named object's side (<1, 1-1.5, 1.5+ cells): {cells}", flush=True)
+    return out
+
+
 SHIP_BAR = 0.90  # issue #45: v3 ships when every type, first question and follow-up, and "unknown" reach it
 
 
@@ -148,6 +190,8 @@ def main(argv=None) -> int:
                    help="instead of the accuracies: where each layer's heads look when the answer is predicted")
     p.add_argument("--at-word", action="store_true",
                    help="with --attention: read the heads at the question's naming word, not the answer")
+    p.add_argument("--by-size", action="store_true",
+                   help="instead: first-question accuracy by the side of the smallest object the answer depends on")
     p.add_argument("--bar", action="store_true",
                    help=f"instead: whether the run meets the shipping bar ({SHIP_BAR}); exits 1 when it does not")
     args = p.parse_args(argv)
@@ -157,7 +201,9 @@ def main(argv=None) -> int:
     model, adapter = loaded
     if args.bar:
         return 0 if bar(model, adapter, args.items) else 1
-    if args.attention:
+    if args.by_size:
+        by_size(model, adapter, args.items)
+    elif args.attention:
         attention(model, adapter, args.items, "word" if args.at_word else "answer")
     else:
         probe(model, adapter, args.items)

@@ -415,6 +415,8 @@ def parse_args(argv=None):
     p.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --out")
     p.add_argument("--eyes", default=None, help="stage 2: the folder of a train_arena_v3_eyes.py run, whose vision "
                                                 "tower is loaded and frozen (a resumed run reloads its own weights)")
+    p.add_argument("--new-eyes", default=None, help="a resumed run's tower replaced by this stage-1 run's (stage 1 "
+                                                    "continued); saved with the run, so given once")
     return p.parse_args(argv)
 
 
@@ -448,6 +450,11 @@ def main(argv=None) -> int:
     model, adapter, params, optimizer = setup(args)
     model.to(args.device)  # before resuming: the optimiser's state follows its parameters' device
     start, curve, t0 = resume(model, optimizer, out, args.fresh)
+    if args.new_eyes and start:  # stage 1 continued: the run goes on with its tower, saved with it from here
+        from .train_arena_v3_eyes import load_eyes
+
+        model.model.visual.load_state_dict(load_eyes(Path(args.new_eyes))[0])
+        print(f"the tower of {args.new_eyes} replaces the run's from step {start}", flush=True)
     factor = curve[-1].get("lr_factor", 1.0) if curve else 1.0
     pad = adapter.tokenizer.pad_token_id
     model.train()

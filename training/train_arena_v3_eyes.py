@@ -260,9 +260,19 @@ def save(out: Path, visual, heads, optimizer, step: int, curve: list) -> None:
     checkpoints.save_weights(out, EYES, state_of(visual, heads), curve, optimizer, step)
 
 
-def resume(out: Path, visual, heads, optimizer, fresh: bool) -> tuple[int, list, float]:
+def resume(out: Path, visual, heads, optimizer, fresh: bool, start_from: str | None = None) -> tuple[int, list, float]:
+    """(step, curve, start time) of the run in ``out``; a new run starts at step 0, or, with
+    ``start_from`` (a finished run's folder, e.g. training/stage1), from its tower, heads, curve and
+    last step, with a fresh optimiser: stage 1 continued with another mix (--video-share)."""
     if fresh or not (out / "optimizer.pt").exists():
-        return 0, [], time.time()
+        if not start_from:
+            return 0, [], time.time()
+        tower, head = load_eyes(Path(start_from))
+        visual.load_state_dict(tower)
+        heads.load_state_dict(head)
+        curve = json.loads((Path(start_from) / "training_curve.json").read_text())
+        print(f"continuing {start_from} from step {curve[-1]['step']}", flush=True)
+        return curve[-1]["step"], curve, time.time() - 60 * curve[-1]["minutes"]
     tower, head = load_eyes(out)
     visual.load_state_dict(tower)
     heads.load_state_dict(head)
@@ -286,6 +296,8 @@ def parse_args(argv=None):
                    help="held-out objects items (and a third as many dense pictures and clips)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --out")
+    p.add_argument("--start-from", default=None,
+                   help="a new run in --out continues this finished run (its tower, heads, curve and step)")
     return p.parse_args(argv)
 
 
@@ -298,7 +310,7 @@ def main(argv=None) -> int:
     processor = arena_v3_model.image_processor()
     params = list(visual.parameters()) + list(heads.parameters())
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    start, curve, t0 = resume(out, visual, heads, optimizer, args.fresh)
+    start, curve, t0 = resume(out, visual, heads, optimizer, args.fresh, args.start_from)
     sets = held_out_samples(adapter, processor, args.eval_items)
     visual.train()
     seen = []
