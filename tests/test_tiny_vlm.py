@@ -218,12 +218,12 @@ def test_known_answers_first_and_follow_up(arena):
 
 
 def test_examples_are_answered(arena):
-    """The app's clickable examples (service.ARENA_EXAMPLES, files drawn by assets/make_examples.py)."""
-    from kv_arena.service import ARENA_EXAMPLES
+    """The app's clickable examples (service.arena_examples(), files drawn by assets/make_examples.py)."""
+    from kv_arena.service import arena_examples
     from kv_arena.tiny.arena_scenes import examples
 
     expected = {it.question.text: it.question.answer for it, _ in examples().values()}
-    for text, files in ARENA_EXAMPLES:
+    for text, files in arena_examples():
         paths = [ASSETS / f for f in files]
         media = {"videos": paths} if files[0].endswith(".mp4") else {"images": paths}
         conv = Conversation(arena, backends.make_backend("full"))
