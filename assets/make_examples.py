@@ -4,8 +4,9 @@ they carry no licence and work offline.
     python assets/make_examples.py          # needs Pillow; the video also needs PyAV (pip install av)
 
 Writes shapes.png, chart.png, street.png, bouncing_ball.mp4 (H.264, so
-browsers play it) and tiny-arena-vl v2's examples arena_*.png, arena_moving.mp4 next to this file;
-the README's screenshot is taken by tests/test_app_browser.py.
+browsers play it) and the examples of the generation of tiny-arena-vl the app serves (v2's
+arena_*.png, arena_moving.mp4; v3's scene_*.png, scene_moving.mp4) next to this file; the README's
+screenshot is taken by tests/test_app_browser.py.
 """
 
 from __future__ import annotations
@@ -90,12 +91,12 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: int = 8, crf: int = 30)
 
 
 def arena_examples() -> list[Path]:
-    """The bundled tiny-arena-vl's example of each question type (``examples()`` of its scenes,
-    kv_arena/tiny/arena_scenes.py), drawn as the model reads them; a video at its own frame rate."""
-    from kv_arena.tiny import arena_scenes
+    """The served tiny-arena-vl's example of each question type (``examples()`` of its generation's
+    scenes, kv_arena/tiny/generations.py), drawn as the model reads them; a video at its own frame rate."""
+    from kv_arena.tiny import generations
 
     written = []
-    for it, files in arena_scenes.examples().values():
+    for it, files in generations.of().scenes.examples().values():
         if it.video:
             write_mp4(HERE / files[0], list(it.frames()), fps=round(it.fps), crf=0)
         else:

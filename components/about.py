@@ -84,15 +84,12 @@ PANELS = """
 - A figure marked **cached** comes from an earlier full-cache run on exactly the same input, so the
   full cache is not paid for twice.
 
-`tiny-arena-vl`, the offline default, was trained by this project on drawn scenes like the `arena`
-examples: a few coloured shapes on a plain or lightly textured background, most of each picture empty,
-as in the photos the compression methods were made for. It answers "What colour is the triangle?" and
-"Which shape is blue?" about one picture or several, "Which shape moves?" about a short video, and a
-second question about another shape in the same chat; nothing else.
+`tiny-arena-vl`, the offline default: {arena} Most of each picture is empty, as in the photos the
+compression methods were made for.
 The other offline models (`tiny-…`, `random:…`) have random weights:
 their answers are nonsense text. Every figure in the panels is measured here; only the lines marked
 *computed, not measured* are worked out (from real models' sizes), and they say so.
-"""
+""".replace("{arena}", service.model_description(service.ARENA))  # what the served generation reads
 
 
 def methods_table() -> str:

@@ -292,10 +292,10 @@ GENERAL_EXAMPLES = [("What shapes do you see, and what colour is each?", ["shape
 
 def examples(model: str | None = None) -> list[list]:
     """The clickable examples for ``model`` (default: the model picked at start; present files only):
-    the trained model's own (``service.ARENA_EXAMPLES``, each answered right), else general ones
+    the trained model's own (``service.arena_examples()``, each answered right), else general ones
     for hub and random models."""
     model = service.default_model() if model is None else model
-    rows = service.ARENA_EXAMPLES if service.is_trained_here(model) else GENERAL_EXAMPLES
+    rows = service.arena_examples() if service.is_trained_here(model) else GENERAL_EXAMPLES
     return [[{"text": text, "files": [str(ASSETS / f) for f in files]}] for text, files in rows
             if all((ASSETS / f).is_file() for f in files)]
 

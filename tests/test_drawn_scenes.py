@@ -1,4 +1,4 @@
-"""tiny-arena-vl v3's drawings (training/drawn_scenes.py) and its training script: seeded, drawn
+"""tiny-arena-vl v3's drawings (kv_arena/tiny/drawn_scenes.py) and its training script: seeded, drawn
 off the token grid, every object's tokens named on the grid the image processor really makes,
 answers in the vocabulary, and the training chat exactly the app's."""
 
@@ -14,9 +14,8 @@ import backends
 from kv_arena.runtime.generate import Conversation
 from kv_arena.runtime.inputs import DEFAULT_SYSTEM, Message
 from kv_arena.runtime.models import MODELS
+from kv_arena.tiny import drawn_scenes as scenes
 from tests.support import training_module
-
-scenes = training_module("drawn_scenes")
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +25,7 @@ def v3():
     from kv_arena.runtime.models import LoadedModel
     from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME
 
-    model, adapter = training_module("train_arena_v3").arena_v3_model.build(3)
+    model, adapter = training_module("checkpoints").build_v3(3)
     model.eval().set_attn_implementation({"text_config": ATTENTION_NAME, "vision_config": VISION_ATTENTION_NAME})
     return LoadedModel(MODELS["tiny-arena-vl"], model, adapter, torch.float32, torch.device("cpu"))
 
@@ -181,7 +180,7 @@ def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
     assert [p["step"] for p in curve] == [1, 2, 3]
     assert set(curve[-1]) >= {"loss", "colour", "objects_follow", "pair", "unknown"}
     assert json.loads((tmp_path / "config.json").read_text())[VERSION_KEY] == 3 == bundled_version(tmp_path)
-    load_arena_weights(train.arena_v3_model.build()[0], tmp_path)  # what a resumed run loads
+    load_arena_weights(train.checkpoints.build_v3()[0], tmp_path)  # what a resumed run loads
 
 
 def test_training_asks_the_types_begun_by_each_step():

@@ -13,7 +13,7 @@ train = training_module("train_arena_v3")
 
 
 def test_its_rotary_at_the_models_width_is_the_models_own():
-    model, _ = train.arena_v3_model.build(0)
+    model, _ = train.checkpoints.build_v3(0)
     text = model.config.text_config
     positions = torch.stack([torch.arange(40), torch.arange(40) // 3, torch.arange(40) % 7]).float()[None]
     cos, sin = model.model.language_model.rotary_emb(torch.zeros(1), positions.long().permute(1, 0, 2))
@@ -23,7 +23,7 @@ def test_its_rotary_at_the_models_width_is_the_models_own():
 
 
 def test_it_collects_each_chats_layer_input_and_what_its_answer_names():
-    model, adapter = train.arena_v3_model.build(0)
+    model, adapter = train.checkpoints.build_v3(0)
     model.eval()
     rows = probe.collect(model, adapter, "colour", 3, [1])[1]
     for i, it in enumerate(train.scenes.held_out("colour", 3)):

@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
+from kv_arena.tiny import drawn_scenes as scenes
 from tests.support import training_module
 
 objects = training_module("object_loss")
-scenes = training_module("drawn_scenes")
 train = training_module("train_arena_v3")
 
 

@@ -49,13 +49,18 @@ def test_every_package_of_kv_arena_is_shipped_and_nothing_top_level_but_kv_arena
 
 
 def test_the_offline_model_and_its_examples_are_package_data():
-    from kv_arena.tiny import arena_scenes
+    """The bundle and its generation's examples are drawn and shipped; every other generation's
+    would be shipped once drawn (a new generation's weights are all a switch copies)."""
+    from kv_arena.tiny import generations
 
     patterns = SETUPTOOLS["package-data"]["kv_arena.assets"]
     needed = {"tiny-arena-vl/config.json", "tiny-arena-vl/model.safetensors"}
-    needed |= {f for _, files in arena_scenes.examples().values() for f in files}
+    needed |= {f for _, files in generations.of().scenes.examples().values() for f in files}
     for name in needed:
         assert (ROOT / "assets" / name).is_file(), name
+    for generation in generations.GENERATIONS.values():
+        needed |= {f for _, files in generation.scenes.examples().values() for f in files}
+    for name in needed:
         assert any(fnmatch(name, pattern) for pattern in patterns), f"{name} is not shipped"
     assert not any(fnmatch("screenshot.png", pattern) for pattern in patterns)  # the README's, not the library's
 

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME
+from kv_arena.tiny import drawn_scenes as scenes
 from tests.support import training_module
 
 train = training_module("train_arena_v3")
 pointer = training_module("pointer_loss")
-scenes = training_module("drawn_scenes")
 
 
 @pytest.fixture(scope="module")
 def model_and_chats():
-    model, adapter = train.arena_v3_model.build(3)
+    model, adapter = train.checkpoints.build_v3(3)
     model.eval()
     kinds = ("colour", "moving", "pair", "objects")
     chats = [train.encode(adapter, scenes.item(7, kind, 2, 0.4)) for kind in kinds]

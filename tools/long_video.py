@@ -63,9 +63,9 @@ def draw_video(path: Path, minutes: float, fps: int, seed: int) -> tuple[str, st
     import numpy as np
 
     from kv_arena.media import write_avi
-    from kv_arena.tiny import arena_scenes
+    from kv_arena.tiny import generations
 
-    item = arena_scenes.held_out("moving", seed + 1)[seed]
+    item = generations.of().scenes.held_out("moving", seed + 1)[seed]
     drawn = item.frames()
     count = round(minutes * 60 * fps)
     frames = drawn[np.arange(count) * len(drawn) // count]  # each drawn frame held an equal share of the time

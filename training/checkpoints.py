@@ -14,7 +14,8 @@ import torch
 
 from kv_arena.runtime.inputs import QwenVLAdapter
 from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME
-from kv_arena.tiny.arena_model import WEIGHTS, arena_image_processor, build_arena_model, tokenizer
+from kv_arena.tiny.arena_model import WEIGHTS, build_arena_model
+from kv_arena.tiny.generations import GENERATIONS, Generation
 
 
 def lr_at(step: int, end: int, peak: float, warmup: int = 200) -> float:
@@ -25,10 +26,18 @@ def lr_at(step: int, end: int, peak: float, warmup: int = 200) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, end - warmup)))))
 
 
+def build(generation: Generation, seed: int = 0) -> tuple:
+    """The random-initialised model of ``generation`` (seeded) and its chat adapter."""
+    model = build_arena_model(seed, generation.config())
+    return model, QwenVLAdapter(model, generation.tokenizer(), generation.image_processor())
+
+
 def build_v2(seed: int = 0) -> tuple:
-    """The random-initialised model of the bundled generation (seeded) and its chat adapter."""
-    model = build_arena_model(seed)
-    return model, QwenVLAdapter(model, tokenizer(), arena_image_processor())
+    return build(GENERATIONS[2], seed)
+
+
+def build_v3(seed: int = 0) -> tuple:
+    return build(GENERATIONS[3], seed)
 
 
 def setup(args, build=build_v2, vision_parts: tuple[str, ...] = ("merger",), vision_lr_scale: float | None = None):

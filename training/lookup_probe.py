@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import rotate_half
 
-from . import drawn_scenes as scenes
+from kv_arena.tiny import drawn_scenes as scenes
 from . import train_arena_v3 as train
 from .object_loss import layer_input
 from .probe_v3 import load_run

@@ -37,9 +37,9 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from kv_arena.tiny.drawn_scenes import COLOURS, SHAPES
 from kv_arena.tiny.scene_items import Question
 
-from .drawn_scenes import COLOURS, SHAPES
 
 POINTER_ATTENTION = "arena_pointer"
 

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME
+from kv_arena.tiny import drawn_scenes as scenes
 from kv_arena.tiny.arena_model import load_arena_weights
 
-from . import drawn_scenes as scenes
 from . import train_arena_v3 as train
 from .pointer_loss import POINTER_ATTENTION, Pointing
 
@@ -174,7 +174,7 @@ def load_run(folder: str, threads: int | None = None) -> tuple | None:
         return None
     if threads:
         torch.set_num_threads(threads)
-    model, adapter = train.arena_v3_model.build(0)
+    model, adapter = train.checkpoints.build_v3(0)
     model.set_attn_implementation({"text_config": POINTER_ATTENTION, "vision_config": VISION_ATTENTION_NAME})
     load_arena_weights(model, Path(folder))
     model.eval()

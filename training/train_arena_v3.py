@@ -1,4 +1,4 @@
-"""Train tiny-arena-vl v3 on the drawings of training/drawn_scenes.py.
+"""Train tiny-arena-vl v3 on the drawings of kv_arena/tiny/drawn_scenes.py.
 
     python -m training.train_arena_v3 --threads 1          # writes runs/tiny-arena-vl-v3
 
@@ -58,10 +58,9 @@ import numpy as np
 import torch
 
 from kv_arena.runtime.inputs import DEFAULT_SYSTEM, Message, QwenVLAdapter
+from kv_arena.tiny import drawn_scenes as scenes
 from kv_arena.tiny.scene_items import Item
-from . import arena_v3_model
 from . import checkpoints
-from . import drawn_scenes as scenes
 from .answer_loss import answer_loss, hidden_mask, padded
 from .checkpoints import lr_at, record, resume, update
 from .curriculum import add_reveal_arg, hide_for_training, reveal
@@ -341,12 +340,12 @@ def setup(args):
     and the vision tower's patch embedding and merger at --vision-lr-scale of the rate. With
     --eyes (stage 2): the tower trained by train_arena_v3_eyes.py, loaded and frozen whole."""
     if not args.eyes:
-        model, adapter, params, optimizer = checkpoints.setup(args, arena_v3_model.build, ("merger", "patch_embed"),
+        model, adapter, params, optimizer = checkpoints.setup(args, checkpoints.build_v3, ("merger", "patch_embed"),
                                                               args.vision_lr_scale)
     else:
         from .train_arena_v3_eyes import load_eyes
 
-        model, adapter, params, optimizer = checkpoints.setup(args, arena_v3_model.build, (), 0.0)
+        model, adapter, params, optimizer = checkpoints.setup(args, checkpoints.build_v3, (), 0.0)
         tower, _ = load_eyes(Path(args.eyes))
         model.model.visual.load_state_dict(tower)
     model.set_attn_implementation({"text_config": POINTER_ATTENTION})  # SDPA, plus the rows --point-weight asks for
@@ -428,14 +427,14 @@ def _draw_in_worker(step: int, args) -> list[Sequence]:
     code and processor); what it draws depends on ``step`` only, so the run stays seeded."""
     if "adapter" not in _worker:
         torch.set_num_threads(1)
-        _worker["adapter"] = arena_v3_model.build(args.seed)[1]
+        _worker["adapter"] = checkpoints.build_v3(args.seed)[1]
     return draw(step, args, _worker["adapter"])
 
 
 def _encode_held_out_in_worker(kind: str, per_type: int, lo: int, hi: int) -> list[Sequence]:
     if "adapter" not in _worker:
         torch.set_num_threads(1)
-        _worker["adapter"] = arena_v3_model.build(0)[1]
+        _worker["adapter"] = checkpoints.build_v3(0)[1]
     hi = min(hi, per_type)  # the same chats as held_out(kind, per_type): seeds from its offset on
     return [encode(_worker["adapter"], it) for it in scenes.held_out(kind, hi - lo, turns=2, offset=10_000_000 + lo)]
 

@@ -37,9 +37,9 @@ import torch.nn.functional as F
 
 from kv_arena.runtime.inputs import QwenVLAdapter
 from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME
-from . import arena_v3_model
+from kv_arena.tiny import arena_v3_model
+from kv_arena.tiny import drawn_scenes as scenes
 from . import checkpoints
-from . import drawn_scenes as scenes
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKGROUND = 0  # class 0 of each head; shapes and colours follow in drawn_scenes' order
@@ -232,7 +232,7 @@ def evaluate(visual, heads: Heads, sets: dict[str, list[Sample]]) -> dict[str, f
 def build(args):
     """The seeded v3 model's vision tower (trained whole) and the heads."""
     torch.manual_seed(args.seed)
-    model, adapter = arena_v3_model.build(args.seed)
+    model, adapter = checkpoints.build_v3(args.seed)
     model.set_attn_implementation({"text_config": "sdpa", "vision_config": VISION_ATTENTION_NAME})
     visual = model.model.visual
     heads = Heads(model.config.vision_config.out_hidden_size)

@@ -2,8 +2,8 @@
 
     python -m kv_arena.bench --mode accuracy --per-type 200 --budgets 0.1,0.2,0.5
 
-Held-out chats of the bundled tiny-arena-vl's scenes (kv_arena/tiny/arena_scenes.py: the question
-types of its generation; hub models take the same questions). Each item is a two-turn chat, and
+Held-out chats of the served tiny-arena-vl's scenes (the question types of its generation,
+kv_arena/tiny/generations.py; hub models take the same questions). Each item is a two-turn chat, and
 every method at every value of its knob answers it three ways:
   with      the media and the first question in one message: the method compresses that prompt
             seeing the question (what a chat does today);
@@ -55,8 +55,7 @@ from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import ARENA, load_model
 from ..runtime.vision_tokens import refusal
-from ..tiny import arena_scenes
-from ..tiny.arena_model import GENERATION
+from ..tiny import generations
 from .common import REFERENCE
 from .datasets_items import load_items
 from .metrics import METRICS
@@ -68,7 +67,7 @@ PROTOCOL_TITLES = {"with": "first question, compressed with it", "before": "firs
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    kinds = arena_scenes.QUESTION_TYPES
+    kinds = generations.of().scenes.QUESTION_TYPES
     p = argparse.ArgumentParser(prog="python -m kv_arena.bench --mode accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=ARENA)
     p.add_argument("--methods", default="all", help="comma-separated method names, or 'all'")
@@ -256,9 +255,11 @@ def run(args) -> dict:
         backends.backend_class(m)
     data = dataset_items(args)  # its one "type": read before the model loads, so a bad source fails fast
     kinds = list(data) or [k.strip() for k in args.types.split(",") if k.strip()]
+    generation = generations.of()  # the served one: its scenes, whichever model answers them
+    scenes = generation.scenes
     for k in kinds:
-        if k not in arena_scenes.QUESTION_TYPES and k not in data:
-            raise UserError(f"unknown question type '{k}'; choose from: {', '.join(arena_scenes.QUESTION_TYPES)}")
+        if k not in scenes.QUESTION_TYPES and k not in data:
+            raise UserError(f"unknown question type '{k}'; choose from: {', '.join(scenes.QUESTION_TYPES)}")
     if args.per_type < 1:
         raise UserError(f"--per-type must be at least 1; got {args.per_type}")
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -272,7 +273,7 @@ def run(args) -> dict:
     probes: dict[str, dict[str, float]] = {}
     rng = np.random.default_rng(args.seed)
     for kind in kinds:
-        items = data.get(kind) or arena_scenes.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
+        items = data.get(kind) or scenes.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
         full_bytes = [chat(loaded, backends.make_reference(), it)[1] for it in items]
         points[kind] = {}
         for method in [REFERENCE] + [m for m in methods if m != REFERENCE]:
@@ -281,8 +282,8 @@ def run(args) -> dict:
             for p in points[kind][method]:
                 print(_line(kind, method, p), flush=True)
         if not args.no_probe:
-            probes[kind] = probe(loaded, arena_scenes.held_out(kind, probe_items, turns=1), rng)
-    report = {"model": args.model, "generation": GENERATION, "per_type": args.per_type, "probe_items": probe_items,
+            probes[kind] = probe(loaded, scenes.held_out(kind, probe_items, turns=1), rng)
+    report = {"model": args.model, "generation": generation.number, "per_type": args.per_type, "probe_items": probe_items,
               "protocols": PROTOCOL_TITLES, "scoring": "whole answer, normalised exact match",
               "x": "realised KV fraction (bytes after the first prompt / full cache's bytes)",
               "points": points, "probe": probes, "refused": refused}

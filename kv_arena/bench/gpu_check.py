@@ -40,7 +40,7 @@ from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import ARENA, load_model, pick_device
 from ..runtime.vision_tokens import refusal
-from ..tiny import arena_scenes
+from ..tiny import generations
 from . import decode
 from .accuracy import answer_budget, is_right
 from .common import visual_sizes
@@ -101,9 +101,10 @@ def offline_answers(device: torch.device, dtype: str, items: list) -> list[str]:
 
 def offline_check(device: torch.device, dtypes: list[str], per_type: int) -> dict:
     """The offline model's answers on ``device`` in each dtype against the CPU's in float32."""
-    items = [it for kind in arena_scenes.QUESTION_TYPES for it in arena_scenes.held_out(kind, per_type)]
+    generation = generations.of()
+    items = [it for kind in generation.scenes.QUESTION_TYPES for it in generation.scenes.held_out(kind, per_type)]
     cpu = offline_answers(torch.device("cpu"), "float32", items)
-    out = {"model": ARENA, "items": len(items), "right_cpu": _right(cpu, items)}
+    out = {"model": ARENA, "generation": generation.number, "items": len(items), "right_cpu": _right(cpu, items)}
     for dtype in dtypes:
         got = offline_answers(device, dtype, items)
         out |= {f"same_answers_{dtype}": sum(a == b for a, b in zip(got, cpu)) / len(items),

@@ -6,7 +6,7 @@ streamed without a cap (which equals the one-prompt prefill).
     python -m kv_arena.bench --mode stream --accuracy --items 200 --caps 0.1,0.25,0.5 \\
         --methods full,infinipot_v,streamingllm,snapkv
 
-The items are the "moving" video questions of the bundled generation (kv_arena/tiny/arena_scenes.py:
+The items are the "moving" video questions of the served generation (kv_arena/tiny/generations.py:
 "Which shape moves?"), one question each, asked once the whole video has streamed (the method
 never sees it: a streamed video is compressed before anyone asks). Chunks of ``--frames-per-chunk``
 frames (default 2: one temporal group of Qwen2.5-VL), so a cap bites while the video streams in.
@@ -29,8 +29,7 @@ from ..runtime.generate import Conversation
 from ..runtime.inputs import Message
 from ..runtime.models import ARENA, load_model
 from ..runtime.streaming import feed_streaming
-from ..tiny import arena_scenes
-from ..tiny.arena_model import GENERATION
+from ..tiny import generations
 from .accuracy import Verdict, answer_budget, judge, wilson
 from .common import REFERENCE, aligned
 
@@ -82,10 +81,11 @@ def run(args, methods: list[str]) -> list[dict]:
         raise UserError(f"--items must be at least 1; got {args.items}")
     caps = caps_of(args.caps)
     chunk = args.frames_per_chunk or DEFAULT_FRAMES_PER_CHUNK
-    items = arena_scenes.held_out(KIND, args.items)
+    generation = generations.of()
+    items = generation.scenes.held_out(KIND, args.items)
     loaded = load_model(args.model or ARENA)
     full = [streamed_answer(loaded, REFERENCE, it, None, chunk) for it in items]
-    rows = [summary(REFERENCE, None, full, full) | {"model": args.model or ARENA, "generation": GENERATION}]
+    rows = [summary(REFERENCE, None, full, full) | {"model": args.model or ARENA, "generation": generation.number}]
     for method in (m for m in methods if m != REFERENCE):
         for fraction in caps:
             runs = [streamed_answer(loaded, method, it, int(fraction * f["video_bytes"]), chunk)

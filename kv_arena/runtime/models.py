@@ -21,13 +21,9 @@ from .inputs import ADAPTERS, ChatAdapter
 from .vision_attention import vision_attention
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-ARENA = "tiny-arena-vl"  # trained by training/train_arena.py, weights in assets/tiny-arena-vl
-ARENA_DESCRIPTION = ("Tiny Qwen2.5-VL trained here (offline, 0.8M parameters) on simple drawn scenes like the "
-                        "'arena' examples: a few coloured shapes (square, circle, triangle, cross, ring in red, green, "
-                        "blue, yellow, purple or orange) on a plain or lightly textured background. Ask 'What colour is "
-                        "the triangle?' or 'Which shape is blue?' about one picture or several, or 'Which shape "
-                        "moves?' about a short video; ask again about another shape in the same chat. It answers "
-                        "with one word; photos, charts and other questions get nonsense.")
+ARENA = "tiny-arena-vl"  # trained by training/train_arena.py (v2) or train_arena_v3.py, weights in assets/tiny-arena-vl
+# what it is; :func:`describe` adds what the served generation reads
+ARENA_DESCRIPTION = "Tiny Qwen2.5-VL trained here (offline, about a million parameters) on simple drawn scenes like its Examples"
 
 
 @dataclass(frozen=True)
@@ -88,6 +84,21 @@ def model_spec(name: str) -> ModelSpec:
     if name in MODELS:
         return MODELS[name]
     raise UserError(f"unknown model '{name}'; choose from: {', '.join(MODELS)}")
+
+
+def describe(name: str) -> str:
+    """What the model ``name`` is; the trained one's says which generation its weights are and what
+    that generation reads (an unknown one says why it cannot load)."""
+    spec = model_spec(name)
+    if spec.source != "trained":
+        return spec.description
+    from ..tiny import generations
+
+    try:
+        generation = generations.of()
+    except UserError as exc:
+        return f"{spec.description}. {exc}"
+    return f"{spec.description} (generation {generation.number}). {generation.reads}"
 
 
 @dataclass
@@ -160,9 +171,9 @@ def model_config(name: str):
     download (a hub model's as the project ships it)."""
     spec = model_spec(name)
     if spec.source == "trained":
-        from ..tiny.arena_model import arena_config
+        from ..tiny import generations
 
-        return arena_config()
+        return generations.of().config()
     return tiny_config(spec.family) if spec.source == "builtin" else shipped_config(spec.repo)
 
 
@@ -273,17 +284,17 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: s
 
 
 def _load_arena(dev, dtype):
-    """The trained tiny model: its config and tokenizer are made in code, its weights are in
-    assets/tiny-arena-vl, or in ``KV_ARENA_TINY_DIR`` (a training run's folder, of the bundled
-    generation: another is refused)."""
-    from ..tiny.arena_model import (arena_dir, arena_image_processor, build_arena_model, check_generation,
-                                    load_arena_weights, tokenizer)
+    """The trained tiny model: its config and tokenizer are made in code for the generation its
+    config.json names (:mod:`..tiny.generations`), its weights are in assets/tiny-arena-vl, or in
+    ``KV_ARENA_TINY_DIR`` (a training run's folder)."""
+    from ..tiny import generations
+    from ..tiny.arena_model import arena_dir, build_arena_model, load_arena_weights
 
     directory = arena_dir()
-    check_generation(directory)
-    model = build_arena_model()
+    generation = generations.of(directory)
+    model = build_arena_model(0, generation.config())
     load_arena_weights(model, directory)
-    return model.to(device=dev, dtype=dtype), tokenizer(), arena_image_processor(), None
+    return model.to(device=dev, dtype=dtype), generation.tokenizer(), generation.image_processor(), None
 
 
 def random_model(cls, config, dev, dtype, seed: int):
@@ -407,4 +418,4 @@ def parameter_count(name: str) -> int:
 
 
 def list_models() -> list[dict]:
-    return [s.to_dict() for s in MODELS.values()]
+    return [s.to_dict() | {"description": describe(s.name)} for s in MODELS.values()]

@@ -43,7 +43,7 @@ tensor and never imports torch. The app imports this package only; its modules, 
   vote reveals which was which; votes in a database (SQLite by default, ``KV_ARENA_DB_URL``),
   migrated by Alembic at start, and the leaderboard with Wilson intervals.
 * :mod:`.scenes`: the offline model's scenes with their true answers (examples, "New scene"), so
-  answers are marked right or wrong, and the Chat tab's examples for it (:data:`ARENA_EXAMPLES`).
+  answers are marked right or wrong, and the Chat tab's examples for it (:func:`arena_examples`).
 """
 
 from ..media import MAX_VIDEO_BYTES  # the largest upload the app takes
@@ -56,7 +56,7 @@ from .model_pool import get_model
 from .plan import Plan, plan_turn
 from .methods import (budget_spec, checked_params, is_reference, method_spec, method_specs, methods_on, reference_spec,
                       refused_methods, reuses_media)
-from .scenes import ARENA_EXAMPLES, Scene, draw_scene, media_hint, scene_types
+from .scenes import Scene, arena_examples, draw_scene, media_hint, scene_types
 from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_default_k, mpic_ttft
 from .sessions import (Session, active, close_session, expire_idle, open_session, release, start_sweeper,
@@ -89,7 +89,7 @@ from .views import kept_visuals
 
 __all__ = [
     "AppState", "current_app", "open_app", "using_app",
-    "ARENA", "ARENA_EXAMPLES", "MAX_COMPARE", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Plan", "Prepared", "Scene", "Session", "Settings",
+    "ARENA", "arena_examples", "MAX_COMPARE", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Plan", "Prepared", "Scene", "Session", "Settings",
     "ChatView", "SwitchNote", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters", "ProgressNote",
     "ReferenceView", "ReuseSummary", "StreamView", "TtftView",
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",

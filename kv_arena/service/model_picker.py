@@ -8,7 +8,7 @@ import os
 import torch
 
 from ..errors import UserError
-from ..runtime.models import ARENA, DEFAULT_MODEL, MODELS, hub_reachable, model_spec, parameter_count
+from ..runtime.models import ARENA, DEFAULT_MODEL, MODELS, describe, hub_reachable, model_spec, parameter_count
 from ..tiny.arena_model import arena_weights_present
 
 HUB_DEFAULT = "Qwen/Qwen2-VL-2B-Instruct"
@@ -66,4 +66,5 @@ def is_trained_here(name: str) -> bool:
 
 
 def model_description(name: str) -> str:
-    return model_spec(name).description
+    """What the model is (the trained one's: what its served generation reads)."""
+    return describe(name)

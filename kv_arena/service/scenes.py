@@ -1,6 +1,7 @@
 """The offline model's scenes with their true answers, so the app can mark each answer right or
 wrong: the clickable examples (the scene generator's own, each with a follow-up about another
-object of the same media, and the Chat tab's, :data:`ARENA_EXAMPLES`) and fresh scenes drawn on request ("New scene"), one type at a time.
+object of the same media, and the Chat tab's, :func:`arena_examples`) and fresh scenes drawn on request ("New scene"), one type at a time.
+All of them are the served generation's (:mod:`kv_arena.tiny.generations`: the weights' config.json says which).
 
 A scene is known by the content of its media files (:attr:`Prepared.media`), so Gradio's copies of
 them are recognised, and it knows every object in its media (:mod:`.scene_truth`), so any question
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..media import write_avi
-from ..tiny import arena_scenes
+from ..tiny import generations
 from .current import current_app
 from .inputs import Prepared
 from .model_picker import is_trained_here
@@ -38,10 +39,12 @@ SCENES_PER_SESSION = 4  # a session's newest drawn scenes kept on disk (the one 
 def max_scenes() -> int:
     """Drawn scenes kept on disk across sessions (``KV_ARENA_MAX_SCENES``), oldest out first."""
     return max(1, int(os.environ.get("KV_ARENA_MAX_SCENES", 64)))
-# The Chat tab's clickable examples for the trained model, one per question type: (question, media
-# files in assets/), each answered right.
-ARENA_EXAMPLES: list[tuple[str, list[str]]] = [(it.question.text, files)
-                                               for it, files in arena_scenes.examples().values()]
+
+
+def arena_examples() -> list[tuple[str, list[str]]]:
+    """The Chat tab's clickable examples for the trained model, one per question type of the served
+    generation: (question, media files in assets/), each answered right."""
+    return [(it.question.text, files) for it, files in generations.of().scenes.examples().values()]
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Scene:
     questions: tuple[str, ...]
     answers: tuple[str, ...]
     files: tuple[str, ...]
+    types: tuple[str, ...]  # the question types of the generation that drew it: what its objects answer
     objects: tuple[SceneObject, ...] = ()
     video: bool = False
 
@@ -90,42 +94,44 @@ class SceneBook:
         self.lock = threading.Lock()  # the parent may have held it while forking
 
 
-def _follow_up(item) -> tuple[str, str] | None:
+def _follow_up(item, objects: tuple[SceneObject, ...]) -> tuple[str, str] | None:
     """A colour question about an object the first question is not about (the generator's own
     follow-ups are of this kind); None when the scene has no other object."""
     first = normalised(f"{item.turns[0].text} {item.turns[0].answer}").split()
-    seen = set()
-    for picture in item.pictures:
-        for thing in picture.things.values():
-            if (thing.shape, thing.colour) in seen or thing.shape in first or thing.colour in first:
-                continue
-            seen.add((thing.shape, thing.colour))
-            return f"What colour is the {thing.shape}?", thing.colour
-    return None
+    other = next((o for o in objects if o.shape not in first and o.colour not in first), None)
+    return None if other is None else (f"What colour is the {other.shape}?", other.colour)
 
 
-@lru_cache(maxsize=1)
 def examples() -> tuple[Scene, ...]:
-    """The generator's clickable examples whose files assets/make_examples.py drew (in assets/),
-    each with a follow-up."""
+    """The served generation's clickable examples whose files assets/make_examples.py drew (in
+    assets/), each with a follow-up (its generator's own, where its example has one)."""
+    return _examples(generations.of())
+
+
+@lru_cache(maxsize=None)
+def _examples(generation: generations.Generation) -> tuple[Scene, ...]:
     out = []
-    for kind, (item, files) in arena_scenes.examples().items():
+    for kind, (item, files) in generation.scenes.examples().items():
         paths = tuple(str(ASSETS / f) for f in files)
         if not all(Path(p).is_file() for p in paths):
             continue
-        turns = [(q.text, q.answer) for q in item.turns[:1]] + [t for t in [_follow_up(item)] if t]
-        out.append(Scene(kind, tuple(q for q, _ in turns), tuple(a for _, a in turns), paths, objects_of(item),
-                         item.video))
+        objects = objects_of(item)
+        turns = [(q.text, q.answer) for q in item.turns[:2]]
+        if len(turns) == 1 and (extra := _follow_up(item, objects)):
+            turns.append(extra)
+        out.append(Scene(kind, tuple(q for q, _ in turns), tuple(a for _, a in turns), paths,
+                         tuple(generation.scenes.QUESTION_TYPES), objects, item.video))
     return tuple(out)
 
 
-@lru_cache(maxsize=1)
-def _example_digests() -> dict[str, Scene]:
-    return {media_digest(scene.files): scene for scene in examples()}
+@lru_cache(maxsize=None)
+def _example_digests(generation: generations.Generation) -> dict[str, Scene]:
+    return {media_digest(scene.files): scene for scene in _examples(generation)}
 
 
 def scene_types() -> tuple[str, ...]:
-    return tuple(arena_scenes.QUESTION_TYPES)
+    """The question types "New scene" draws: the served generation's."""
+    return tuple(generations.of().scenes.QUESTION_TYPES)
 
 
 def draw_scene(kind: str, seed: int | None = None, owner: str = "anonymous", client: str | None = None) -> Scene:
@@ -135,10 +141,11 @@ def draw_scene(kind: str, seed: int | None = None, owner: str = "anonymous", cli
     :data:`SCENES_PER_SESSION` and :func:`max_scenes` in all, and goes with the session. Their URLs
     are served to the session's ``client`` only (to none without one); any session may use them in
     a message, as the examples."""
-    kinds = arena_scenes.QUESTION_TYPES
+    scenes = generations.of().scenes
+    kinds = tuple(scenes.QUESTION_TYPES)
     if not isinstance(kind, str) or kind not in kinds:
         raise UserError(f"The scene type must be one of {', '.join(kinds)}; got {str(kind)[:60]!r}.")
-    item = arena_scenes.fresh(kind, turns=2, seed=seed)
+    item = scenes.fresh(kind, turns=2, seed=seed)
     mine = session_folder(owner, "scenes")
     folder = mine / uuid.uuid4().hex[:12]
     folder.mkdir()
@@ -154,7 +161,7 @@ def draw_scene(kind: str, seed: int | None = None, owner: str = "anonymous", cli
     cap_folders(mine.parent, max_scenes())
     trim_folder(mine, SCENES_PER_SESSION)
     scene = Scene(kind, tuple(q.text for q in item.turns), tuple(q.answer for q in item.turns),
-                  tuple(str(p) for p in paths), objects_of(item), item.video)
+                  tuple(str(p) for p in paths), kinds, objects_of(item), item.video)
     current_app().scenes.remember(media_digest(paths), scene)
     return scene
 
@@ -163,7 +170,7 @@ def scene_of(media: str) -> Scene | None:
     """The drawn or example scene whose media have this content key (:attr:`Prepared.media`)."""
     if not media:
         return None
-    return current_app().scenes.find(media) or _example_digests().get(media)
+    return current_app().scenes.find(media) or _example_digests(generations.of()).get(media)
 
 
 def judged(media: str, question: str) -> tuple[str | None, str]:
@@ -174,7 +181,7 @@ def judged(media: str, question: str) -> tuple[str | None, str]:
         return None, ""
     asked = normalised(question)
     stored = next((a for q, a in zip(scene.questions, scene.answers) if normalised(q) == asked), None)
-    return (stored, "") if stored is not None else judge(scene.objects, scene.video, question)
+    return (stored, "") if stored is not None else judge(scene.objects, scene.video, question, scene.types)
 
 
 def true_answer(media: str, question: str) -> str | None:
@@ -189,14 +196,15 @@ def is_right(answer: str, truth: str | None) -> bool | None:
 
 def media_hint(model: str, messages: list[Prepared]) -> str:
     """A line beside the answer when a model trained here gets what it was not made for: no media
-    at all, or media that are not one of its scenes (an upload, a photo): its answer means nothing."""
+    at all, or media that are not one of its scenes (an upload, a photo), with what the served
+    generation can and cannot read."""
     if not is_trained_here(model):
         return ""
     media = next((p.media for p in reversed(messages) if p.media), "")
     if not media:
         return (f"Hint: {model} only answers questions about its kind of scenes, a picture, several or a "
-                "short video (see the Examples); without one its answer means nothing.")
+                f"short video (see the Examples); without one its answer means nothing. {generations.of().reads}")
     if scene_of(media) is None:
         return (f"Note: {model} reads only its own kind of scenes (the coloured shapes of the Examples and New "
-                "scene); this is not one of them, so its answer says nothing about it.")
+                f"scene); this is not one of them. {generations.of().reads}")
     return ""

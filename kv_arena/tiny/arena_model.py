@@ -1,10 +1,9 @@
 """tiny-arena-vl: a Qwen2.5-VL-architecture model small enough to ship, trained by the repo, with a
 word-level tokenizer made in code. Its bundle is assets/tiny-arena-vl; ``arena_version`` in its
-config.json says which generation it is. The engine serves the bundled one, generation 2 (tiles:
-the scenes of kv_arena/tiny/arena_scenes.py, trained by training/train_arena.py), and refuses a
-folder of another (:func:`check_generation`). A generation in training keeps its scenes and its
-config in training/ (v3's drawings: training/drawn_scenes.py, training/arena_v3_model.py, built on
-the pieces here) until it ships.
+config.json says which generation it is (:mod:`.generations` maps it to the generation's scenes and
+model). Here: what every generation shares (the folder, the tokenizer, building and loading) and
+generation 2's config (tiles: the scenes of arena_scenes.py, trained by training/train_arena.py);
+generation 3 changes it in arena_v3_model.py.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from .builtin import tiny_config
 ASSET_DIR = ASSETS / "tiny-arena-vl"
 WEIGHTS = "model.safetensors"
 VERSION_KEY = "arena_version"  # written into config.json (the first generation, 3x3 boards, is gone)
-GENERATION = 2  # the bundled generation: the only one the engine serves
+V2 = 2  # generation 2's arena_version; a config.json that does not say is v2's
 SYSTEM_WORDS = ("system", "user", "assistant", "you", "are", "a", "helpful", ".")  # chat markers, DEFAULT_SYSTEM
 
 
@@ -36,19 +35,7 @@ def bundled_version(directory: Path | None = None) -> int:
     """The generation of the weights in ``directory`` (default: :func:`arena_dir`; 2 when its
     config.json does not say)."""
     path = (directory or arena_dir()) / "config.json"
-    return int(json.loads(path.read_text()).get(VERSION_KEY, 2)) if path.is_file() else 2
-
-
-def check_generation(directory: Path | None = None) -> None:
-    """Refuse weights of another generation than :data:`GENERATION` (a training run's folder in
-    ``KV_ARENA_TINY_DIR``): the app would draw the wrong scenes and build the wrong model for them."""
-    version = bundled_version(directory)
-    if version != GENERATION:
-        from ..errors import UserError
-
-        raise UserError(f"{directory or arena_dir()} holds tiny-arena-vl generation {version}; this app serves "
-                        f"generation {GENERATION} only (the bundle in assets/tiny-arena-vl). Unset KV_ARENA_TINY_DIR, "
-                        f"or point it at a run of training/train_arena.py.")
+    return int(json.loads(path.read_text()).get(VERSION_KEY, V2)) if path.is_file() else V2
 
 
 def tokenizer(words: tuple[str, ...] = arena_scenes.WORDS):
@@ -58,11 +45,11 @@ def tokenizer(words: tuple[str, ...] = arena_scenes.WORDS):
     return word_tokenizer(SYSTEM_WORDS + words)
 
 
-def arena_config(words: tuple[str, ...] = arena_scenes.WORDS, version: int = GENERATION):
+def arena_config(words: tuple[str, ...] = arena_scenes.WORDS, version: int = V2):
     """The tiny Qwen2.5-VL config over the word-level vocabulary of ``words``, special tokens first.
     v2's vision tower sees one grid cell at a time: its window is one cell (28 px = 2x2 patches =
-    one merged token) and no block attends across windows. A generation in training changes the
-    vision tower of this config (training/arena_v3_model.py)."""
+    one merged token) and no block attends across windows. Generation 3 changes the vision tower
+    of this config (arena_v3_model.py)."""
     config = tiny_config("qwen2_5_vl")
     vision = config.vision_config
     vision.hidden_size, vision.intermediate_size = 64, 128

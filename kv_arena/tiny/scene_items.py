@@ -1,6 +1,6 @@
 """A scene generator's question and item, one definition for every generation of tiny-arena-vl's
-scenes (kv_arena/tiny/arena_scenes.py, and the drawings in training/ while they are trained), so the
-app, the accuracy benchmark and the training scripts read them alike.
+scenes (v2's tiles, arena_scenes.py, and v3's drawings, drawn_scenes.py), so the app, the accuracy
+benchmark and the training scripts read them alike.
 
 A picture (an image, or a video frame) is the generator's own; an item needs of it only
 ``image()`` (a PIL image) and ``token_count`` (its visual tokens as one image).

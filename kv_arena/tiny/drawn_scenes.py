@@ -21,8 +21,8 @@ Follow-up turns ask colour or shape questions about other objects of the same me
 Out of scope (``out_of_scope``): noise, blank or gradient images, photo-like blobs and bar charts,
 asked any of the questions, are answered UNKNOWN.
 
-``Item`` and ``Question`` are kv_arena/tiny/scene_items.py's, v2's own, so the accuracy benchmark and
-the app will read this generation as they read v2 once it ships (until then it lives here, with its
+``Item`` and ``Question`` are scene_items.py's, v2's own, so the accuracy benchmark and the app read
+this generation as they read v2 (:mod:`.generations` picks the one the weights were trained on; its
 training: training/train_arena_v3.py, training/train_arena_v3_eyes.py).
 """
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from kv_arena.tiny.scene_items import Item, Question
+from .scene_items import Item, Question
 
 CELL = 28  # px of one visual token (14 px patches merged 2x2) at the processed resolution
 COLOURS = {"red": (215, 35, 35), "green": (30, 160, 50), "blue": (35, 75, 215), "yellow": (240, 200, 20),

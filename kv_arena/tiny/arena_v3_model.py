@@ -1,13 +1,11 @@
-"""tiny-arena-vl generation 3, in training: v2's model (kv_arena/tiny/arena_model.py) with the
-vocabulary of the drawings (drawn_scenes.py, beside this file) and a vision tower that reads them.
-It moves into the engine when its weights ship; until then the app refuses its runs' folders.
+"""tiny-arena-vl generation 3: v2's model (arena_model.py) with the vocabulary of the drawings
+(drawn_scenes.py) and a vision tower that reads them. Its training is training/train_arena_v3.py;
+the engine serves it when the weights' config.json says ``arena_version`` 3 (:mod:`.generations`).
 """
 
 from __future__ import annotations
 
-from kv_arena.runtime.inputs import QwenVLAdapter
-from kv_arena.tiny import arena_model
-
+from . import arena_model
 from . import drawn_scenes as scenes
 
 VERSION = 3  # config.json's arena_version
@@ -36,9 +34,3 @@ def image_processor():
 
     cell = scenes.CELL**2
     return Qwen2VLImageProcessorPil(min_pixels=scenes.MIN_CELLS * cell, max_pixels=scenes.MAX_CELLS * cell)
-
-
-def build(seed: int = 0) -> tuple:
-    """The random-initialised v3 model (seeded) and its chat adapter."""
-    model = arena_model.build_arena_model(seed, arena_config())
-    return model, QwenVLAdapter(model, tokenizer(), image_processor())

@@ -1,0 +1,131 @@
+"""The engine serves the generation of tiny-arena-vl its weights' config.json names: a v3 folder
+(random weights, saved as a run saves them) in KV_ARENA_TINY_DIR loads as v3 and chats, "New
+scene" draws v3's kinds with the answers the scene's objects give, the marks know v3's questions,
+the benches report v3; an unknown generation is refused with a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import backends
+from kv_arena import service
+from kv_arena.bench import cli
+from kv_arena.errors import UserError
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import DEFAULT_SYSTEM, Message
+from kv_arena.runtime.models import ARENA, describe, load_model, model_config
+from kv_arena.service import AppState, scenes
+from kv_arena.service.scene_truth import SceneObject, judge
+from kv_arena.tiny import arena_model, arena_scenes, arena_v3_model, drawn_scenes, generations
+
+V2, V3 = arena_scenes.QUESTION_TYPES, drawn_scenes.QUESTION_TYPES
+
+
+@pytest.fixture(scope="module")
+def v3_folder(tmp_path_factory):
+    """Random v3 weights and their config.json, written as a training run writes them (and the bundle
+    holds them: training/checkpoints.py's ``save``)."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path_factory.mktemp("v3")
+    model = arena_model.build_arena_model(5, arena_v3_model.arena_config())
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / arena_model.WEIGHTS))
+    model.config.to_json_file(str(folder / "config.json"))
+    return folder
+
+
+@pytest.fixture
+def serves_v3(v3_folder, monkeypatch, tmp_path):
+    """The app's offline model is the v3 folder; the test's own application state and upload folder."""
+    monkeypatch.setenv("KV_ARENA_TINY_DIR", str(v3_folder))
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    with service.using_app(AppState()):
+        yield v3_folder
+
+
+def test_a_v3_folder_loads_as_v3_and_chats(serves_v3):
+    loaded = load_model(ARENA, device="cpu")
+    config = loaded.model.config
+    assert config.arena_version == 3 and generations.of().number == 3
+    assert config.vision_config.depth == 4 == model_config(ARENA).vision_config.depth  # v3's tower, not v2's
+    adapter = loaded.adapter
+    assert adapter.tokenizer.get_vocab() == arena_v3_model.tokenizer().get_vocab()
+    assert {"picture", "unknown", "colours"} <= set(adapter.tokenizer.get_vocab())
+    assert adapter.image_processor.size == arena_v3_model.image_processor().size  # up to 48x48 tokens, not 16x16
+    it = drawn_scenes.fresh("pair", seed=1)
+    chunk = adapter.encode_turn(Message(it.question.text, **it.media()), 0, 0, DEFAULT_SYSTEM)
+    assert sum(v.length for v in chunk.layout.visuals) == it.visual_tokens()  # the drawn grid, as in training
+    text = Conversation(loaded, backends.make_backend("snapkv", budget=0.5)).ask(
+        Message(it.question.text, **it.media()), max_new_tokens=3).text
+    assert isinstance(text, str) and set(text.split()) <= set(adapter.tokenizer.get_vocab())
+    assert "(generation 3)" in describe(ARENA) and "'unknown'" in service.model_description(ARENA)
+
+
+def test_new_scene_draws_v3_kinds_with_the_answers_their_objects_give(serves_v3):
+    assert service.scene_types() == V3
+    for kind in ("objects", "pair", "moving"):
+        scene = service.draw_scene(kind, seed=3)
+        assert scene.types == V3 and len(scene.answers) == 2
+        assert judge(scene.objects, scene.video, scene.questions[0], scene.types) == (scene.answers[0], "")
+        media = scenes.media_digest(scene.files)
+        assert scenes.judged(media, scene.questions[1]) == (scene.answers[1], "")
+    assert scene.video and sum(o.moves for o in scene.objects) == 1
+    hint = service.media_hint(ARENA, [service.prepare("What is in the picture?", [])])
+    assert "only answers questions about its kind of scenes" in hint and "'unknown'" in hint
+
+
+def test_v3_examples_are_skipped_until_drawn_and_never_overwrite_v2s(serves_v3):
+    from components import chat
+
+    files = [f for _, names in service.arena_examples() for f in names]
+    assert len(service.arena_examples()) == len(V3)
+    assert not any((scenes.ASSETS / f).exists() for f in files)  # the bundle is v2: none drawn yet
+    v2_files = {f for _, names in arena_scenes.examples().values() for f in names}
+    assert not v2_files & set(files)
+    assert service.scene_examples() == () and chat.examples(ARENA) == []
+
+
+def test_judge_marks_v3s_lists_and_pairs_and_says_why_not_otherwise():
+    one = (SceneObject("ring", "blue"), SceneObject("square", "red"), SceneObject("cross", "orange"))
+    assert judge(one, False, "What is in the picture?", V3) == ("red square blue ring orange cross", "")
+    assert judge(one, False, "what's in this image", V3) == ("red square blue ring orange cross", "")
+    assert judge(one, False, "What colours are the ring and the square?", V3) == ("blue red", "")  # as asked
+    assert judge(one, False, "What colours are the square and the ring?", V3) == ("red blue", "")
+    assert judge(one, False, "What colours are the ring and the circle?", V3) == (None, "this scene has no circle")
+    assert judge(one, False, "What colour is the cross?", V3) == ("orange", "")
+    two = one + (SceneObject("circle", "green", image=1),)
+    truth, why = judge(two, False, "What is in the picture?", V3)
+    assert truth is None and "one still picture" in why
+    truth, why = judge(one, False, "How many shapes are there?", V3)
+    assert truth is None and "what is in the picture" in why and "colours of two shapes" in why
+    # v2 asks none of them: its reasons are as before
+    truth, why = judge(one, False, "What is in the picture?", V2)
+    assert truth is None and why == ("the scene answers the colour of a shape, the shape of a colour, or which "
+                                     "shape moves, one object at a time")
+    assert judge(one, False, "What colours are the ring and the square?", V2)[0] is None
+
+
+def test_the_benches_report_the_served_generation(serves_v3, tmp_path):
+    out = tmp_path / "acc"
+    assert cli.main(["--mode", "accuracy", "--model", ARENA, "--methods", "full", "--per-type", "1",
+                     "--types", "objects", "--no-probe", "--no-figure", "--out", str(out)]) == 0
+    report = json.loads((tmp_path / "acc.json").read_text())
+    assert report["generation"] == 3 and set(report["points"]) == {"objects"}
+
+
+def test_an_unknown_generation_is_refused_clearly(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text(json.dumps({arena_model.VERSION_KEY: 7}))
+    monkeypatch.setenv("KV_ARENA_TINY_DIR", str(tmp_path))
+    with pytest.raises(UserError, match="generation 7; this app serves generations 2, 3"):
+        load_model(ARENA, device="cpu")
+    with pytest.raises(UserError, match="generation 7"):
+        service.scene_types()
+    assert "generation 7" in describe(ARENA)  # the model card says why instead of failing
+
+
+def test_the_bundle_is_served_as_v2(monkeypatch):
+    monkeypatch.delenv("KV_ARENA_TINY_DIR", raising=False)
+    assert generations.of() is generations.GENERATIONS[2] and service.scene_types() == V2
+    assert generations.of().config().to_dict() == arena_model.arena_config().to_dict()
