@@ -235,3 +235,30 @@ def test_each_answer_word_is_tied_to_the_core_of_its_object(kind):
                 assert set(cells) <= set(p.cells_of(t))
                 if len(cells) > 1:
                     assert all(abs((k % p.cols + 0.5) / p.cols - t.x) <= t.size / 2 * p.rows / p.cols + 1e-9 for k in cells)
+
+
+def test_stage_one_continues_a_finished_run_and_stage_two_takes_its_tower(tmp_path, capsys):
+    """Stage 1 goes on from a finished run's tower, heads, curve and step (--start-from, a new mix),
+    and a resumed stage 2 run swaps its frozen tower for that one (--new-eyes), saved with the run."""
+    from safetensors.torch import load_file
+
+    eyes = training_module("train_arena_v3_eyes")
+    train = training_module("train_arena_v3")
+    small = ["--pictures", "1", "--cells", "8", "10", "--objects", "2", "3", "--eval-items", "3", "--threads", "1"]
+    first, more = tmp_path / "eyes", tmp_path / "eyes-more"
+    assert eyes.main(small + ["--out", str(first), "--steps", "1"]) == 0
+    assert eyes.main(small + ["--out", str(more), "--start-from", str(first), "--steps", "2", "--video-share", "1"]) == 0
+    assert "continuing" in capsys.readouterr().out
+    assert [p["step"] for p in json.loads((more / "training_curve.json").read_text())] == [1, 2]
+    tower, continued = eyes.load_eyes(first)[0], eyes.load_eyes(more)[0]
+    assert any(not torch.equal(tower[k], continued[k]) for k in tower)  # it trained on
+
+    run = tmp_path / "run"
+    stage2 = ["--out", str(run), "--tokens", "300", "--max-batch", "2", "--eval-every", "9", "--eval-items", "1",
+              "--threads", "1", "--eyes", str(first)]
+    assert train.main(stage2 + ["--steps", "2", "--stop-at", "1"]) == 0
+    assert train.main(stage2 + ["--steps", "2", "--new-eyes", str(more)]) == 0
+    assert "replaces the run's from step 1" in capsys.readouterr().out
+    saved = load_file(str(run / "model.safetensors"))
+    visual = {k.split("visual.", 1)[1]: v for k, v in saved.items() if ".visual." in k or k.startswith("visual.")}
+    assert visual and all(torch.equal(visual[k], continued[k]) for k in continued)  # frozen, so saved as given

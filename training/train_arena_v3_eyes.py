@@ -12,7 +12,7 @@ times the average over background tokens.
 
 Pictures are dense (--objects per picture, any shape and colour, repeats allowed) and drawn with
 every shift the scenes use (drawn_scenes.py's ``background``, ``place`` and
-``_render``: off-grid positions, sizes 0.6-2.2 cells, textures, resizes, blur, JPEG); --video-share
+``_render``: off-grid positions, sizes of OBJECT_CELLS (0.6-2.2 cells for the first 6,000 steps, 1-2.2 since), textures, resizes, blur, JPEG); --video-share
 of them are two-frame video clips (one temporal patch) where some objects move about a cell.
 
 Held-out, every --eval-every steps: per object (read by the majority of its tokens) shape and
@@ -315,6 +315,9 @@ def main(argv=None) -> int:
     visual.train()
     seen = []
     end = min(args.steps, args.stop_at or args.steps)
+    if start >= end:  # nothing left to train: read the tower on today's held-out sets
+        print(json.dumps({"step": start, **evaluate(visual, heads, sets)}), flush=True)
+        return 0
     for step in range(start, end):
         samples = draw_step(step, args, adapter, processor)
         loss = dense_loss(heads, features(visual, samples), samples, args.background_weight)

@@ -1,7 +1,7 @@
 """Seeded drawings for tiny-arena-vl v3: shapes anywhere on any background, answers of several words.
 
 Unlike v2's pixel-exact tiles, a v3 scene is a *drawing*: objects at any position (not aligned with
-the 28 px token grid), 0.6 to 2.2 token cells across, on a background of any colour (dark ones
+the 28 px token grid), 1 to 2.2 token cells across, on a background of any colour (dark ones
 too) with one of several textures, rendered at a random resolution, resized (as a user's picture
 is) and sometimes JPEG-compressed. Geometry is kept in fractions of the picture, so the visual
 tokens an object covers are computed on the grid the image processor really produces.
