@@ -354,8 +354,9 @@ def setup(args):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=6000,
-                   help="the schedule's length (the learning rate's cosine; 4,000 until the run's step 4,000)")
+    p.add_argument("--steps", type=int, default=7500,
+                   help="the schedule's length (the learning rate's cosine; 4,000 until the run's step 4,000, "
+                        "6,000 until its step 5,750)")
     p.add_argument("--stop-at", type=int, default=None, help="stop after this step, the schedule unchanged")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "runs" / "tiny-arena-vl-v3"))
