@@ -129,3 +129,23 @@ def test_the_bundle_is_served_as_v2(monkeypatch):
     monkeypatch.delenv("KV_ARENA_TINY_DIR", raising=False)
     assert generations.of() is generations.GENERATIONS[2] and service.scene_types() == V2
     assert generations.of().config().to_dict() == arena_model.arena_config().to_dict()
+
+
+def test_missing_weights_name_their_generations_training(tmp_path):
+    import importlib.util
+
+    from kv_arena.tiny.arena_model import TRAINED_BY, VERSION_KEY, load_arena_weights
+
+    assert set(TRAINED_BY) == set(generations.GENERATIONS)
+    assert all(importlib.util.find_spec(module) for module in TRAINED_BY.values())  # named, never imported
+    model = arena_model.build_arena_model(0, arena_v3_model.arena_config())
+    for version, says, not_said in ((None, "python -m training.train_arena", "train_arena_v3"),
+                                    (3, "python -m training.train_arena_v3", "train_arena or"),
+                                    (7, "python -m training.train_arena or python -m training.train_arena_v3", "")):
+        folder = tmp_path / str(version)
+        folder.mkdir()
+        if version is not None:
+            (folder / "config.json").write_text(json.dumps({VERSION_KEY: version}))
+        with pytest.raises(UserError, match="model.safetensors is missing; train it with") as refused:
+            load_arena_weights(model, folder)
+        assert str(refused.value).endswith(says) and (not not_said or not_said not in str(refused.value))
