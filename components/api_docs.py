@@ -28,7 +28,9 @@ BASE = {
     "max_new_tokens": f"the most tokens an answer may have, {RANGES['max_new_tokens'][0]} to "
                       f"{RANGES['max_new_tokens'][1]}.",
     "num_frames": f"frames sampled from each video, {RANGES['num_frames'][0]} to {RANGES['num_frames'][1]} "
-                  f"(up to {STREAMED_FRAMES[1]:,} when stream_cap_mb is above 0).",
+                  f"(up to {STREAMED_FRAMES[1]:,} when stream_cap_mb is above 0); a video with fewer is read whole; "
+                  "null: the model's default (tiny-arena-vl: {arena_frames}, every frame of its videos; the others: "
+                  f"{service.DEFAULT_FRAMES}). A client that leaves it out sends the page's default, the first model's.",
     "compress": f"when the cache is compressed: {COMPRESS[0][1]} (the method sees the question) or "
                 f"{COMPRESS[1][1]} (the media are prefilled and compressed first, then the question is asked).",
     "stream_cap_mb": "a KV cap in MB for /chat: the message's media stream in a few frames at a time and the "
@@ -52,7 +54,8 @@ def _range(spec: dict) -> str:
 def control_lines() -> dict[str, str]:
     """Every control's API name -> its one-line description (a method's own parameter is
     ``<method>_<parameter>``, used only when that method runs)."""
-    lines = {name: text.format(streaming=streaming_methods()) for name, text in BASE.items()}
+    lines = {name: text.format(streaming=streaming_methods(), arena_frames=service.default_frames(service.ARENA))
+             for name, text in BASE.items()}
     titles = {spec["name"]: spec["title"] for spec in service.method_specs()}
     for method, spec in param_order():
         help_text = spec["help"].rstrip(".")

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 BASE_CONTROLS = ("model", "method", "budget", "max_new_tokens", "num_frames", "compress", "stream_cap_mb")
 # a compressing method by default: the first answer already shows what compression saves and costs
 DEFAULT_METHOD = "snapkv"
-DEFAULTS = {"budget": 0.3, "max_new_tokens": 48, "num_frames": 8, "compress": "with_question", "stream_cap_mb": 0}
+# (the video frames' default is the model's: service.default_frames)
+DEFAULTS = {"budget": 0.3, "max_new_tokens": 48, "compress": "with_question", "stream_cap_mb": 0}
 # When the method compresses a message with media: (label, API value)
 COMPRESS = [("With the question (the method sees what you ask)", "with_question"),
             ("Before the question (the media are cached first, as a stored picture is)", "before_question")]
@@ -38,7 +39,8 @@ RANGES = {"budget": (BUDGET_SPEC["minimum"], BUDGET_SPEC["maximum"]), "max_new_t
 STREAMED_FRAMES = (1, service.MAX_STREAMED_FRAMES)
 LABELS = {"budget": "The budget", "max_new_tokens": "Max new tokens", "num_frames": "Video frames",
           "stream_cap_mb": "The memory cap (MB)"}
-FRAMES_INFO = "Frames sampled uniformly from an attached video."
+FRAMES_INFO = ("Frames sampled uniformly from an attached video (a shorter one: all of them). Picking a model "
+               "sets its default (tiny-arena-vl: every frame of its videos) unless you changed it.")
 
 
 def checked(name: str, value, limits: tuple[float, float] | None = None) -> float:
@@ -93,8 +95,11 @@ def control_names() -> list[str]:
 
 
 def settings_from_named(controls: dict) -> service.Settings:
-    """Controls' values by :func:`control_names` -> Settings (a missing one: its default)."""
+    """Controls' values by :func:`control_names` -> Settings (a missing one: its default; the video
+    frames, missing or None: the model's, :func:`kv_arena.service.default_frames`)."""
     defaults = dict(zip(control_names(), control_values(controls.get("model"), controls.get("method") or DEFAULT_METHOD)))
+    if controls.get("num_frames", None) is None:
+        controls = {**controls, "num_frames": defaults["num_frames"]}
     return settings_from([controls.get(name, defaults[name]) for name in control_names()])
 
 
@@ -141,8 +146,10 @@ def on_stream_cap(cap_mb, frames):
 
 def control_values(model: str | None = None, method: str = DEFAULT_METHOD, params: dict[str, dict] | None = None,
                    **base) -> list:
-    """The controls' values with defaults from the papers, for calling event functions directly."""
-    values = DEFAULTS | {"model": model or service.default_model(), "method": method} | base
+    """The controls' values with defaults from the papers (the video frames: the model's), for calling
+    event functions directly."""
+    model = model or service.default_model()
+    values = DEFAULTS | {"model": model, "method": method, "num_frames": service.default_frames(model)} | base
     params = params or {}
     return [values[name] for name in BASE_CONTROLS] + [
         params.get(m, {}).get(spec["name"], spec["default"]) for m, spec in param_order()]
@@ -292,6 +299,7 @@ class ModelSwitch:
     loaded: gr.State  # the last model that loaded, to fall back to
     model_card: gr.Markdown
     mpic_k: gr.components.Component  # MPIC's k control (a State where no method has one)
+    num_frames: gr.Slider
 
 
 @dataclass(frozen=True)
@@ -300,17 +308,28 @@ class ModelOutputs(Outputs):
     loaded: Any = KEEP
     model_card: Any = KEEP
     mpic_k: Any = KEEP
+    num_frames: Any = KEEP
 
 
-def on_model(name: str, previous: str, progress=gr.Progress()) -> ModelOutputs:
-    """Model picked: load it now (with progress), and set MPIC's k for its image size. On failure
-    keep the previous one and say why, once, under the picker (the model card)."""
+def frames_for_model(name: str, previous: str, frames) -> Any:
+    """The video frames once ``name`` replaces ``previous``: its default where they were the previous
+    model's (the user had not set them), else as the user set them (:data:`KEEP`)."""
+    unchanged = isinstance(frames, (int, float)) and not isinstance(frames, bool) and \
+        frames == service.default_frames(previous)
+    return service.default_frames(name) if unchanged or frames is None else KEEP
+
+
+def on_model(name: str, previous: str, frames=None, progress=gr.Progress()) -> ModelOutputs:
+    """Model picked: load it now (with progress), and set MPIC's k for its image size and the video
+    frames to its default, unless the user set them (``frames``, the slider's value, differs from the
+    previous model's default). On failure keep the previous one and say why, once, under the picker
+    (the model card)."""
     try:
         service.get_model(name, lambda f, text: progress(f, desc=text))
     except UserError as exc:
         log.info("user error: %s", exc)
         return ModelOutputs(previous, previous, model_card(previous) + f"\n\n*Could not switch to {name}: {exc}*")
-    return ModelOutputs(name, name, model_card(name), mpic_k(name))
+    return ModelOutputs(name, name, model_card(name), mpic_k(name), frames_for_model(name, previous, frames))
 
 
 def build_settings() -> SettingsPanel:
@@ -343,7 +362,7 @@ def build_settings() -> SettingsPanel:
         params[k].info += " Set for the model's image size: at most a quarter of its tokens per 448 px image."
     max_new = checked_controls.Slider(*RANGES["max_new_tokens"], value=DEFAULTS["max_new_tokens"], step=1,
                                       label="Max new tokens", elem_classes=["range-said"])
-    frames = checked_controls.Slider(*RANGES["num_frames"], value=DEFAULTS["num_frames"], step=1, label="Video frames",
+    frames = checked_controls.Slider(*RANGES["num_frames"], value=service.default_frames(first), step=1, label="Video frames",
                                      elem_classes=["range-said"], elem_id="num-frames",
                                      info=FRAMES_INFO + f" Up to {RANGES['num_frames'][1]} in one prompt; set a "
                                                         f"memory cap to stream up to {STREAMED_FRAMES[1]:,}.")
@@ -369,7 +388,7 @@ def build_settings() -> SettingsPanel:
     model.change(methods_for_model, [model, method], method, api_visibility="private")
     # .input, not .change: falling back to the previous model must not trigger another load
     k_control = params[k] if k is not None else gr.State()  # without MPIC its value goes nowhere
-    switch = ModelSwitch(model, loaded, card, k_control)
-    model.input(by_component(switch, on_model), [model, loaded], components_of(switch, ModelOutputs), concurrency_id="gpu",
+    switch = ModelSwitch(model, loaded, card, k_control, frames)
+    model.input(by_component(switch, on_model), [model, loaded, frames], components_of(switch, ModelOutputs), concurrency_id="gpu",
                 concurrency_limit=1, api_visibility="private")
     return panel

@@ -76,6 +76,50 @@ def test_new_scene_draws_v3_kinds_with_the_answers_their_objects_give(serves_v3)
     assert "only answers questions about its kind of scenes" in hint and "'unknown'" in hint
 
 
+def test_v3_takes_every_frame_of_its_videos_where_other_models_keep_eight(serves_v3):
+    """v3's moving object moves inside each video token's two frames: the app feeds the trained model
+    every frame of a drawn video by default (the settings, the API, Compare's and the blind test's
+    settings alike); hub and random models keep 8 frames, and so their memory."""
+    import numpy as np
+
+    from components import api_docs, settings
+
+    frames = service.default_frames(ARENA)
+    assert frames == drawn_scenes.SIZES["moving"][1][1] == 32 == generations.of().video_frames
+    hub, random_model = "Qwen/Qwen2-VL-2B-Instruct", "tiny-qwen2.5-vl"
+    assert service.default_frames(hub) == service.default_frames(random_model) == service.DEFAULT_FRAMES == 8
+    for seed in (3, 4):  # "New scene" -> the message the app prepares with the default: every frame, in order
+        scene = service.draw_scene("moving", seed=seed)
+        video = service.prepare(scene.questions[0], list(scene.files), frames).message.videos[0]
+        drawn = drawn_scenes.fresh("moving", turns=2, seed=seed).frames()
+        assert 16 <= len(drawn) <= 32 and np.array_equal(np.asarray(video.frames), drawn)
+    # the controls, as Chat, Compare (the column's controls by name) and the blind test (the model alone) read them
+    assert settings.settings_from(settings.control_values(model=ARENA)).num_frames == 32
+    assert settings.settings_from_named({"model": ARENA}).num_frames == 32  # /blind
+    assert settings.settings_from_named({"model": ARENA, "num_frames": None}).num_frames == 32  # the API's null
+    assert settings.settings_from_named({"model": hub}).num_frames == 8
+    assert settings.settings_from_named({"model": ARENA, "num_frames": 12}).num_frames == 12
+    assert "tiny-arena-vl: 32" in api_docs.control_lines()["num_frames"]
+    # picking a model moves the frames to its default unless the user set them
+    assert settings.frames_for_model(ARENA, hub, 8) == 32 and settings.frames_for_model(hub, ARENA, 32.0) == 8
+    assert settings.frames_for_model(hub, ARENA, 20) is settings.KEEP
+    assert settings.frames_for_model(ARENA, random_model, 12) is settings.KEEP
+    assert settings.on_model(ARENA, random_model, 8).num_frames == 32
+    assert settings.on_model(random_model, ARENA, 32).num_frames == 8
+
+
+def test_the_page_starts_on_its_models_frames(serves_v3, monkeypatch):
+    import gradio as gr
+
+    from components import settings
+
+    for model, frames in ((ARENA, 32), ("tiny-qwen2.5-vl", 8)):
+        monkeypatch.setenv("KV_ARENA_MODEL", model)
+        with gr.Blocks():
+            panel = settings.build_settings()
+        assert panel.model.value == model and panel.num_frames.value == frames
+
+
 def test_v3_examples_are_skipped_until_drawn_and_never_overwrite_v2s(serves_v3):
     from components import chat
 
@@ -129,3 +173,26 @@ def test_the_bundle_is_served_as_v2(monkeypatch):
     monkeypatch.delenv("KV_ARENA_TINY_DIR", raising=False)
     assert generations.of() is generations.GENERATIONS[2] and service.scene_types() == V2
     assert generations.of().config().to_dict() == arena_model.arena_config().to_dict()
+    # its videos have 4 to 8 frames: 8 feeds each whole, as before
+    longest = max(len(arena_scenes.fresh("moving", seed=s).frames()) for s in range(40))
+    assert service.default_frames(ARENA) == generations.of().video_frames == longest == 8
+
+
+def test_missing_weights_name_their_generations_training(tmp_path):
+    import importlib.util
+
+    from kv_arena.tiny.arena_model import TRAINED_BY, VERSION_KEY, load_arena_weights
+
+    assert set(TRAINED_BY) == set(generations.GENERATIONS)
+    assert all(importlib.util.find_spec(module) for module in TRAINED_BY.values())  # named, never imported
+    model = arena_model.build_arena_model(0, arena_v3_model.arena_config())
+    for version, says, not_said in ((None, "python -m training.train_arena", "train_arena_v3"),
+                                    (3, "python -m training.train_arena_v3", "train_arena or"),
+                                    (7, "python -m training.train_arena or python -m training.train_arena_v3", "")):
+        folder = tmp_path / str(version)
+        folder.mkdir()
+        if version is not None:
+            (folder / "config.json").write_text(json.dumps({VERSION_KEY: version}))
+        with pytest.raises(UserError, match="model.safetensors is missing; train it with") as refused:
+            load_arena_weights(model, folder)
+        assert str(refused.value).endswith(says) and (not not_said or not_said not in str(refused.value))

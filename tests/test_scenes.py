@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kv_arena.errors import UserError
-from kv_arena.media import load_video, write_avi
+from kv_arena.media import decoded_pixels, load_video, write_avi
 from kv_arena.runtime.generate import agreement
 from kv_arena.service import at_scale, scenes
 from kv_arena.service.inputs import prepare
@@ -60,6 +60,21 @@ def test_a_drawn_video_reads_back_pixel_for_pixel(tmp_path):
     write_avi(tmp_path / "v.avi", frames, fps=2)
     video = load_video(str(tmp_path / "v.avi"), num_frames=4)
     assert np.array_equal(video.frames, frames) and video.timestamps == [0.0, 0.5, 1.0, 1.5]
+
+
+def test_a_video_with_fewer_frames_than_asked_comes_back_whole(tmp_path):
+    """Every frame once, in order (none repeated, none padded), decoded at once or as read; the
+    decoded-pixels budget counts the frames there are. Fewer asked: evenly spaced, as before."""
+    frames = np.random.default_rng(1).integers(0, 256, size=(6, 28, 42, 3), dtype=np.uint8)
+    path = str(tmp_path / "v.avi")
+    write_avi(path, frames, fps=2)
+    for asked, lazy in ((6, False), (32, False), (40, True)):
+        video = load_video(path, num_frames=asked, lazy=lazy)
+        assert len(video.frames) == 6 and np.array_equal(np.asarray(video.frames), frames)
+        assert video.timestamps == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+        assert decoded_pixels(path, True, asked)[0] == 6 * 28 * 42
+    fewer = load_video(path, num_frames=3)
+    assert np.array_equal(fewer.frames, frames[[0, 2, 5]]) and fewer.timestamps == [0.0, 1.0, 2.5]
 
 
 def test_agreement_leaves_the_end_of_turn_out():

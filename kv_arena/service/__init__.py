@@ -9,7 +9,8 @@ tensor and never imports torch. The app imports this package only; its modules, 
   picker's choices, and what each model is.
 * :mod:`.model_pool`: models load once and are shared between sessions (read-only weights); at
   most one hub model stays loaded.
-* :mod:`.inputs`: the controls' :class:`Settings` and a message decoded and checked (:func:`prepare`).
+* :mod:`.inputs`: the controls' :class:`Settings` (a model's video frames by default: :func:`default_frames`)
+  and a message decoded and checked (:func:`prepare`).
 * :mod:`.plan`: a turn's settings resolved once (:func:`plan_turn`): the method built, the cap it
   streams under, the generation arguments.
 * :mod:`.sessions`: :class:`Session` is one browser tab: its conversation (the compressed cache
@@ -50,7 +51,8 @@ from ..media import MAX_VIDEO_BYTES  # the largest upload the app takes
 from ..runtime.models import ARENA
 from .app_state import AppState
 from .current import current_app, open_app, using_app
-from .inputs import MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, checked_text, prepare
+from .inputs import (DEFAULT_FRAMES, MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, checked_text, default_frames,
+                     prepare)
 from .model_picker import check_model_allowed, default_model, has_random_weights, is_trained_here, model_choices, model_description
 from .model_pool import get_model
 from .plan import Plan, plan_turn
@@ -89,11 +91,11 @@ from .views import kept_visuals
 
 __all__ = [
     "AppState", "current_app", "open_app", "using_app",
-    "ARENA", "arena_examples", "MAX_COMPARE", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Plan", "Prepared", "Scene", "Session", "Settings",
+    "ARENA", "arena_examples", "MAX_COMPARE", "DEFAULT_FRAMES", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Plan", "Prepared", "Scene", "Session", "Settings",
     "ChatView", "SwitchNote", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters", "ProgressNote",
     "ReferenceView", "ReuseSummary", "StreamView", "TtftView",
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",
-    "chat_turn", "check_uploads", "close_session", "compare", "default_model", "get_model", "has_random_weights",
+    "chat_turn", "check_uploads", "close_session", "compare", "default_frames", "default_model", "get_model", "has_random_weights",
     "is_trained_here", "kept_visuals", "may_read", "note_served", "media_hint", "media_library", "method_spec", "method_specs",
     "budget_spec", "is_reference", "methods_on", "reference_spec", "refused_methods", "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "plan_turn", "prepare", "release",
     "reuses_media", "take_history", "track",

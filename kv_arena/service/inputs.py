@@ -1,5 +1,6 @@
 """What a turn takes: the controls' :class:`Settings` and a user message, decoded and checked
-(:class:`Prepared`) before any model work."""
+(:class:`Prepared`) before any model work; and the video frames a model takes by default
+(:func:`default_frames`)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,34 @@ from ..errors import UserError
 from ..media import check_decoded_pixels, decoded_pixels, load_image, load_video
 from ..runtime.inputs import Message
 from ..runtime.models import DEFAULT_MODEL
+from ..tiny import generations
+from .model_picker import is_trained_here
 from .model_pool import Progress, silent
 from .uploads import file_hash
 
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg"}
 MAX_FRAMES = 32  # a video prefilled in one prompt
+DEFAULT_FRAMES = 8  # frames sampled from a video by default (the trained model's: default_frames)
 MAX_STREAMED_FRAMES = 1024  # a video streamed under a cap: the cache stays under it whatever the length
 MB = 2**20
 # a message's text: far above any question about a picture, far below what costs the server a minute
 MAX_TEXT_CHARS = int(os.environ.get("KV_ARENA_MAX_TEXT_CHARS", 20_000))
 MAX_TEXT_BYTES = int(os.environ.get("KV_ARENA_MAX_TEXT_BYTES", 64 * 1024))
+
+
+def default_frames(model) -> int:
+    """The frames sampled from a video by default for ``model``. The trained model's generation needs
+    every frame of its videos (a video token merges two neighbouring frames, and its moving object
+    moves inside them: frames sampled further apart show it another motion), so it takes as many as
+    its longest video has (a shorter one comes back whole: :func:`~kv_arena.media.load_video`).
+    Every other model, hub or random, takes :data:`DEFAULT_FRAMES`, its memory as before; so does a
+    generation this engine does not know (the model says why it cannot load when it is used)."""
+    if not isinstance(model, str) or not is_trained_here(model):
+        return DEFAULT_FRAMES
+    try:
+        return min(generations.of().video_frames, MAX_FRAMES)
+    except UserError:
+        return DEFAULT_FRAMES
 
 
 @dataclass(frozen=True)
@@ -36,7 +55,7 @@ class Settings:
     method: str = field(default_factory=backends.reference_name)
     budget: float = BUDGET.default
     max_new_tokens: int = 48
-    num_frames: int = 8
+    num_frames: int = DEFAULT_FRAMES
     temperature: float = 0.0
     question_after: bool = False  # the media prefilled and compressed first, then the question
     stream_cap_mb: float = 0.0  # > 0: a message's media streamed in chunks under this KV cap (0: one prompt)
@@ -100,7 +119,7 @@ def checked_text(text: str) -> str:
     return text
 
 
-def prepare(text: str, files: list, num_frames: int = 8, progress: Progress = silent) -> Prepared:
+def prepare(text: str, files: list, num_frames: int = DEFAULT_FRAMES, progress: Progress = silent) -> Prepared:
     """Decode the attached images and videos; any bad file raises a UserError naming it."""
     text = checked_text(text or "").strip()
     files = [str(f) for f in files or []]

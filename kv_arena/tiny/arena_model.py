@@ -23,6 +23,7 @@ ASSET_DIR = ASSETS / "tiny-arena-vl"
 WEIGHTS = "model.safetensors"
 VERSION_KEY = "arena_version"  # written into config.json (the first generation, 3x3 boards, is gone)
 V2 = 2  # generation 2's arena_version; a config.json that does not say is v2's
+TRAINED_BY = {V2: "training.train_arena", 3: "training.train_arena_v3"}  # each generation's training module
 SYSTEM_WORDS = ("system", "user", "assistant", "you", "are", "a", "helpful", ".")  # chat markers, DEFAULT_SYSTEM
 
 
@@ -87,6 +88,13 @@ def arena_weights_present(directory: Path | None = None) -> bool:
     return ((directory or arena_dir()) / WEIGHTS).is_file()
 
 
+def training_command(directory: Path | None = None) -> str:
+    """How to train the weights of the generation the folder's config.json names (``python -m`` its
+    training module, named, not imported); every generation's for a number this engine does not know."""
+    known = TRAINED_BY.get(bundled_version(directory))
+    return " or ".join(f"python -m {module}" for module in ([known] if known else TRAINED_BY.values()))
+
+
 def load_arena_weights(model, directory: Path | None = None) -> None:
     from safetensors.torch import load_file
 
@@ -94,7 +102,7 @@ def load_arena_weights(model, directory: Path | None = None) -> None:
     if not path.exists():
         from ..errors import UserError
 
-        raise UserError(f"{path} is missing; train it with: python -m training.train_arena")
+        raise UserError(f"{path} is missing; train it with: {training_command(path.parent)}")
     state = load_file(str(path))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if "lm_head" not in k]:

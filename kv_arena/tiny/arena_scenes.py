@@ -35,6 +35,7 @@ from .scene_items import Item, Question
 
 CELL = 28
 BIG, SMALL = 10, 8  # cells a side: one image alone, several images or video frames
+VIDEO_FRAMES = (4, 6, 8)  # a moving scene's frame counts
 COLOURS = {"red": (215, 35, 35), "green": (30, 160, 50), "blue": (35, 75, 215), "yellow": (240, 200, 20),
            "purple": (140, 45, 170), "orange": (245, 125, 20)}
 SHAPES = ("square", "circle", "triangle", "cross", "ring")
@@ -157,7 +158,7 @@ def pictures_item(rng: np.random.Generator, kind: str, turns: int) -> Item:
 def moving_item(rng: np.random.Generator, turns: int) -> Item:
     """A SMALL-grid video of 4, 6 or 8 frames: one object moves a cell per frame, 1 to 3 stay."""
     background = BACKGROUNDS[int(rng.integers(len(BACKGROUNDS)))]
-    frames = int(rng.choice([4, 6, 8]))
+    frames = int(rng.choice(VIDEO_FRAMES))
     dr, dc = DIRECTIONS[int(rng.integers(len(DIRECTIONS)))]
     span = SMALL - (frames - 1) * max(abs(dr), abs(dc))  # start cells that keep the path inside
 

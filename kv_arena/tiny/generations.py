@@ -25,6 +25,10 @@ class Generation:
     tokenizer: Callable  # () -> its word-level tokenizer
     image_processor: Callable  # () -> its image processor
     reads: str  # what the model can and cannot read, for the app
+    # frames the app feeds from a video: every frame of the generation's longest (a video token
+    # merges frames 2g and 2g+1, and its videos were trained whole, so sampling fewer puts frames
+    # that were never neighbours into one token)
+    video_frames: int
 
 
 GENERATIONS = {
@@ -33,7 +37,8 @@ GENERATIONS = {
                   "lightly textured background: ask 'What colour is the triangle?' or 'Which shape is blue?' about "
                   "one picture or several, or 'Which shape moves?' about a short video, and again about another "
                   "shape in the same chat. It answers with one word; photos, text, charts and other questions get "
-                  "nonsense."),
+                  "nonsense.",
+                  video_frames=max(arena_scenes.VIDEO_FRAMES)),
     3: Generation(3, drawn_scenes, arena_v3_model.arena_config, arena_v3_model.tokenizer,
                   arena_v3_model.image_processor,
                   f"It reads drawn coloured shapes ({_THINGS}) at any position on plain or textured backgrounds, "
@@ -42,7 +47,8 @@ GENERATIONS = {
                   "several, 'Which shape moves?' about a short video, 'What is in the picture?' (every object, "
                   "colour and shape) or 'What colours are the circle and the ring?', and again about another shape "
                   "in the same chat. Pictures of anything else it answers 'unknown'; it cannot read photos, text "
-                  "or anything else."),
+                  "or anything else.",
+                  video_frames=drawn_scenes.SIZES["moving"][1][1]),
 }
 
 
