@@ -345,3 +345,15 @@ def test_gpu_check_skips_what_would_start_past_its_time_limit(capsys):
     assert report["offline"] is None
     assert all(r["kv_bytes"] is None and r["same_tokens_at_lossless"] is None and r["not_timed"] == "skipped"
                for r in report["rows"])
+
+
+def test_accuracy_add_writes_back_to_the_run_it_adds_to(tmp_path):
+    """--add reads an earlier run and writes it back there, never over the committed assets/accuracy
+    (unless --out says so)."""
+    from kv_arena.bench import accuracy
+    from kv_arena.paths import ASSETS
+
+    earlier = tmp_path / "v3" / "accuracy.json"
+    assert accuracy.parse_args(["--add", str(earlier)]).out == str(tmp_path / "v3" / "accuracy")
+    assert accuracy.parse_args(["--add", str(earlier), "--out", str(tmp_path / "o")]).out == str(tmp_path / "o")
+    assert accuracy.parse_args([]).out == str(ASSETS / "accuracy")

@@ -80,8 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--probe-items", type=int, default=None, help="chats per type for the probes (default: --per-type)")
     p.add_argument("--types", default=",".join(kinds), help=f"question types: {', '.join(kinds)}")
     # the committed figure is rewritten in a checkout; an installed package's folder is never written
-    p.add_argument("--out", default=str(ASSETS / "accuracy") if IN_CHECKOUT else "accuracy",
-                   help="writes OUT.json, OUT.html (and OUT.png)")
+    p.add_argument("--out", default=None,
+                   help="writes OUT.json, OUT.html (and OUT.png); default: the --add run's own file, else "
+                        "assets/accuracy in a checkout")
     p.add_argument("--no-figure", action="store_true")
     p.add_argument("--no-probe", action="store_true")
     p.add_argument("--from-json", default=None, metavar="JSON",
@@ -100,7 +101,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=None, help="read the first N items only")
     p.add_argument("--metric", default=None, choices=METRICS, help="how a data set's answers are scored")
     p.add_argument("--frames", type=int, default=8, help="frames sampled per video of a data set")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.out is None:  # --add writes back where it read, never over the committed run
+        args.out = args.add.removesuffix(".json") if args.add else str(ASSETS / "accuracy") if IN_CHECKOUT else "accuracy"
+    return args
 
 
 def answer_words(text: str) -> list[str]:
