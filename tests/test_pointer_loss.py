@@ -110,6 +110,9 @@ def test_the_probe_reports_shares_per_layer_and_the_bar(model_and_chats, capsys)
     assert probe.bar(model, adapter, 1) is False  # random weights answer nothing right
     table = capsys.readouterr().out
     assert "| pair |" in table and "| unknown |" in table and "not met" in table
+    sizes = probe.by_size(model, adapter, 2)  # right/asked by the smallest named object's side
+    assert set(sizes) == set(probe.scenes.QUESTION_TYPES)
+    assert all(sum(n for _, n in row) == 2 and all(0 <= r <= n for r, n in row) for row in sizes.values())
 
 
 def test_its_gradient_flows_where_the_head_looks_elsewhere():
