@@ -205,6 +205,15 @@ def test_accuracy_bench_smoke(tmp_path, capsys):
     assert f"| snapkv | budget 0.5 | {snap[0]['realised']:.2f} |" in printed and "| mpic | - |" in printed
     assert "before the question" in printed
     assert cli.main(["--mode", "accuracy", "--from-json", str(tmp_path / "missing.json")]) == 2
+    # --add asks the same items of another method only: the full cache's row is the earlier run's
+    assert cli.main(["--mode", "accuracy", "--add", str(tmp_path / "acc.json"), "--methods", "h2o",
+                     "--budgets", "0.5", "--no-figure"]) == 0
+    printed = capsys.readouterr().out
+    asked = [line.split()[1] for line in printed.splitlines() if line.startswith(("colour ", "moving "))]
+    assert asked == ["h2o", "h2o"]  # what it ran, a line each: not the full cache
+    added = json.loads((tmp_path / "acc.json").read_text())
+    assert added["points"]["colour"]["full"] == report["points"]["colour"]["full"]
+    assert added["points"]["colour"]["h2o"][0]["realised"] < 0.75 and "snapkv" in added["points"]["colour"]
 
 
 def test_known_answers_first_and_follow_up(arena):

@@ -278,9 +278,11 @@ def run(args) -> dict:
     rng = np.random.default_rng(args.seed)
     for kind in kinds:
         items = data.get(kind) or scenes.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
-        full_bytes = [chat(loaded, backends.make_reference(), it)[1] for it in items]
+        # the full cache's bytes after the first prompt: that turn alone, no follow-up to answer
+        full_bytes = [chat(loaded, backends.make_reference(), it, it.turns[:1])[1] for it in items]
         points[kind] = {}
-        for method in [REFERENCE] + [m for m in methods if m != REFERENCE]:
+        reference = [] if args.add else [REFERENCE]  # --add keeps the earlier run's row: not asked again
+        for method in reference + [m for m in methods if m != REFERENCE]:
             points[kind][method] = ([{"knob": None, "value": None} | point(loaded, REFERENCE, {}, items, full_bytes)]
                                     if method == REFERENCE else sweep(loaded, method, values, items, full_bytes))
             for p in points[kind][method]:
