@@ -11,12 +11,14 @@ screenshot is taken by tests/test_app_browser.py.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # this checkout's kv_arena (and its bundle), not an installed one
 SIZE = 448  # 256 visual tokens for Qwen2-VL: the numbers in the About tab
 
 
