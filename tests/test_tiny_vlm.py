@@ -1,5 +1,6 @@
-"""The bundled, trained tiny-arena-vl model: loads offline and answers known items right; its
-scenes, tokenizer and training match the app's prompts; the accuracy benchmark runs end to end."""
+"""The bundled, trained tiny-arena-vl model (generation 3): loads offline and answers held-out items
+of every type right, says "unknown" to pictures outside its scenes, and answers its examples; v2's
+scenes, tokenizer and training still match the app's prompts; the accuracy benchmark runs end to end."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import backends
 from kv_arena.bench import cli
 from kv_arena.runtime.generate import Conversation
 from kv_arena.runtime.inputs import Message
-from kv_arena.runtime.models import MODELS, describe, load_model
+from kv_arena.runtime.models import ARENA, MODELS, describe, load_model
 from tests.support import training_module
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -26,8 +27,8 @@ def arena():
 def test_bundled_model_is_registered_and_shipped():
     assert (ASSETS / "tiny-arena-vl" / "model.safetensors").stat().st_size < 20_000_000
     spec = MODELS["tiny-arena-vl"]
-    assert not spec.needs_download and "(generation 2)" in describe(spec.name)
-    assert "Which shape moves?" in describe(spec.name)  # what the bundled generation reads
+    assert not spec.needs_download and "(generation 3)" in describe(spec.name)
+    assert "Which shape moves?" in describe(spec.name) and "'unknown'" in describe(spec.name)  # what v3 reads
 
 
 def test_answers_are_judged_whole():
@@ -181,7 +182,28 @@ def test_training_script_runs_saves_and_resumes(tmp_path, capsys):
     assert train.reveal(30, (10, 20, 40)) == (0.0, 0.5) and train.reveal(50, (10, 20, 40)) == (0.0, 0.0)
 
 
-def test_accuracy_bench_smoke(tmp_path, capsys):
+def test_accuracy_bench_refuses_probes_a_models_processor_cannot_take(tmp_path, capsys):
+    """v3's pictures are larger than a random tiny Qwen2.5-VL's processor keeps (it scales them down),
+    so the probes, which remove tokens by the scene's numbering, are refused before anything runs."""
+    run = ["--mode", "accuracy", "--model", "tiny-qwen2.5-vl", "--methods", "full", "--per-type", "1",
+           "--types", "colour", "--no-figure", "--out", str(tmp_path / "acc")]
+    assert cli.main(run) == 2
+    err = capsys.readouterr().err
+    assert "reads a colour scene as 240 visual tokens where the scene has 728" in err and "--no-probe" in err
+    assert cli.main(run + ["--no-probe"]) == 0
+
+
+@pytest.fixture
+def serves_v2_scenes(tmp_path, monkeypatch):
+    """The bench asks the served generation's questions: v2's, whose pictures a random tiny
+    Qwen2.5-VL reads on the scenes' own grid (v3's larger ones its processor scales down)."""
+    folder = tmp_path / "v2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"arena_version": 2}))
+    monkeypatch.setenv("KV_ARENA_TINY_DIR", str(folder))
+
+
+def test_accuracy_bench_smoke(tmp_path, capsys, serves_v2_scenes):
     """Runs end to end on a random model: every point keeps its knob and realised KV fraction."""
     out = tmp_path / "acc"
     code = cli.main(["--mode", "accuracy", "--model", "tiny-qwen2.5-vl", "--methods", "full,snapkv,mpic",
@@ -216,27 +238,49 @@ def test_accuracy_bench_smoke(tmp_path, capsys):
     assert added["points"]["colour"]["h2o"][0]["realised"] < 0.75 and "snapkv" in added["points"]["colour"]
 
 
+def test_the_bundle_is_v3(arena):
+    from kv_arena.tiny import arena_v3_model, generations
+
+    assert generations.of().number == 3 and arena.model.config.arena_version == 3
+    assert arena.model.config.vision_config.depth == 4
+    shipped = json.loads((ASSETS / "tiny-arena-vl" / "config.json").read_text())
+    made = json.loads(arena_v3_model.arena_config().to_json_string())  # the config the engine builds in code
+    assert {k: v for k, v in shipped.items() if k != "transformers_version"} == {
+        k: v for k, v in made.items() if k != "transformers_version"}
+
+
 def test_known_answers_first_and_follow_up(arena):
-    """A handful of held-out two-turn chats of every type, full cache, as a user asks them."""
+    """A handful of held-out two-turn chats of every v3 type, full cache, as a user asks them
+    (kv_arena.bench.accuracy.chat: the app's Conversation, whole answers), and pictures outside its
+    scenes answered "unknown", both turns."""
     from kv_arena.bench.accuracy import chat
-    from kv_arena.tiny.arena_scenes import QUESTION_TYPES, held_out
+    from kv_arena.tiny.drawn_scenes import QUESTION_TYPES, UNKNOWN, held_out
 
     for kind in QUESTION_TYPES:
         right = [[v.right for v in chat(arena, backends.make_backend("full"), it)[0]] for it in held_out(kind, 5, turns=2)]
         assert sum(r[0] for r in right) >= 4 and sum(r[1] for r in right) >= 4, (kind, right)
+    for it in held_out("unknown", 3, turns=2):
+        assert [q.answer for q in it.turns] == [UNKNOWN] * 2
+        assert all(v.right for v in chat(arena, backends.make_backend("full"), it)[0]), it.question.text
 
 
 def test_examples_are_answered(arena):
-    """The app's clickable examples (service.arena_examples(), files drawn by assets/make_examples.py)."""
-    from kv_arena.service import arena_examples
-    from kv_arena.tiny.arena_scenes import examples
+    """The app's clickable examples (service.arena_examples(), files drawn by assets/make_examples.py
+    and read back as the app reads them), both turns, and the service marks them with those answers."""
+    from kv_arena import service
+    from kv_arena.service import scenes
+    from kv_arena.tiny.drawn_scenes import examples
 
-    expected = {it.question.text: it.question.answer for it, _ in examples().values()}
-    for text, files in arena_examples():
-        paths = [ASSETS / f for f in files]
-        media = {"videos": paths} if files[0].endswith(".mp4") else {"images": paths}
+    drawn = examples()
+    assert [files for _, files in service.arena_examples()] == [files for _, files in drawn.values()]
+    assert [(s.questions, s.answers) for s in scenes.examples()] == [
+        (tuple(q.text for q in it.turns), tuple(q.answer for q in it.turns)) for it, _ in drawn.values()]
+    for it, files in drawn.values():
+        message = service.prepare(it.question.text, [str(ASSETS / f) for f in files], service.default_frames(ARENA)).message
         conv = Conversation(arena, backends.make_backend("full"))
-        assert conv.ask(Message(text, **media), max_new_tokens=4).text.strip() == expected[text], (text, files)
+        said = [conv.ask(message if k == 0 else Message(q.text), max_new_tokens=12).text.strip()
+                for k, q in enumerate(it.turns)]
+        assert said == [q.answer for q in it.turns], (files, said)
 
 
 def test_is_the_offline_default_and_says_what_it_answers(monkeypatch):

@@ -182,6 +182,18 @@ def drop_visual(conv: Conversation, dropped: list[int]) -> None:
         layer.keep(torch.nonzero(~torch.isin(layer.positions[0], gone.to(layer.positions.device)))[:, 0])
 
 
+def check_grid(loaded, it) -> None:
+    """The probes remove tokens by the scene's numbering, which is the model's only where its
+    processor keeps the scene's grid (tiny-arena-vl's does; a processor that rescales does not)."""
+    conv = Conversation(loaded, backends.make_reference())
+    conv.feed(Message("", **it.media()))
+    read = len(visual_positions(conv.layouts[-1]))
+    if read != it.visual_tokens():
+        raise UserError(f"{loaded.spec.name} reads a {it.kind} scene as {read} visual tokens where the scene has "
+                        f"{it.visual_tokens()} (its processor rescales it), so the probes cannot remove the scene's "
+                        "tokens: run with --no-probe")
+
+
 def probed(loaded, it, dropped: list[int]) -> bool:
     """Full cache; the media prefilled, the given visual tokens removed, then the first question."""
     conv = Conversation(loaded, backends.make_reference())
@@ -276,6 +288,9 @@ def run(args) -> dict:
     points: dict[str, dict[str, list[dict]]] = {}
     probes: dict[str, dict[str, float]] = {}
     rng = np.random.default_rng(args.seed)
+    if not args.no_probe:  # before the sweeps, which take the time
+        for kind in kinds:
+            check_grid(loaded, scenes.held_out(kind, 1, turns=1)[0])
     for kind in kinds:
         items = data.get(kind) or scenes.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
         # the full cache's bytes after the first prompt: that turn alone, no follow-up to answer
