@@ -1,7 +1,8 @@
-"""The engine serves the generation of tiny-arena-vl its weights' config.json names: a v3 folder
-(random weights, saved as a run saves them) in KV_ARENA_TINY_DIR loads as v3 and chats, "New
-scene" draws v3's kinds with the answers the scene's objects give, the marks know v3's questions,
-the benches report v3; an unknown generation is refused with a clear error."""
+"""The engine serves the generation of tiny-arena-vl its weights' config.json names: the bundle is
+v3; a v3 folder (random weights, saved as a run saves them) in KV_ARENA_TINY_DIR loads as v3 and
+chats, "New scene" draws v3's kinds with the answers the scene's objects give, the marks know v3's
+questions, the benches report v3; a v2 folder is still served as v2 (its scenes, its 8 frames, no
+examples until drawn); an unknown generation is refused with a clear error."""
 
 from __future__ import annotations
 
@@ -31,6 +32,18 @@ def v3_folder(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("v3")
     model = arena_model.build_arena_model(5, arena_v3_model.arena_config())
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / arena_model.WEIGHTS))
+    model.config.to_json_file(str(folder / "config.json"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def v2_folder(tmp_path_factory):
+    """Random v2 weights and their config.json (arena_version 2), as training/train_arena.py writes them."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path_factory.mktemp("v2")
+    model = arena_model.build_arena_model(5)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / arena_model.WEIGHTS))
     model.config.to_json_file(str(folder / "config.json"))
     return folder
@@ -120,15 +133,15 @@ def test_the_page_starts_on_its_models_frames(serves_v3, monkeypatch):
         assert panel.model.value == model and panel.num_frames.value == frames
 
 
-def test_v3_examples_are_skipped_until_drawn_and_never_overwrite_v2s(serves_v3):
+def test_v3_examples_are_drawn_and_never_overwrite_v2s(serves_v3):
     from components import chat
 
     files = [f for _, names in service.arena_examples() for f in names]
-    assert len(service.arena_examples()) == len(V3)
-    assert not any((scenes.ASSETS / f).exists() for f in files)  # the bundle is v2: none drawn yet
+    assert len(service.arena_examples()) == len(V3) == len(service.scene_examples())
+    assert all((scenes.ASSETS / f).is_file() for f in files)  # drawn by assets/make_examples.py
     v2_files = {f for _, names in arena_scenes.examples().values() for f in names}
     assert not v2_files & set(files)
-    assert service.scene_examples() == () and chat.examples(ARENA) == []
+    assert len(chat.examples(ARENA)) == len(V3)
 
 
 def test_judge_marks_v3s_lists_and_pairs_and_says_why_not_otherwise():
@@ -169,13 +182,37 @@ def test_an_unknown_generation_is_refused_clearly(tmp_path, monkeypatch):
     assert "generation 7" in describe(ARENA)  # the model card says why instead of failing
 
 
-def test_the_bundle_is_served_as_v2(monkeypatch):
+def test_the_bundle_is_served_as_v3(monkeypatch):
     monkeypatch.delenv("KV_ARENA_TINY_DIR", raising=False)
-    assert generations.of() is generations.GENERATIONS[2] and service.scene_types() == V2
-    assert generations.of().config().to_dict() == arena_model.arena_config().to_dict()
-    # its videos have 4 to 8 frames: 8 feeds each whole, as before
-    longest = max(len(arena_scenes.fresh("moving", seed=s).frames()) for s in range(40))
-    assert service.default_frames(ARENA) == generations.of().video_frames == longest == 8
+    assert generations.of() is generations.GENERATIONS[3] and service.scene_types() == V3
+    assert generations.of().config().to_dict() == arena_v3_model.arena_config().to_dict()
+    assert service.default_frames(ARENA) == generations.of().video_frames == 32
+    assert "(generation 3)" in describe(ARENA)
+
+
+def test_a_v2_folder_is_still_served_as_v2(v2_folder, monkeypatch, tmp_path):
+    """The previous generation, from a run's folder: v2's model, scenes, frames and words; its
+    examples (assets/arena_*, no longer shipped) are skipped until drawn, so none are offered."""
+    from components import chat
+
+    monkeypatch.setenv("KV_ARENA_TINY_DIR", str(v2_folder))
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    with service.using_app(AppState()):
+        assert generations.of() is generations.GENERATIONS[2] and service.scene_types() == V2
+        loaded = load_model(ARENA, device="cpu")
+        assert loaded.model.config.arena_version == 2 and loaded.model.config.vision_config.depth == 1
+        assert loaded.adapter.tokenizer.get_vocab() == arena_model.tokenizer().get_vocab()
+        it = arena_scenes.fresh("colour", seed=1)
+        text = Conversation(loaded, backends.make_backend("snapkv", budget=0.5)).ask(
+            Message(it.question.text, **it.media()), max_new_tokens=2).text
+        assert set(text.split()) <= set(loaded.adapter.tokenizer.get_vocab())
+        assert "(generation 2)" in describe(ARENA)
+        # its videos have 4 to 8 frames: 8 feeds each whole
+        longest = max(len(arena_scenes.fresh("moving", seed=s).frames()) for s in range(40))
+        assert service.default_frames(ARENA) == generations.of().video_frames == longest == 8
+        assert service.scene_examples() == () and chat.examples(ARENA) == []
+        scene = service.draw_scene("shape", seed=2)
+        assert scene.types == V2 and judge(scene.objects, scene.video, scene.questions[0], V2) == (scene.answers[0], "")
 
 
 def test_missing_weights_name_their_generations_training(tmp_path):
