@@ -20,7 +20,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/lib/chromium/chromium")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
-SCENE = ROOT / "assets" / "arena_shape.png"
+SCENE = ROOT / "assets" / "scene_shape.png"
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="the browser test needs Playwright: "
                                "pip install -r requirements-dev.txt")
@@ -109,7 +109,7 @@ def test_a_newcomer_recovers_from_a_bad_file_then_chats_switches_method_and_comp
 
     # 2. the next send works without clean-up: the default model's example scene, answered
     page.locator("#chat-input textarea").fill("")
-    page.get_by_text("What colour is the circle?").first.click()  # an example of the selected model
+    page.get_by_text("What colour is the cross?").first.click()  # an example of the selected model (its colour scene)
     page.locator("#chat-input img").first.wait_for()
     submit(page)
     answered(page, 1)
@@ -126,12 +126,12 @@ def test_a_newcomer_recovers_from_a_bad_file_then_chats_switches_method_and_comp
         budget.press("Enter")
         expect(page.locator("#budget .range-note")).to_have_text(note)  # under the box itself
         expect(budget).to_have_value("1" if typed == "5" else typed)  # the box shows what was set
-    page.locator("#chat-input textarea").fill("What colour is the cross?")
+    page.locator("#chat-input textarea").fill("Which shape is red?")
     submit(page)
     answered(page, 3)  # the answer, the switch's line, the new answer
     page.get_by_text("re-read the 1 turn above").wait_for()
     assert page.get_by_text("New conversation", exact=True).count() == 0
-    expect(page.get_by_test_id("bot").last).to_contain_text("red")
+    expect(page.get_by_test_id("bot").last).to_contain_text("triangle")
     page.locator("#chat-status").get_by_text("right").first.wait_for()
     page.locator("#memory-plot").get_by_text("saved").first.wait_for()
     page.locator("#scale-line").get_by_text("Computed, not measured").wait_for()
@@ -168,7 +168,7 @@ def test_a_fresh_page_compares_an_example_conversation_with_marks(url, browser):
         page.get_by_role("tab", name="Compare").click()
         expect(page.locator("#compare-budget input[type=number]")).to_have_value("0.2")  # its own, visible
         examples = page.locator("#compare-examples")
-        examples.get_by_text("What colour is the circle?").first.click()
+        examples.get_by_text("What colour is the cross?").first.click()
         expect(page.locator("#compare-then textarea")).not_to_have_value("")  # the follow-up filled too
         page.locator("#compare-input img").first.wait_for()
         page.locator("#compare-run").click()

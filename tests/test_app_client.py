@@ -153,7 +153,7 @@ def test_a_history_sent_from_another_client_is_re_read_with_the_files_it_sends(u
     """Another client sends a conversation: its returned files are downloads this server holds no
     copy of for it (refused in one line); the same history with each file sent (handle_file) is
     re-read, picture included, and the follow-up about the picture is answered right."""
-    scene = str(ROOT / "assets" / "arena_colour.png")
+    scene = str(ROOT / "assets" / "scene_colour.png")
     arena = dict(model="tiny-arena-vl", method="full")
     first, _ = send(Client(url, verbose=False), "What colour is the circle?", [scene], **arena)
     other = Client(url, verbose=False)
@@ -162,7 +162,7 @@ def test_a_history_sent_from_another_client_is_re_read_with_the_files_it_sends(u
     sent = [m | {"content": [{"type": "file", "file": handle_file(scene)} if b.get("type") == "file" else b
                              for b in m["content"]]} for m in first[0]]
     final, _ = send(other, "What colour is the cross?", history=sent, **arena)
-    assert final[0][-1]["content"][-1]["text"] == "red" and "**right**" in final[2], final[2]
+    assert final[0][-1]["content"][-1]["text"] == "yellow" and "**right**" in final[2], final[2]
     assert [(m.get("metadata") or {}).get("title") for m in final[0]].count(REREAD) == 1
 
 
@@ -170,14 +170,14 @@ def test_a_method_switched_through_the_api_keeps_the_conversation(url):
     """The history sent back exactly as /chat returned it (a picture in it), with another method:
     the new method re-reads the conversation and answers about the same picture."""
     client = Client(url, verbose=False)
-    scene = str(ROOT / "assets" / "arena_colour.png")
+    scene = str(ROOT / "assets" / "scene_colour.png")
     first, _ = send(client, "What colour is the circle?", [scene], model="tiny-arena-vl", method="full")
-    assert first[0][-1]["content"][-1]["text"] == "blue"
+    assert first[0][-1]["content"][-1]["text"] == "purple"
     final, _ = send(client, "What colour is the cross?", history=first[0], model="tiny-arena-vl", method="snapkv",
                     budget=0.5)
     titles = [(m.get("metadata") or {}).get("title") for m in final[0]]
     assert titles.count("Method switched") == 1 and "New conversation" not in titles
-    assert final[0][-1]["content"][-1]["text"] == "red" and "**right**" in final[2]
+    assert final[0][-1]["content"][-1]["text"] == "yellow" and "**right**" in final[2]
     assert len(service.open_session(client.session_hash).history) == 2
 
 
@@ -240,4 +240,4 @@ def test_the_readmes_api_snippet_prints_the_answers_as_pasted(url, capsys, monke
     snippet = snippet.split("```")[0].replace("http://127.0.0.1:7860/", url)
     monkeypatch.chdir(ROOT)
     exec(compile(snippet, "README.md", "exec"), {})
-    assert capsys.readouterr().out.split()[-2:] == ["blue", "red"]  # after gradio_client's "Loaded as API" line
+    assert capsys.readouterr().out.split()[-2:] == ["purple", "yellow"]  # after gradio_client's "Loaded as API" line

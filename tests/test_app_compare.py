@@ -131,11 +131,11 @@ def test_four_runs_of_one_example_give_the_same_speed_verdicts():
 
 def test_a_compared_question_the_scene_cannot_answer_says_why_it_is_not_marked():
     session = service.Session()
-    scene = str(chat.ASSETS / "arena_colour.png")
+    scene = str(chat.ASSETS / "scene_colour.png")
     views = list(service.compare(session, config("full", model="tiny-arena-vl"), ["snapkv"],
                                  [service.prepare("What colour is the triangle?", [scene]),
                                   service.prepare("How many shapes are there?", [])]))
     full, snap = views[-1].runs
-    assert full.turns[0].truth == "green" and compare.mark(full.turns[0]) in ("✓", "✗ (true: green)")
+    assert full.turns[0].truth == "red" and compare.mark(full.turns[0]) in ("✓", "✗ (true: red)")
     assert compare.mark(snap.turns[1]).startswith("not marked: the scene answers the colour of a shape")
     assert "(not marked: the scene answers" in compare.answer_text(snap, full)

@@ -103,9 +103,9 @@ def test_multi_turn_continues_and_a_model_change_starts_a_new_conversation(media
 
 def test_any_question_about_the_scenes_objects_is_marked_and_another_says_why_not():
     session = service.Session()
-    scene = str(chat.ASSETS / "arena_colour.png")  # a red cross, a green triangle, a blue circle
+    scene = str(chat.ASSETS / "scene_colour.png")  # v3's colour example: a red triangle, a yellow cross, a purple circle, an orange square
     outputs, error = turn(session, ask("What colour is the triangle?", scene), model="tiny-arena-vl", method="full")
-    assert error is None and re.search(r"✓ \*\*right\*\*|✗ \*\*wrong\*\* \(true: green\)", outputs[-1].status)
+    assert error is None and re.search(r"✓ \*\*right\*\*|✗ \*\*wrong\*\* \(true: red\)", outputs[-1].status)
     history = outputs[-1].chatbot
     outputs, error = turn(session, ask("How many shapes are there?"), history, model="tiny-arena-vl", method="full")
     assert error is None and "not marked: the scene answers the colour of a shape" in outputs[-1].status
@@ -122,18 +122,18 @@ def test_switching_the_method_keeps_the_conversation(first, change):
     so far (the picture, the questions, the answers as given) and answers the next question about
     the same picture from its own cache; the chat says so in one line, with the re-read's cost."""
     session = service.Session()
-    scene = str(chat.ASSETS / "arena_colour.png")
+    scene = str(chat.ASSETS / "scene_colour.png")
     outputs, error = turn(session, ask("What colour is the circle?", scene), model="tiny-arena-vl", **first)
     assert error is None and "**right**" in outputs[-1].status
     history, held = outputs[-1].chatbot, session.conv
-    second, error = turn(session, ask("What colour is the cross?"), history, model="tiny-arena-vl", **change)
+    second, error = turn(session, ask("Which shape is red?"), history, model="tiny-arena-vl", **change)
     assert error is None
     shown = second[-1].chatbot
     assert shown[: len(history)] == history and not any(m.get("metadata", {}).get("title") == "New conversation"
                                                          for m in shown)
     line = shown[len(history)]
     assert line["metadata"]["title"] == chat.SWITCHED and re.search(r"re-read the 1 turn above \(\d+ tokens", line["content"])
-    assert shown[-1]["content"] == "red" and "**right**" in second[-1].status
+    assert shown[-1]["content"] == "triangle" and "**right**" in second[-1].status
     assert len(session.history) == 2 and len(session.chat.answers) == 2
     assert session.transcript == chat.transcript(shown)  # the next message continues this conversation
     if first["method"] == "full":  # the full cache's chat is the reference from then on: continued, not recomputed
@@ -279,7 +279,7 @@ def test_a_question_without_media_to_the_trained_model_gets_a_hint():
     hint = service.media_hint("tiny-arena-vl", [service.prepare("What colour is the circle?", [])])
     assert "only answers questions about its kind of scenes" in hint
     assert service.media_hint("tiny-qwen2-vl", [service.prepare("Hi", [])]) == ""
-    with_scene = service.prepare("What colour is the circle?", [str(chat.ASSETS / "arena_colour.png")])
+    with_scene = service.prepare("What colour is the circle?", [str(chat.ASSETS / "scene_colour.png")])
     assert service.media_hint("tiny-arena-vl", [with_scene]) == ""
     outputs, error = turn(service.Session(), ask("What colour is the circle?"), method="full", model="tiny-arena-vl")
     assert error is None and "Hint: tiny-arena-vl only answers questions about its kind of scenes" in outputs[-1].status
@@ -399,7 +399,7 @@ def test_a_speed_ratio_is_shown_only_with_enough_timed_events_and_outside_the_no
 
 
 def test_a_right_first_answer_with_part_of_the_picture_dropped_says_why_beside_it():
-    scene = str(chat.ASSETS / "arena_colour.png")
+    scene = str(chat.ASSETS / "scene_colour.png")
     outputs, error = turn(service.Session(), ask("What colour is the circle?", scene), method="snapkv", budget=0.2,
                           model="tiny-arena-vl")
     status = outputs[-1].status
@@ -463,7 +463,7 @@ def test_the_words_say_what_happened():
     which figures are computed, asks "When do the methods differ?" once and describes each method in
     one plain sentence."""
     session = service.Session()
-    scene = str(chat.ASSETS / "arena_colour.png")
+    scene = str(chat.ASSETS / "scene_colour.png")
     arena = dict(model="tiny-arena-vl", method="snapkv")
     first, error = turn(session, ask("What colour is the circle?", scene), budget=0.8, **arena)
     second, error = turn(session, ask("What colour is the cross?"), first[-1].chatbot, budget=0.5, **arena)

@@ -13,7 +13,7 @@ from components.history import NEW_CONVERSATION, REREAD, transcript, with_own_fi
 from kv_arena import service
 from kv_arena.service import rereads
 
-SCENE = str(chat.ASSETS / "arena_colour.png")  # a circle (blue) and a cross (red), among others
+SCENE = str(chat.ASSETS / "scene_colour.png")  # a circle (purple) and a cross (yellow), among others
 ARENA = dict(model="tiny-arena-vl", method="full")
 
 
@@ -36,7 +36,7 @@ def test_an_edited_history_is_re_read_with_its_picture():
     shown = outputs[-1].chatbot
     assert shown[: len(edited)] == edited and NEW_CONVERSATION not in titles(shown) and titles(shown).count(REREAD) == 1
     assert re.search(r"re-read its 1 turn above, files and answers as sent \(\d+ tokens", shown[len(edited)]["content"])
-    assert shown[-1]["content"] == "red" and "**right**" in outputs[-1].status  # the picture is in its memory
+    assert shown[-1]["content"] == "yellow" and "**right**" in outputs[-1].status  # the picture is in its memory
     assert len(session.history) == 2 and session.transcript == transcript(shown)
     assert session.transcript[0][2] == "A circle, I think."  # the answer as sent
     third, error = turn(session, ask("What colour is the circle?"), shown, **ARENA)  # continued, not re-read again
@@ -49,7 +49,7 @@ def test_a_history_sent_to_another_session_is_re_read_by_its_method():
     other = service.Session()  # a new client, or the cache freed
     outputs, error = turn(other, ask("What colour is the cross?"), history, model="tiny-arena-vl", method="snapkv",
                           budget=0.5)
-    assert error is None and outputs[-1].chatbot[-1]["content"] == "red" and "**right**" in outputs[-1].status
+    assert error is None and outputs[-1].chatbot[-1]["content"] == "yellow" and "**right**" in outputs[-1].status
     assert titles(outputs[-1].chatbot).count(REREAD) == 1 and "SnapKV at a budget of 0.50 re-read" in outputs[-1].chatbot[len(history)]["content"]
     assert len(other.history) == 2
 

@@ -90,13 +90,13 @@ def test_a_damaged_store_file_does_not_break_a_turn(media, media_store):
 def test_mpic_default_k_suits_the_model_image_size(media_store):
     assert service.mpic_default_k(MODEL) == 32  # 256 tokens for 448 px: the paper's 32
     assert service.mpic_default_k("tiny-arena-vl") == 32
-    # the trained model reuses all but k of a stored scene's 100 tokens when it is sent again
+    # the trained model reuses all but k of a stored scene's 744 tokens (31 x 24 cells) when it is sent again
     media_store()
     session = service.Session()
-    scene = str(chat.ASSETS / "arena_colour.png")
+    scene = str(chat.ASSETS / "scene_colour.png")
     k = {"mpic": {"k": service.mpic_default_k("tiny-arena-vl")}}
     first, _ = turn(session, ask("What colour is the circle?", scene), method="mpic", model="tiny-arena-vl", params=k)
     second, error = turn(session, ask("What colour is the triangle?", scene), first[-1].chatbot, method="mpic",
                          model="tiny-arena-vl", params=k)
     assert error is None
-    assert int(re.search(r"(\d+) prompt tokens reused", second[-1].status).group(1)) >= 100 - 32
+    assert int(re.search(r"(\d+) prompt tokens reused", second[-1].status).group(1)) >= 744 - 32

@@ -55,11 +55,13 @@ def test_choice_takes_the_option_letter_the_answer_gives():
 
 # --- data sets saved with datasets ----------------------------------------------------------------
 def single_picture_scenes(count: int) -> list:
-    """The offline model's example scenes of one picture, then held-out ones, with their true answers."""
-    from kv_arena.tiny.arena_scenes import examples, held_out
+    """The offline model's example scenes of one picture (the served generation's), then held-out ones,
+    with their true answers."""
+    from kv_arena.tiny import generations
 
-    items = [it for it, _ in examples().values() if not it.video and len(it.pictures) == 1]
-    items += [it for it in held_out("shape", 4 * count) if len(it.pictures) == 1]
+    scenes = generations.of().scenes
+    items = [it for it, _ in scenes.examples().values() if not it.video and len(it.pictures) == 1]
+    items += [it for it in scenes.held_out("shape", 4 * count) if len(it.pictures) == 1]
     return items[:count]
 
 

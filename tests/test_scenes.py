@@ -27,19 +27,19 @@ def test_every_question_about_a_scenes_objects_is_marked_and_another_says_why_no
     """The scene knows every object: the colour of any shape, the shape of any colour, which moves,
     in any of its images; a question its objects cannot answer gets a short reason, not a mark."""
     by_kind = {scene.kind: prepare(scene.questions[0], list(scene.files)).media for scene in scenes.examples()}
-    colour = by_kind["colour"]  # a red cross, a green triangle, a blue circle
-    assert scenes.judged(colour, "What colour is the triangle?") == ("green", "")
-    assert scenes.judged(colour, "what COLOR is the Triangle") == ("green", "")
-    assert scenes.judged(colour, "Which shape is green?") == ("triangle", "")
-    assert scenes.judged(colour, "What colour is the square?") == (None, "this scene has no square")
-    assert scenes.judged(colour, "Which shape is yellow?") == (None, "nothing in this scene is yellow")
+    colour = by_kind["colour"]  # a yellow cross, a purple circle, a red triangle, an orange square
+    assert scenes.judged(colour, "What colour is the triangle?") == ("red", "")
+    assert scenes.judged(colour, "what COLOR is the Triangle") == ("red", "")
+    assert scenes.judged(colour, "Which shape is red?") == ("triangle", "")
+    assert scenes.judged(colour, "What colour is the ring?") == (None, "this scene has no ring")
+    assert scenes.judged(colour, "Which shape is green?") == (None, "nothing in this scene is green")
     assert scenes.judged(colour, "Which shape moves?") == (None, "nothing moves in a still picture")
     truth, why = scenes.judged(colour, "How many shapes are there?")
     assert truth is None and "colour of a shape" in why
-    assert scenes.judged(by_kind["images"], "What colour is the triangle?") == ("green", "")  # the first of two images
-    assert scenes.judged(by_kind["images"], "Which shape is yellow?") == ("ring", "")  # the second
-    assert scenes.judged(by_kind["moving"], "What colour is the ring?") == ("yellow", "")
-    assert scenes.judged(by_kind["moving"], "What colour is the shape that moves?") == ("yellow", "")
+    assert scenes.judged(by_kind["images"], "What colour is the circle?") == ("blue", "")  # the second of four images
+    assert scenes.judged(by_kind["images"], "Which shape is orange?") == ("ring", "")  # the fourth
+    assert scenes.judged(by_kind["moving"], "What colour is the square?") == ("orange", "")
+    assert scenes.judged(by_kind["moving"], "What colour is the shape that moves?") == ("orange", "")
     assert scenes.judged("", "What colour is the circle?") == (None, "")  # no scene: no mark, nothing to say
     drawn = scenes.draw_scene("moving", seed=7)
     media = scenes.media_digest(drawn.files)

@@ -60,9 +60,9 @@ def test_an_upload_without_a_client_serves_the_first_session_that_names_it(folde
 
 
 def test_the_shipped_examples_are_public(folder):
-    copy = folder / "exam" / "arena_colour.png"
+    copy = folder / "exam" / "scene_colour.png"
     copy.parent.mkdir()
-    shutil.copy(uploads.ASSETS / "arena_colour.png", copy)
+    shutil.copy(uploads.ASSETS / "scene_colour.png", copy)
     uploads.note_uploads([str(copy)], "client-d")  # uploaded by someone, still the example everyone may use
     uploads.check_uploads(session("client-e"), [str(copy)])
     assert uploads.may_read(str(copy), "client-e")
