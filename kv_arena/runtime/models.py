@@ -23,7 +23,7 @@ from .vision_attention import vision_attention
 CONFIG_DIR = Path(__file__).parent / "configs"
 ARENA = "tiny-arena-vl"  # trained by training/train_arena.py (v2) or train_arena_v3.py, weights in assets/tiny-arena-vl
 # what it is; :func:`describe` adds what the served generation reads
-ARENA_DESCRIPTION = "Tiny Qwen2.5-VL trained here (offline, about a million parameters) on simple drawn scenes like its Examples"
+ARENA_DESCRIPTION = "Tiny Qwen2.5-VL trained here (offline, under two million parameters) on simple drawn scenes like its Examples"
 
 
 @dataclass(frozen=True)
