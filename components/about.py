@@ -25,7 +25,8 @@ examples ask a question and a follow-up. In detail:
 - **Before the question** ("When the cache is compressed": before the question): the media are
   prefilled and compressed first, as a cached picture is, and the question comes after, on top of
   the compressed cache; the first answer then depends on what was kept.
-- **On long answers** (hub models): every token after the first is read from the compressed cache.
+- **On long answers** (hub models, and tiny-arena-vl's lists and pairs): every token after the
+  first is read from the compressed cache.
 
 ### What is the KV cache?
 A language model writes its answer one token (a word piece) at a time. To choose each token it looks
