@@ -390,6 +390,14 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _marker(method: str, i: int) -> dict:
+    """The full cache a large star (methods that match it sit on top of it); past the palette's
+    first ten colours, whose next ones look alike, another symbol tells methods apart."""
+    if method == REFERENCE:
+        return {"symbol": "star", "size": 15}
+    return {"symbol": ("circle", "diamond", "square")[i // 10 % 3], "size": 9}
+
+
 def figure(report: dict, out: Path) -> list[str]:
     """One panel per protocol; x = realised KV fraction, y = whole-answer rate over all types,
     with 95% intervals."""
@@ -400,7 +408,7 @@ def figure(report: dict, out: Path) -> list[str]:
     kinds = list(report["points"])
     fig = make_subplots(rows=1, cols=len(PROTOCOLS), subplot_titles=[PROTOCOL_TITLES[p] for p in PROTOCOLS],
                         shared_yaxes=True, horizontal_spacing=0.05)
-    palette = plotly.colors.qualitative.D3 + plotly.colors.qualitative.Set2
+    palette = plotly.colors.qualitative.D3 + plotly.colors.qualitative.Dark2
     methods = list(dict.fromkeys(m for per in report["points"].values() for m in per))
     for col, protocol in enumerate(PROTOCOLS, 1):
         for i, method in enumerate(methods):
@@ -415,8 +423,8 @@ def figure(report: dict, out: Path) -> list[str]:
                                      showlegend=col == 1, mode="lines+markers", text=[r[4] for r in rows],
                                      error_y={"type": "data", "symmetric": False, "array": [r[3] - r[1] for r in rows],
                                               "arrayminus": [r[1] - r[2] for r in rows]},
-                                     marker={"symbol": "star" if method == REFERENCE else "circle", "size": 9},
-                                     line={"color": palette[i % len(palette)]}), row=1, col=col)
+                                     marker=_marker(method, i), line={"color": palette[i % len(palette)]}),
+                          row=1, col=col)
         fig.update_xaxes(type="log", title_text="realised KV fraction", row=1, col=col)
     fig.update_yaxes(title_text="whole answers right (all types)", range=[0, 1.02], row=1, col=1)
     fig.update_layout(title=f"{report['model']}: held-out accuracy vs realised KV fraction, 95% intervals",
