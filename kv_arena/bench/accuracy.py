@@ -291,12 +291,12 @@ def run(args) -> dict:
     if not args.no_probe:  # before the sweeps, which take the time
         for kind in kinds:
             check_grid(loaded, scenes.held_out(kind, 1, turns=1)[0])
+    reference = [] if args.add else [REFERENCE]  # --add keeps the earlier run's row: not asked again
     for kind in kinds:
         items = data.get(kind) or scenes.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
         # the full cache's bytes after the first prompt: that turn alone, no follow-up to answer
         full_bytes = [chat(loaded, backends.make_reference(), it, it.turns[:1])[1] for it in items]
         points[kind] = {}
-        reference = [] if args.add else [REFERENCE]  # --add keeps the earlier run's row: not asked again
         for method in reference + [m for m in methods if m != REFERENCE]:
             points[kind][method] = ([{"knob": None, "value": None} | point(loaded, REFERENCE, {}, items, full_bytes)]
                                     if method == REFERENCE else sweep(loaded, method, values, items, full_bytes))
