@@ -5,11 +5,12 @@ what it saves. ``python app.py`` serves it on ``GRADIO_SERVER_NAME``:``GRADIO_SE
 Environment: ``KV_ARENA_MODEL`` (the model picked at start; default: a hub model with a GPU and
 network, else the offline ``tiny-arena-vl``), ``KV_ARENA_PRELOAD=0`` (load it on first use instead),
 ``KV_ARENA_MAX_VIDEO_SECONDS`` / ``KV_ARENA_MAX_VIDEO_MB`` (upload limits), ``KV_ARENA_QUEUE``,
-``KV_ARENA_MAX_QUEUED_PER_CLIENT`` (events one client may have waiting or running, 4),
+``KV_ARENA_TRUSTED_PROXY_HOPS`` (proxies whose ``X-Forwarded-For`` entries name the visitor: 1 on a
+Space, else 0), ``KV_ARENA_MAX_QUEUED_PER_VISITOR`` (events one visitor may have waiting or running, 4),
 ``KV_ARENA_KV_STORE`` / ``KV_ARENA_KV_STORE_MB`` (MPIC's media KV store: directory, disk cap),
 ``KV_ARENA_SESSION_IDLE_S`` (a session without a heartbeat ends after this long idle),
 ``KV_ARENA_MAX_SCENES`` (drawn scenes kept on disk), ``KV_ARENA_MAX_UNUSED_UPLOAD_MB`` /
-``KV_ARENA_MAX_UNUSED_UPLOADS_MB`` (uploads no event used yet: per client, in all),
+``KV_ARENA_MAX_UNUSED_UPLOADS_MB`` (uploads no event used yet: per visitor, in all; ``_FILES`` too),
 ``KV_ARENA_RANDOM_MODELS=1`` / ``KV_ARENA_RANDOM_MAX_PARAMS`` (offer ``random:`` architectures, under
 that size),
 ``KV_ARENA_DB_URL`` (the "Can you tell?" tab's votes: any SQLAlchemy URL; default SQLite in
@@ -94,7 +95,7 @@ def build_demo() -> gr.Blocks:
     service.start_sweeper()  # idle sessions without a heartbeat, uploads no session took
     # api_open=False: every event goes through the queue (its size and concurrency limits), none
     # can be posted to /run directly, private ones included
-    demo.queue(max_size=int(os.environ.get("KV_ARENA_QUEUE", 32)), api_open=False)
+    demo.queue(max_size=queue_limit.queue_size(), api_open=False)
     return demo
 
 

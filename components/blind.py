@@ -4,17 +4,28 @@ from a few levels, or chosen), shown as A and B in a random order and nothing el
 votes; only then does the app reveal which was which, the method, its budget, the KV each held
 and the time each took. A follow-up continues both conversations and is voted on again.
 
+Nothing sent before the vote names the method, its budget or the side (the progress is one
+neutral line, the service's), and each battle's answers arrive with the vote control emptied. The
+rates count per visitor (``clients.visitor_of``: an address, never a cookie); the cookie only owns
+the battle. Where sign-in is required (on a Space by default), the tab has Gradio's Hugging Face
+login button, a vote keeps the account signed in (Gradio injects ``gr.OAuthProfile`` by type),
+and the board counts only those votes, the others' number on a line under it.
+
 The events are the API's ``/blind``, ``/vote`` and ``/leaderboard``; the logic, the database and its
 rules are the service's (``kv_arena.service.blind``): this module formats and wires.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
+from gradio.utils import get_space
 
 from kv_arena import service
 from kv_arena.errors import UserError
@@ -26,6 +37,7 @@ from .outputs import KEEP, Outputs, by_component, components_of
 from .plots import fmt_bytes
 from .settings import settings_from_named
 
+log = logging.getLogger(__name__)
 BOARD_COLUMNS = ["Model", "Method", "Budget", "Votes", "Can't tell", "95% interval", "KV held", "Votes right",
                  "Method right"]
 RANDOM = "random"
@@ -33,7 +45,8 @@ RANDOM = "random"
 
 @dataclass(frozen=True)
 class BlindOutputs(Outputs):
-    """What the tab's events set (KEEP: left as it is); /blind returns the battle id first, then A and B."""
+    """What the tab's events set (KEEP: left as it is); /blind returns the battle id first, then A and
+    B; ``choice`` (the vote control, last) is emptied whenever a battle's answers appear."""
 
     battle: Any = KEEP
     a: Any = KEEP
@@ -41,6 +54,7 @@ class BlindOutputs(Outputs):
     status: Any = KEEP
     reveal: Any = KEEP
     textbox: Any = KEEP
+    choice: Any = KEEP
 
 
 @dataclass(frozen=True)
@@ -86,7 +100,8 @@ def reveal_text(r: service.Reveal) -> str:
 
 BLIND_RETURNS = ("the battle's id (give it to /vote, and to /blind's battle for a follow-up), answer A, answer B "
                  "(the full cache's and a method's, in a random order), the status line, the reveal (empty until "
-                 "the vote).")
+                 "the vote), the message box, the vote control (emptied: null).")
+SIGN_IN = "sign in with Hugging Face (the button above) for your votes to count"
 
 
 def blind(message, model, method=RANDOM, budget=RANDOM, battle="", session=None, request: gr.Request = None,
@@ -100,11 +115,11 @@ def blind(message, model, method=RANDOM, budget=RANDOM, battle="", session=None,
         budget: "random" (drawn from 0.1, 0.2, 0.3, 0.5) or one of those levels: the fraction of the full cache's KV bytes the method may hold.
         battle: "" for a new battle; the id of a battle this client voted on, to ask a follow-up on both conversations (the same method and budget).
     Returns:
-        the battle's id, answer A, answer B, the status line, the reveal (empty until the vote).
+        the battle's id, answer A, answer B, the status line, the reveal (empty until the vote), the message box, the vote control (emptied: null).
     """
     session_hash = getattr(request, "session_hash", None)
     client = clients.client_of(request)
-    service.track(session, session_hash, client)
+    clients.track(session, request)
     with service.active(session_hash):
         try:
             text, files = parse_message(message)
@@ -118,16 +133,22 @@ def blind(message, model, method=RANDOM, budget=RANDOM, battle="", session=None,
             yield BlindOutputs(status="Both answering… (the full cache and a method, one after the other)")
             prepared = service.prepare(text, files, settings.num_frames, progress_reporter(progress))
             shown = service.blind.start(session, settings, prepared, method, budget, client, follow,
-                                        progress_reporter(progress))
+                                        progress_reporter(progress), _visitor(request))
         except UserError as exc:
             yield BlindOutputs(status=refusal(exc), textbox=box_as_sent(message))
             return
     hint = f" {shown.hint}" if shown.hint else ""
     yield BlindOutputs(shown.id, shown.a, shown.b, f"Turn {shown.turn}: which answer is better? Vote below; the "
-                       f"method is revealed after your vote.{hint}", "", {"text": "", "files": []})
+                       f"method is revealed after your vote.{hint}", "", {"text": "", "files": []}, None)
 
 
-def vote(battle, choice, session=None, request: gr.Request = None) -> VoteOutputs:
+def _visitor(request: gr.Request | None) -> str | None:
+    """The visitor the rates count by (None without a request: the service uses the session's)."""
+    return clients.visitor_of(request).key if request is not None else None
+
+
+def vote(battle, choice, session=None, request: gr.Request = None,
+         profile: gr.OAuthProfile | None = None) -> VoteOutputs:
     """Vote on a battle /blind showed this client: which answer was better; the reply reveals which was which, the method, its budget, the KV each held and the time each took. One vote per battle.
 
     Args:
@@ -138,13 +159,15 @@ def vote(battle, choice, session=None, request: gr.Request = None) -> VoteOutput
     """
     client = clients.client_of(request)
     if session is not None:
-        service.track(session, getattr(request, "session_hash", None), client)
+        clients.track(session, request)
+    account = getattr(profile, "username", None) or None  # Gradio's: None when signed out, or off a Space
     try:
-        reveal = service.blind.vote(battle, choice, client, session)
+        reveal = service.blind.vote(battle, choice, client, session, _visitor(request), account)
     except UserError as exc:
         return VoteOutputs(status=refusal(exc))
-    return VoteOutputs(reveal=reveal_text(reveal), status="Vote recorded. Ask a follow-up to continue both "
-                        "conversations (it is voted on again), or start a new battle.", board=board())
+    counted = "" if reveal.counted else f" It is kept but not counted on the leaderboard: {SIGN_IN}."
+    return VoteOutputs(reveal=reveal_text(reveal), status=f"Vote recorded.{counted} Ask a follow-up to continue both "
+                       "conversations (it is voted on again), or start a new battle.", board=board())
 
 
 def board() -> list[list]:
@@ -163,13 +186,29 @@ def leaderboard() -> list[list]:
     return board()
 
 
+def board_note() -> str:
+    """The line under the board: the votes kept but not counted (cast signed out where sign-in is
+    required), if any."""
+    try:
+        apart = service.blind.signed_out_apart()
+    except UserError:
+        return ""
+    return (f"Not counted above: {apart} vote{'s' * (apart != 1)} from visitors not signed in with Hugging Face "
+            "(kept; only signed-in votes count).") if apart else ""
+
+
+def board_and_note() -> tuple[list[list], str]:
+    return board(), board_note()
+
+
 def new_battle() -> BlindOutputs:
-    return BlindOutputs("", "", "", "Ask about a picture or a video: a new battle.", "", {"text": "", "files": []})
+    return BlindOutputs("", "", "", "Ask about a picture or a video: a new battle.", "", {"text": "", "files": []},
+                        None)
 
 
 def method_choices() -> list[tuple[str, str]]:
-    return [("Random (drawn)", RANDOM)] + [(s["title"], s["name"]) for s in service.method_specs()
-                                           if s["uses_budget"] and not s["is_reference"]]
+    """The methods a battle may draw (not InfiniPot-V, which holds a picture whole: battles do not stream)."""
+    return [("Random (drawn)", RANDOM)] + [(title, name) for name, title in service.blind.battle_methods()]
 
 
 @dataclass
@@ -182,25 +221,73 @@ class BlindTab:
     status: gr.Markdown
     reveal: gr.Markdown
     textbox: gr.MultimodalTextbox
+    choice: gr.Radio
     board: gr.Dataframe
 
 
-def build_leaderboard() -> gr.Dataframe:
+@dataclass
+class Board:
+    """The Leaderboard tab's table and the line under it (the votes not counted)."""
+
+    table: gr.Dataframe
+    note: gr.Markdown
+
+
+def build_leaderboard() -> Board:
     gr.Markdown("Votes from the **Can you tell?** tab, per model, method and budget level. *Can't tell*: the share "
                 "of votes for \"the same\" or for the compressed answer, with its 95% Wilson interval. *KV held*: "
                 "the mean fraction of the full cache's bytes the method really held. On the offline model's "
                 "scenes, *Votes right*: votes that agree with the true answer; *Method right*: its answers right.")
     table = gr.Dataframe(headers=BOARD_COLUMNS, interactive=False, elem_id="blind-board", label="Leaderboard",
                          wrap=True)
+    note = gr.Markdown(elem_id="blind-board-note")
     refresh = gr.Button("Refresh", elem_id="blind-board-refresh", size="sm")
-    refresh.click(leaderboard, None, table, api_name="leaderboard")
-    return table
+    refresh.click(leaderboard, None, table, api_name="leaderboard").then(board_note, None, note,
+                                                                         api_visibility="private")
+    return Board(table, note)
 
 
-def build_blind(settings, session: gr.State, board_table: gr.Dataframe, board_tab: gr.Tab) -> BlindTab:
+def login_available() -> bool:
+    """Whether Gradio's Hugging Face sign-in can run here: on a Space with OAuth on (``hf_oauth: true``
+    in the README's header sets ``OAUTH_CLIENT_ID``) and Gradio's OAuth extra (authlib) installed.
+    Anywhere else a ``gr.LoginButton`` would stop the app from starting: off a Space Gradio stands in
+    with this machine's Hugging Face account, read from the hub when the app is built."""
+    return (get_space() is not None and bool(os.environ.get("OAUTH_CLIENT_ID"))
+            and importlib.util.find_spec("authlib") is not None)
+
+
+def private_status_check(button: gr.LoginButton) -> None:
+    """The button's page-load check ("Signed in as ...") made private: Gradio attaches it as a public
+    endpoint (``/_check_login_status``), and a load event it attaches takes no ``api_visibility``."""
+    attached = getattr(button, "load_event_to_attach", None)
+    root = gr.context.Context.root_block
+    if not attached or root is None:
+        return
+    button.load_event_to_attach = None
+    root.load(attached[0], None, button, api_visibility="private", show_progress="hidden")
+
+
+def build_login() -> None:
+    """Gradio's Hugging Face sign-in, where votes count only signed in (``KV_ARENA_BLIND_REQUIRE_LOGIN``,
+    on by default on a Space); where it cannot run, the tab says that votes are kept but not counted."""
+    if not service.blind.require_login():
+        return
+    if login_available():
+        private_status_check(gr.LoginButton(elem_id="blind-login"))
+        gr.Markdown("Votes count on the leaderboard only from visitors signed in with Hugging Face (a vote cast "
+                    "signed out is kept, its number shown under the board).", elem_id="blind-login-note")
+        return
+    log.warning("KV_ARENA_BLIND_REQUIRE_LOGIN: votes count only signed in, but Hugging Face sign-in is not available "
+                "here (a Space with hf_oauth: true and gradio[oauth]): no vote counts on the leaderboard")
+    gr.Markdown("Votes count on the leaderboard only from visitors signed in with Hugging Face, and this server "
+                "offers no sign-in: your vote is kept, not counted.", elem_id="blind-login-note")
+
+
+def build_blind(settings, session: gr.State, board: Board, board_tab: gr.Tab) -> BlindTab:
     gr.Markdown("Ask about a picture or a video: the full cache and a KV-cache method both answer, shown as A and B "
                 "in a random order. Vote for the better one (or the same); only then is it revealed which was "
                 "which, the method and what it saved. The model is the one on the left.")
+    build_login()
     with gr.Row():
         method = checked_controls.Dropdown(method_choices(), value=RANDOM, label="Method", elem_id="blind-method")
         budget = checked_controls.Dropdown([("Random (drawn)", RANDOM)] + [(f"{b:g}", f"{b:g}") for b in service.blind.LEVELS],
@@ -229,13 +316,14 @@ def build_blind(settings, session: gr.State, board_table: gr.Dataframe, board_ta
                                         label="Your vote", elem_id="blind-choice")
         vote_button = gr.Button("Vote", elem_id="blind-vote")
     reveal = gr.Markdown(elem_id="blind-reveal", label="Reveal")
-    tab = BlindTab(battle, a, b, status, reveal, textbox, board_table)
+    tab = BlindTab(battle, a, b, status, reveal, textbox, choice, board.table)
     event = by_component(tab, mcp_calls.own_session(blind))  # the function's name is the MCP tool's
     ask_button.click(event, [textbox, settings.model, method, budget, battle, session],
                      components_of(tab, BlindOutputs), api_name="blind", concurrency_id="gpu", concurrency_limit=1)
     vote_button.click(by_component(tab, vote), [battle, choice, session], components_of(tab, VoteOutputs),
-                      api_name="vote")
+                      api_name="vote").then(board_note, None, board.note, api_visibility="private")
     new_button.click(by_component(tab, new_battle), None, components_of(tab, BlindOutputs), api_visibility="private")
     settings.model.change(show_examples, settings.model, example_sets, api_visibility="private")
-    board_tab.select(board, None, board_table, api_visibility="private")  # the newest votes, other replicas' too
+    # the newest votes, other replicas' too
+    board_tab.select(board_and_note, None, [board.table, board.note], api_visibility="private")
     return tab

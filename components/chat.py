@@ -257,7 +257,7 @@ def submit(message, history, session, request: gr.Request, progress=gr.Progress(
     # The Chat event (the API's /chat, documented by api_docs.documented): settings from the
     # column's controls, by name (settings.control_names()), then respond().
     session_hash = getattr(request, "session_hash", None)
-    service.track(session, session_hash, clients.client_of(request))
+    clients.track(session, request)
     with service.active(session_hash):  # a session answering is not idle, however long it takes
         try:
             checked_history(history)

@@ -19,7 +19,8 @@ names outside the upload folder, a URL included (the app then refuses it in one 
 would download the URL or fail with a traceback), answers an event that names no event of the app
 or sends too few values, or one posted around the queue (``/run``), in one line (``event_shape``),
 keeps a session awake while its heartbeat stream is open (``service.active``), and refuses an upload
-over the caps on unused uploads with 413 and one line (``kv_arena.service.upload_caps``).
+over the caps on unused uploads (per visitor: ``kv_arena.service.visitors``) with 413 and one line
+(``kv_arena.service.upload_caps``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ CALL_RESULT = re.compile(r"/call(?:/v2)?/[^/]+/([^/]+)/?$")  # GET: that event's
 HEARTBEAT = re.compile(r"/heartbeat/([^/]+)/?$")
 JOIN = re.compile(r"/queue/join/?$")  # POST: an event queued for the body's session_hash
 QUEUE_DATA = re.compile(r"/queue/data/?$")  # GET ?session_hash=...: that session's messages
-RUN = re.compile(r"/run/[^/]+/?$")  # POST: an event around the queue (api_open=False: none is allowed)
+# POST: an event around the queue (api_open=False: none is allowed); /api/<name> is Gradio's older name for it
+RUN = re.compile(r"/(?:run|api)/[^/]+/?$")
 REMEMBERED = 10_000  # started events (and sessions) whose messages may still be fetched
 
 
@@ -273,7 +275,8 @@ class ClientCookie:
         status, body, sent_body = 0, b"", b""
         pending: list[dict] = []
         cookie = [] if sent else [(b"set-cookie", _set_cookie(client, _secure(scope)))]
-        refused = service.upload_room(sent, declared_length(scope) or 0) if upload else None
+        visitor = service.visitor_from_scope(scope, sent).key  # whom the caps count it against
+        refused = service.upload_room(sent, declared_length(scope) or 0, visitor) if upload else None
         if refused:  # over a cap on unused uploads: refused before Gradio writes anything
             await _drain(receive)
             await _too_large(send, refused, cookie)
@@ -315,7 +318,7 @@ class ClientCookie:
                 # noted before the client can name the paths, under the cookie the client sent: one that
                 # sent none keeps none (raw HTTP), so its upload belongs to no client (usable once, by
                 # the first session naming it)
-                refused = service.note_uploads(_uploaded(body), sent)
+                refused = service.note_uploads(_uploaded(body), sent, visitor)
                 if refused:  # over a cap: the files just written are gone, the client told why
                     await _too_large(send, refused, cookie)
                     return
@@ -350,3 +353,17 @@ def client_of(request: gr.Request | None) -> str | None:
         return cookies[COOKIE] if COOKIE in cookies else None
     except (AttributeError, KeyError, TypeError):
         return None
+
+
+def visitor_of(request: gr.Request | None) -> service.Visitor:
+    """The visitor an event's request comes from (:mod:`kv_arena.service.visitors`): its address
+    behind the trusted proxies, its cookie as a sub-key. Without a request: an unknown visitor."""
+    headers = getattr(request, "headers", None)
+    peer = getattr(getattr(request, "client", None), "host", None)
+    return service.visitor_from_request(headers, peer, client_of(request))
+
+
+def track(session: service.Session, request: gr.Request | None) -> None:
+    """``service.track`` with what an event's request says: its tab, its client and its visitor."""
+    service.track(session, getattr(request, "session_hash", None), client_of(request),
+                  visitor_of(request).key if request is not None else None)

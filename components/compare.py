@@ -230,7 +230,7 @@ def run(message, methods, follow_up: str | None = None, session=None, request: g
     # The Compare event (the API's /compare, documented by api_docs.documented): settings by name
     # (the budget and the methods' knobs from the Compare tab's own controls), then respond().
     session_hash = getattr(request, "session_hash", None)
-    service.track(session, session_hash, clients.client_of(request))
+    clients.track(session, request)
     with service.active(session_hash):  # a session comparing is not idle, however long it takes
         try:
             if request is not None:  # from a client (a direct call, as the tests make, may name any file)
@@ -293,7 +293,7 @@ def new_scene(kind: str, session: service.Session | None = None, request: gr.Req
     with it and are served to its client only; :func:`kv_arena.service.draw_scene` caps them)."""
     try:
         if session is not None:
-            service.track(session, getattr(request, "session_hash", None), clients.client_of(request))
+            clients.track(session, request)
         scene = (service.draw_scene(kind, owner=session.id, client=session.client) if session is not None
                  else service.draw_scene(kind))
     except UserError as exc:

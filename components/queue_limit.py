@@ -1,12 +1,13 @@
-"""At most ``KV_ARENA_MAX_QUEUED_PER_CLIENT`` (4) events queued or running per client, so one
+"""At most ``KV_ARENA_MAX_QUEUED_PER_VISITOR`` (4) events queued or running per visitor, so one
 visitor cannot fill the queue (``KV_ARENA_QUEUE``, 32) and lock everyone else out with "Queue is
-full": an event over its client's limit is refused at once (HTTP 429, one line), never queued.
+full": an event over its visitor's limit is refused at once (HTTP 429, one line), never queued.
 
-A client is its cookie id (``clients.COOKIE``: a browser with all its tabs, one ``gradio_client``),
-or, for a request without one (a raw script), its address: the first hop of ``X-Forwarded-For``
-(what a Space's proxy sets), else the peer's. Gradio's own queue says what each client has waiting
-or running (every event keeps the request that started it), and the requests that passed this
-check but are not in the queue yet count too, so a burst sent all at once is held to the same limit.
+A visitor is its address behind the trusted proxies (:mod:`kv_arena.service.visitors`): a fresh
+cookie or a forged ``X-Forwarded-For`` entry is the same visitor. The limit keeps room in the
+queue: it is at most a quarter of the queue's size, so the other visitors always have the rest.
+Gradio's own queue says what each visitor has waiting or running (every event keeps the request
+that started it), and the requests that passed this check but are not in the queue yet count too,
+so a burst sent all at once is held to the same limit.
 """
 
 from __future__ import annotations
@@ -14,33 +15,38 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from http.cookies import SimpleCookie
+
+from kv_arena import service
 
 from . import clients
 
-LIMIT_ENV = "KV_ARENA_MAX_QUEUED_PER_CLIENT"
+LIMIT_ENV = "KV_ARENA_MAX_QUEUED_PER_VISITOR"
+OLD_LIMIT_ENV = "KV_ARENA_MAX_QUEUED_PER_CLIENT"  # its name before visitors were addresses (still read)
+QUEUE_ENV = "KV_ARENA_QUEUE"
 DEFAULT_LIMIT = 4
+DEFAULT_QUEUE = 32
+
+
+def queue_size() -> int:
+    """The queue's size (``KV_ARENA_QUEUE``), as ``app.build_demo`` gives it to Gradio."""
+    try:
+        return max(1, int(os.environ.get(QUEUE_ENV, DEFAULT_QUEUE)))
+    except ValueError:
+        return DEFAULT_QUEUE
 
 
 def max_queued() -> int:
-    """Events one client may have queued or running at once (0: no limit)."""
+    """Events one visitor may have queued or running at once (0: no limit), at most a share of the queue."""
     try:
-        return max(0, int(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT)))
+        limit = max(0, int(os.environ.get(LIMIT_ENV, os.environ.get(OLD_LIMIT_ENV, DEFAULT_LIMIT))))
     except ValueError:
-        return DEFAULT_LIMIT
+        limit = DEFAULT_LIMIT
+    return min(limit, service.visitors.share(queue_size())) if limit else 0
 
 
 def client_key(scope) -> str:
-    """Who a request (its ASGI scope) comes from: its cookie id, else its forwarded or peer address."""
-    headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope.get("headers", [])}
-    morsel = SimpleCookie(headers.get("cookie", "")).get(clients.COOKIE)
-    if morsel is not None and morsel.value:
-        return "cookie:" + morsel.value
-    forwarded = headers.get("x-forwarded-for", "").split(",")[0].strip()
-    if forwarded:
-        return "address:" + forwarded
-    peer = scope.get("client")
-    return "address:" + (peer[0] if peer else "unknown")
+    """Who a request (its ASGI scope) comes from, as the limit counts: its visitor."""
+    return service.visitor_from_scope(scope).key
 
 
 def starts_event(scope) -> bool:
@@ -59,12 +65,12 @@ def _queued(scope) -> Counter[str]:
 
 
 def refusal(limit: int) -> str:
-    return (f"Too many events from this client: at most {limit} may wait or run at once "
+    return (f"Too many events from your address: at most {limit} may wait or run at once "
             f"({LIMIT_ENV}); send the next when one has ended.")
 
 
 class QueueLimit:
-    """ASGI middleware: an event over its client's limit answers 429 with one line."""
+    """ASGI middleware: an event over its visitor's limit answers 429 with one line."""
 
     def __init__(self, app) -> None:
         self.app = app

@@ -79,9 +79,45 @@ def test_a_history_past_the_limits_is_refused_in_one_line(monkeypatch):
     _, error = turn(session, ask("What colour is the cross?"), long, **ARENA)
     assert error is not None and re.search(r"Re-reading the history sent with .* more than the model's context", error)
     assert len(session.history) == 1  # the conversation as it was
-    monkeypatch.setattr(rereads, "REREAD_TOKENS_PER_MINUTE", 1)  # one re-read a minute, whatever its size
+    cost = sum(c.tokens for c in session.chat.costs)  # what re-reading the first turn costs, about
+    monkeypatch.setattr(rereads, "REREAD_TOKENS_PER_MINUTE", int(1.5 * cost))  # one re-read a minute
     edited = history[:-1] + [history[-1] | {"content": "Blue."}]
     _, error = turn(session, ask("What colour is the cross?"), edited, **ARENA)
     assert error is None
     _, error = turn(session, ask("What colour is the cross?"), history, **ARENA)
     assert error is not None and "in the last minute" in error and "send [] to start a new chat" in error
+
+
+def test_a_history_costs_its_visitor_whatever_session_brings_it(monkeypatch):
+    """Issue 56: a long history sent to a fresh session each time is one visitor's re-reads; over its
+    tokens a minute the answer is one line saying how long to wait. Another visitor is not held up."""
+    first = service.Session()
+    history = first_chat(first)
+    cost = sum(c.tokens for c in first.chat.costs)
+    monkeypatch.setattr(rereads, "REREAD_TOKENS_PER_MINUTE", int(1.5 * cost))  # one re-read a minute
+    sessions = [service.Session() for _ in range(3)]
+    for s in sessions:
+        s.visitor = "visitor:203.0.113.5"
+    _, error = turn(sessions[0], ask("What colour is the cross?"), history, **ARENA)
+    assert error is None
+    _, error = turn(sessions[1], ask("What colour is the cross?"), history, **ARENA)
+    assert error is not None and "\n" not in error and re.search(r"in the last minute.*Wait \d+ s", error)
+    other = service.Session()
+    other.visitor = "visitor:198.51.100.9"
+    _, error = turn(other, ask("What colour is the cross?"), history, **ARENA)
+    assert error is None
+
+
+def test_a_sent_history_over_a_minute_of_re_reading_is_refused_at_once(monkeypatch):
+    """A history sent to a fresh session must fit a visitor's minute whole (a switch of the session's
+    own conversation may not, once a minute): one long history cannot hold the one heavy slot for
+    minutes while other visitors wait."""
+    first = service.Session()
+    history = first_chat(first)
+    monkeypatch.setattr(rereads, "REREAD_TOKENS_PER_MINUTE", sum(c.tokens for c in first.chat.costs) // 2)
+    other = service.Session()
+    _, error = turn(other, ask("What colour is the cross?"), history, **ARENA)
+    assert error is not None and "more than a visitor may re-read in a minute" in error and "\n" not in error
+    assert other.history == []
+    monkeypatch.setattr(rereads, "REREAD_TOKENS_PER_MINUTE", None)
+    assert rereads.tokens_per_minute(False) == 8_192 and rereads.tokens_per_minute(True) == 32_768

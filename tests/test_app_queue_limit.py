@@ -1,7 +1,8 @@
-"""One visitor cannot fill the queue (security audit, item 5): a raw script that joins 40 chat
-events at once, each under its own session hash, gets its client's few (``KV_ARENA_MAX_QUEUED_PER_CLIENT``,
-4) and a one-line 429 for the rest, and a normal user is served at once instead of meeting "Queue is
-full". A client is its cookie, else its forwarded address. On 127.0.0.1 only, in bounded loops.
+"""One visitor cannot fill the queue (security audit, item 5; issue 56): a raw script that joins 40
+chat events at once, each under its own session hash and with a fresh cookie, gets its visitor's
+few (``KV_ARENA_MAX_QUEUED_PER_VISITOR``, 4) and a one-line 429 for the rest, and a normal user is
+served at once instead of meeting "Queue is full". A visitor is its address behind the trusted
+proxies (``KV_ARENA_TRUSTED_PROXY_HOPS``), never its cookie. On 127.0.0.1 only, in bounded loops.
 
 ``python -m pytest tests/test_app_queue_limit.py -s`` prints how long the normal user waited."""
 
@@ -32,14 +33,17 @@ def server():
         served(url, Client(url, verbose=False))
 
 
-def flood(demo, url: str, count: int, headers: dict | None = None) -> list[httpx.Response]:
-    """``count`` chat events joined at once by one script that keeps no cookie, each under a session
-    hash of its own; every event is a long answer, so the queue stays full while they are sent."""
+def flood(demo, url: str, count: int, headers=None) -> list[httpx.Response]:
+    """``count`` chat events joined at once by one script, each under a session hash and a cookie of
+    its own; every event is a long answer, so the queue stays full while they are sent. ``headers``:
+    one dict for all, or a function of the event's number."""
     body = {"data": chat_data({"text": "Tell me a long story.", "files": []}, max_new_tokens=200),
             "fn_index": fn_index(demo, "chat"), "event_data": None, "trigger_id": None}
 
-    def join(_):
-        return httpx.post(f"{url}gradio_api/queue/join", timeout=30, headers=headers,
+    def join(i):
+        minted = {"cookie": f"kv_arena_client={uuid.uuid4().hex}"}  # a new cookie: still the same visitor
+        sent = headers(i) if callable(headers) else (headers or {})
+        return httpx.post(f"{url}gradio_api/queue/join", timeout=30, headers=sent | minted,
                           json=body | {"session_hash": uuid.uuid4().hex[:11]})
 
     with ThreadPoolExecutor(8) as pool:
@@ -62,11 +66,14 @@ def served(url: str, client: Client, deadline_s: float = 150) -> tuple[float, in
     return time.monotonic() - start, full
 
 
-def test_one_client_cannot_fill_the_queue_and_a_normal_user_is_served_promptly(server, monkeypatch):
+def test_one_visitor_cannot_fill_the_queue_and_a_normal_user_is_served_promptly(server, monkeypatch):
+    """Behind a proxy (one trusted hop), the flood's every event forges its own first entry and mints
+    a cookie; the normal user comes from another address."""
     demo, url = server
     monkeypatch.delenv(LIMIT_ENV, raising=False)
-    user = Client(url, verbose=False)  # a browser's or gradio_client's user: it has its cookie
-    answers = flood(demo, url, FLOOD)
+    monkeypatch.setenv("KV_ARENA_TRUSTED_PROXY_HOPS", "1")
+    user = Client(url, verbose=False, headers={"x-forwarded-for": "198.51.100.77"})  # it keeps its cookie
+    answers = flood(demo, url, FLOOD, lambda i: {"x-forwarded-for": f"192.0.2.{i}, 203.0.113.5"})
     seconds, full = served(url, user)
     codes = [a.status_code for a in answers]
     figure = (f"flood of {FLOOD}: {codes.count(200)} queued, {codes.count(429)} refused (429), "
@@ -79,11 +86,30 @@ def test_one_client_cannot_fill_the_queue_and_a_normal_user_is_served_promptly(s
     assert f"at most {DEFAULT_LIMIT} may wait or run at once" in refused and "\n" not in refused
 
 
-def test_without_a_cookie_the_forwarded_address_is_the_client(server, monkeypatch):
-    demo, url = server
-    monkeypatch.setenv(LIMIT_ENV, "2")
-    first = flood(demo, url, 6, headers={"x-forwarded-for": "203.0.113.7, 10.0.0.1"})  # as a Space's proxy sets it
-    second = flood(demo, url, 2, headers={"x-forwarded-for": "198.51.100.9, 10.0.0.1"})
-    assert [a.status_code for a in first].count(429) >= 3, [a.text for a in first]
-    assert [a.status_code for a in second] == [200, 200], [a.text for a in second]
-    assert "at most 2 may wait" in json.loads(next(a.text for a in first if a.status_code == 429))["detail"]
+def scope(forwarded: str, cookie: str) -> dict:
+    return {"type": "http", "client": ("127.0.0.1", 5000),
+            "headers": [(b"x-forwarded-for", forwarded.encode()), (b"cookie", f"kv_arena_client={cookie}".encode())]}
+
+
+def test_the_queue_counts_by_visitor_not_by_cookie_or_forged_entries(monkeypatch):
+    """Behind one trusted proxy its own entry (the rightmost) is the visitor, whatever the client wrote
+    to its left and whatever cookie it mints; without a trusted proxy the peer is."""
+    from components.queue_limit import client_key
+
+    monkeypatch.setenv("KV_ARENA_TRUSTED_PROXY_HOPS", "1")
+    keys = {client_key(scope(f"198.51.100.{i}, 203.0.113.5", uuid.uuid4().hex)) for i in range(6)}
+    assert keys == {"visitor:203.0.113.5"}
+    assert client_key(scope("203.0.113.5, 198.51.100.9", "c")) == "visitor:198.51.100.9"
+    monkeypatch.setenv("KV_ARENA_TRUSTED_PROXY_HOPS", "0")
+    assert {client_key(scope(f"198.51.100.{i}", uuid.uuid4().hex)) for i in range(6)} == {"visitor:127.0.0.1"}
+
+
+def test_the_limit_keeps_room_in_the_queue(monkeypatch):
+    from components import queue_limit
+
+    monkeypatch.setenv(LIMIT_ENV, "50")
+    monkeypatch.setenv("KV_ARENA_QUEUE", "32")
+    assert queue_limit.max_queued() == 8  # a quarter of the queue, never all of it
+    monkeypatch.delenv(LIMIT_ENV)
+    monkeypatch.setenv("KV_ARENA_MAX_QUEUED_PER_CLIENT", "3")  # the old name is still read
+    assert queue_limit.max_queued() == 3

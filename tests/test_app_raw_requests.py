@@ -62,10 +62,11 @@ def test_new_scene_with_an_unknown_kind_is_one_line(server, capfd):
 
 def test_a_post_around_the_queue_is_one_line(server, capfd):
     demo, url = server
-    for body in ({"data": []}, {"data": ["colour", None], "fn_index": fn_index(demo, "new_scene")}):
-        answer = httpx.post(f"{url}gradio_api/run/predict", json=body, timeout=10)
-        assert answer.status_code == 404, answer.text
-        assert "goes through the queue" in answer.json()["detail"]
+    for route in ("run/predict", "api/predict", "api/no-such-route", "api/chat/"):  # /api/<name>: Gradio's older name
+        for body in ({"data": []}, {"data": ["colour", None], "fn_index": fn_index(demo, "new_scene")}):
+            answer = httpx.post(f"{url}gradio_api/{route}", json=body, timeout=10)
+            assert answer.status_code == 404, answer.text
+            assert "goes through the queue" in answer.json()["detail"]
     assert "Traceback" not in capfd.readouterr().err
     example = next(i for i, fn in demo.fns.items() if fn.queue is False)  # an example's click, unqueued
     loaded = httpx.post(f"{url}gradio_api/run/predict", json={"data": [0], "fn_index": example,

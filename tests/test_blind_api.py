@@ -41,8 +41,9 @@ def test_three_battles_voted_a_second_vote_refused_and_the_board_kept_across_a_r
         client, other = Client(app.url, verbose=False), Client(app.url, verbose=False)
         shown = []
         for scene, method, budget in zip(scenes, ("snapkv", "h2o", "snapkv"), ("0.2", "0.5", "0.2")):
-            battle_id, a, b, status, reveal, _ = battle(client, scene, method, budget)
+            battle_id, a, b, status, reveal, _, choice = battle(client, scene, method, budget)
             assert len(battle_id) == 32 and a and b and "which answer is better" in status and reveal == ""
+            assert choice is None  # the vote control emptied with the answers
             shown.append(battle_id)
         refused = vote(other, shown[0], "A")  # a client that was not shown it
         assert refused[1].startswith(NOT_ANSWERED) and "only on a battle you were shown" in refused[1]

@@ -39,7 +39,8 @@ def test_a_vote_against_the_truth():
 def app(tmp_path, monkeypatch):
     monkeypatch.setenv("KV_ARENA_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("KV_ARENA_DB_URL", raising=False)
-    monkeypatch.delenv("KV_ARENA_BLIND_SALT", raising=False)
+    for name in ("KV_ARENA_BLIND_SALT", "KV_ARENA_SALT", "KV_ARENA_BLIND_REQUIRE_LOGIN", "SPACE_ID"):
+        monkeypatch.delenv(name, raising=False)
     with service.using_app(service.AppState()) as state:
         yield state
 
@@ -54,9 +55,11 @@ def test_the_default_store_is_a_sqlite_file_in_the_data_folder_migrated_to_the_h
     assert db_url() == f"sqlite:///{tmp_path / 'data' / 'votes.db'}"
     store = blind.open_votes()
     with store.engine.connect() as c:
-        assert c.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0001"
-        assert {"battles", "votes"} <= set(sa.inspect(c).get_table_names())
-    assert (tmp_path / "data" / "blind-salt").stat().st_mode & 0o777 == 0o600
+        assert c.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0002"
+        assert {"battles", "votes", "deployment"} <= set(sa.inspect(c).get_table_names())
+        salt = c.execute(sa.text("SELECT value FROM deployment WHERE name = 'salt'")).scalar_one()
+    assert store.key == salt.encode() and len(salt) == 64  # the database's own: every replica's
+    assert not (tmp_path / "data" / "blind-salt").exists()
     assert blind.salted("abc", store.key) != "abc" and len(blind.salted("abc", store.key)) == 64
 
 

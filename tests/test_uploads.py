@@ -75,20 +75,36 @@ def blob(folder, i: int, size: int) -> str:
     return str(path)
 
 
-def test_unused_uploads_are_capped_per_client_and_in_all_and_a_used_one_no_longer_counts(folder, monkeypatch):
+def test_unused_uploads_are_capped_per_visitor_and_in_all_and_a_used_one_no_longer_counts(folder, monkeypatch):
     monkeypatch.setenv("KV_ARENA_MAX_UNUSED_UPLOAD_MB", "1")
-    monkeypatch.setenv("KV_ARENA_MAX_UNUSED_UPLOADS_MB", "2")
+    monkeypatch.setenv("KV_ARENA_MAX_UNUSED_UPLOADS_MB", "4")
     third = 2**20 // 3
     a = [blob(folder, i, third) for i in range(4)]
-    assert uploads.note_uploads(a[:3], "client-a") is None  # 1 MB less a byte or two: fits
-    assert "over the 1 MB allowed" in uploads.note_uploads([a[3]], "client-a")
+    assert uploads.note_uploads(a[:3], "client-a", "visitor:a") is None  # 1 MB less a byte or two: fits
+    assert "over the 1 MB allowed" in uploads.note_uploads([a[3]], "client-a2", "visitor:a")  # a fresh cookie
     assert not (folder / "blob3" / "blob3.bin").exists()  # refused: its file is gone, nothing was noted
-    assert not uploads.may_read(a[3], "client-a")
-    assert uploads.note_uploads(a[:1], "client-a") is None  # the same bytes again add nothing
-    assert uploads.upload_room("client-a", 2**20) is not None and uploads.upload_room("client-b", 2**20) is None
+    assert not uploads.may_read(a[3], "client-a2")
+    assert uploads.note_uploads(a[:1], "client-a", "visitor:a") is None  # the same bytes again add nothing
+    assert uploads.upload_room("client-x", 2**20, "visitor:a") is not None
+    assert uploads.upload_room("client-b", 2**20, "visitor:b") is None
     uploads.check_uploads(session("client-a"), a[:3])  # sent in a message: they no longer count
-    assert uploads.note_uploads([blob(folder, 4, third)], "client-a") is None
-    others = [blob(folder, i, third) for i in range(10, 15)]
-    assert uploads.note_uploads(others[:2], "client-b") is None
-    assert uploads.note_uploads(others[2:], None) is None  # the clients without a cookie: one more client
-    assert "this server holds 2 MB" in uploads.note_uploads([blob(folder, 20, third)], "client-c")
+    assert uploads.note_uploads([blob(folder, 4, third)], "client-a", "visitor:a") is None
+    for n, name in enumerate("bcdef"):  # other visitors, three files each; the total is 4 MB
+        refused = uploads.note_uploads([blob(folder, 10 + 3 * n + k, third) for k in range(3)], None, f"visitor:{name}")
+        if refused:
+            break
+    assert n == 3 and "this server holds all the files" in refused and "4 MB" in refused
+
+
+def test_a_visitor_keeps_at_most_a_quarter_of_the_total_and_a_few_files(folder, monkeypatch):
+    monkeypatch.setenv("KV_ARENA_MAX_UNUSED_UPLOAD_MB", "1000")
+    monkeypatch.setenv("KV_ARENA_MAX_UNUSED_UPLOADS_MB", "1")
+    monkeypatch.setenv("KV_ARENA_MAX_UNUSED_UPLOAD_FILES", "3")
+    quarter = 2**20 // 4
+    assert uploads.note_uploads([blob(folder, 0, quarter)], None, "visitor:a") is None
+    assert "over the 0 MB allowed" in uploads.note_uploads([blob(folder, 1, 16)], None, "visitor:a")
+    tiny = [blob(folder, i, 16) for i in range(10, 14)]
+    assert all(uploads.note_uploads([t], f"cookie-{i}", "visitor:b") is None for i, t in enumerate(tiny[:3]))
+    refused = uploads.note_uploads([tiny[3]], "cookie-new", "visitor:b")
+    assert "you have 4 files not yet sent in a message, over the 3 allowed" in refused and "\n" not in refused
+    assert uploads.note_uploads([blob(folder, 20, 16)], None, "visitor:c") is None  # the others still have room

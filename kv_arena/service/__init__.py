@@ -35,6 +35,8 @@ tensor and never imports torch. The app imports this package only; its modules, 
   live in a namespace named by the server-side :attr:`Session.id` (never by anything a client
   sends), are stored when an MPIC turn adds media, listed by :func:`media_library` and dropped when
   the session closes or its model changes; :func:`mpic_default_k` suits MPIC-k's k to the model.
+* :mod:`.visitors`: who a visitor is (an address behind the trusted proxies, a cookie only a
+  sub-key), the one notion every per-visitor limit counts by.
 * :mod:`.uploads`: which uploaded files a session may use, and which client may read them;
   :mod:`.upload_caps`: how much of them may wait unused; :mod:`.upload_folder`: each app process's
   own upload folder.
@@ -67,9 +69,12 @@ from .resent import take_history
 from .state import ChatState
 from .turns import MAX_COMPARE, chat_on_gpu, chat_turn, compare
 from .upload_folder import use_own_upload_folder
+from .visitors import Visitor, trusted_hops
+from .visitors import from_request as visitor_from_request
+from .visitors import from_scope as visitor_from_scope
 from .uploads import (check_sent_files, check_uploads, in_upload_dir, may_read, note_served, note_uploads,
                       save_private_images, upload_room)
-from . import blind
+from . import blind, visitors
 from .blind import Battle, BoardRow, Reveal, VotesUnavailable
 from .view_types import (
     ChatView,
@@ -103,6 +108,8 @@ __all__ = [
     "check_model_allowed", "check_sent_files", "checked_params", "checked_text", "in_upload_dir",
     "save_private_images", "active", "open_session", "expire_idle", "start_sweeper", "sweep_dead_sessions",
     "upload_room", "use_own_upload_folder",
+    # one visitor is one visitor (issue 56): every per-visitor limit counts by this
+    "Visitor", "trusted_hops", "visitor_from_request", "visitor_from_scope",
     # the "Can you tell?" tab: blind battles, votes and the leaderboard (blind/)
     "blind", "Battle", "BoardRow", "Reveal", "VotesUnavailable",
 ]

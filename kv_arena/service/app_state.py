@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 
 from .blind.store import VoteHolder
 from .model_pool import ModelPool
+from .rereads import RereadBook
 from .scenes import SceneBook
 from .sessions import SessionBook
 from .store import StoreHolder
@@ -21,6 +22,7 @@ class AppState:
     sessions: SessionBook = field(default_factory=SessionBook)  # open sessions, their activity, stops asked
     store: StoreHolder = field(default_factory=StoreHolder)  # MPIC's media KV store and its tenants
     uploads: UploadBook = field(default_factory=UploadBook)  # who uploaded which file; files the app drew
+    rereads: RereadBook = field(default_factory=RereadBook)  # each visitor's re-read tokens of the last minute
     votes: VoteHolder = field(default_factory=VoteHolder)  # the blind tab's votes database, opened on first use
 
     def after_fork(self) -> None:

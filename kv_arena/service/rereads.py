@@ -7,22 +7,39 @@ So a switch is held to three rules, checked before any model work (:func:`check_
 - it re-reads each turn as that turn was fed: a turn streamed under a cap is streamed again under a
   cap (the new one, else its own), never prefilled whole (:func:`reread_cap`);
 - all it re-reads together stays within the model's context (what one prompt could hold);
-- a chat re-reads at most KV_ARENA_REREAD_TOKENS_PER_MINUTE tokens (default: 32,768) in any minute,
-  so flipping the method on every message is refused until the minute has passed.
+- a visitor re-reads at most KV_ARENA_REREAD_TOKENS_PER_MINUTE tokens (default: 32,768) in any
+  minute, whatever session brings the conversation (a switch, or a history sent to a fresh session:
+  :mod:`.resent`), so flipping the method on every message, or sending a long history from a new
+  session each time, is refused in one line saying how long to wait. A visitor is an address
+  (:mod:`.visitors`); a re-read is charged when it is allowed, before any model work, so a burst
+  of them is counted whole.
 The chat line of a switch says what it cost (tokens and seconds, ``SwitchNote``)."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kv_arena import backends
 
 from ..errors import UserError
 
-REREAD_TOKENS_PER_MINUTE = int(os.environ.get("KV_ARENA_REREAD_TOKENS_PER_MINUTE", 32_768))
+# tokens a visitor may re-read a minute; unset: by where the model runs (tokens_per_minute)
+REREAD_TOKENS_PER_MINUTE = int(os.environ["KV_ARENA_REREAD_TOKENS_PER_MINUTE"]) \
+    if os.environ.get("KV_ARENA_REREAD_TOKENS_PER_MINUTE") else None
+ON_GPU, ON_CPU = 32_768, 8_192  # the defaults: a CPU re-reads 27,000 tokens of the offline model in about 2 minutes
 WINDOW_S = 60.0
+
+
+def tokens_per_minute(on_gpu: bool) -> int:
+    """Tokens one visitor may re-read a minute (``KV_ARENA_REREAD_TOKENS_PER_MINUTE``, else 32,768
+    where the model runs on a GPU and 8,192 on a CPU: a minute of the one heavy slot, or less)."""
+    if REREAD_TOKENS_PER_MINUTE is not None:
+        return REREAD_TOKENS_PER_MINUTE
+    return ON_GPU if on_gpu else ON_CPU
 
 
 @dataclass(frozen=True)
@@ -43,12 +60,16 @@ def reread_cap(turn: TurnCost, plan_cap: int | None, streams: bool) -> int | Non
 
 
 def check_switch(costs: list[TurnCost], rereads: list[tuple[float, int]], method: type | str, *,
-                 context: int, full_cache: bool, now: float | None = None, sent: bool = False) -> int:
+                 context: int, full_cache: bool, now: float | None = None, sent: bool = False,
+                 per_minute: int | None = None) -> int:
     """The tokens a switch to ``method`` would re-read; a UserError (one line, nothing changed) when
     it may not: a streamed turn and a method that cannot stream under a cap, more tokens than the
-    model's ``context``, or more than REREAD_TOKENS_PER_MINUTE with the re-reads of the last
-    minute (``rereads``: (time, tokens) of this chat's earlier switches). ``sent``: the conversation is a
-    history a client sent, re-read in place of the session's (said so)."""
+    model's ``context``, or more than ``per_minute`` (default: :func:`tokens_per_minute` on a CPU) with
+    the re-reads of the last minute (``rereads``: (time, tokens) of the visitor's earlier re-reads).
+    ``sent``: the conversation is a history a client sent, re-read in place of the session's (said
+    so); it must fit the minute's tokens whole. A switch of the session's own conversation may
+    exceed them when it is the visitor's only re-read of the minute (a long chat can still change
+    method, once a minute)."""
     cls = backends.backend_class(method) if isinstance(method, str) else method
     tokens = sum(c.tokens for c in costs)
     keep = "Send a shorter history, or [] to start a new chat." if sent else "Keep the method you had, or start a new chat."
@@ -61,16 +82,57 @@ def check_switch(costs: list[TurnCost], rereads: list[tuple[float, int]], method
                         f"({context:,}). {keep}")
     now = time.monotonic() if now is None else now
     recent = sum(n for at, n in rereads if now - at < WINDOW_S)
-    if recent and recent + tokens > REREAD_TOKENS_PER_MINUTE:
+    limit = tokens_per_minute(False) if per_minute is None else per_minute
+    if sent and tokens > limit:
+        raise UserError(f"{doing} would re-read {tokens:,} tokens, more than a visitor may re-read in a minute on "
+                        f"this server ({limit:,}, KV_ARENA_REREAD_TOKENS_PER_MINUTE). Send a shorter history, or "
+                        "keep your session and send [] to start a new chat.")
+    if recent and recent + tokens > limit:
         wait = WINDOW_S - (now - min(at for at, _ in rereads if now - at < WINDOW_S))
-        raise UserError(f"This chat re-read {recent:,} tokens in the last minute; {doing[0].lower() + doing[1:]} would "
-                        f"re-read {tokens:,} more (the limit is {REREAD_TOKENS_PER_MINUTE:,} a minute, "
+        raise UserError(f"You re-read {recent:,} tokens in the last minute; {doing[0].lower() + doing[1:]} would "
+                        f"re-read {tokens:,} more (the limit is {limit:,} a minute, "
                         f"KV_ARENA_REREAD_TOKENS_PER_MINUTE). Wait {max(1, round(wait))} s, or "
                         f"{'send [] to start a new chat' if sent else 'keep the method'}.")
     return tokens
 
 
-def recent_rereads(rereads: list[tuple[float, int]], tokens: int, now: float | None = None) -> list[tuple[float, int]]:
-    """This chat's re-reads of the last minute, with one of ``tokens`` now."""
-    now = time.monotonic() if now is None else now
-    return [(at, n) for at, n in rereads if now - at < WINDOW_S] + [(now, tokens)]
+@dataclass
+class Reread:
+    """One re-read charged to a visitor: its tokens, and when it ended (when it began, until then)."""
+
+    tokens: int
+    at: float
+
+
+class RereadBook:
+    """Each visitor's re-reads of the last minute, under one lock. A re-read's minute runs from its
+    end: a history that takes longer than a minute to re-read (a slow CPU) still holds its visitor
+    back for a minute after it, so the next one waits and another visitor's turn comes first."""
+
+    def __init__(self) -> None:
+        self.recent: dict[str, list[Reread]] = {}
+        self.lock = threading.Lock()
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()
+
+    def charge(self, visitor: str, check: Callable[[list[tuple[float, int]]], int], now: float | None = None,
+               dry: bool = False) -> Reread:
+        """``check`` (given the visitor's re-reads of the last minute, as (time, tokens)) says how many
+        tokens a re-read costs, or refuses it; what it allows is charged to ``visitor`` at once
+        (``dry``: only checked, for a history taken now, charged by the turn that re-reads it).
+        Call :meth:`ended` with what it returns once the re-read is done."""
+        now = time.monotonic() if now is None else now
+        with self.lock:  # checked and charged together: a burst of requests is counted whole
+            for gone in [v for v, rs in self.recent.items() if all(now - r.at >= WINDOW_S for r in rs)]:
+                del self.recent[gone]  # visitors idle for a minute are forgotten
+            recent = [r for r in self.recent.get(visitor, []) if now - r.at < WINDOW_S]
+            charged = Reread(check([(r.at, r.tokens) for r in recent]), now)
+            if not dry:
+                self.recent[visitor] = recent + [charged]
+            return charged
+
+    def ended(self, reread: Reread, now: float | None = None) -> None:
+        """The re-read is done (or failed): its minute starts now."""
+        with self.lock:
+            reread.at = time.monotonic() if now is None else now

@@ -13,10 +13,12 @@ was.
 from __future__ import annotations
 
 from ..runtime.vision_tokens import check_runs_on
+from .current import current_app
 from .inputs import MAX_FRAMES, Prepared, Settings, prepare
 from .model_pool import Progress, get_model, silent
 from .plan import plan_turn
-from .rereads import TurnCost, check_switch
+from .rereads import TurnCost, check_switch, tokens_per_minute
+from .zerogpu import on_gpu
 from .sessions import Session
 from .state import ChatState
 from .uploads import check_uploads
@@ -48,10 +50,12 @@ def take_history(session: Session, settings: Settings, turns: list[tuple[str, li
         costs.append(TurnCost(prompt + len(ids)))
         if sum(c.tokens for c in costs) > loaded.max_context:
             break  # check_switch refuses it: no need to decode the rest
-    check_switch(costs, session.chat.rereads, type(plan.backend), context=loaded.max_context,
-                 full_cache=plan.is_reference, sent=True)
+    current_app().rereads.charge(session.visitor_key, lambda recent: check_switch(
+        costs, recent, type(plan.backend), context=loaded.max_context, full_cache=plan.is_reference, sent=True,
+        per_minute=tokens_per_minute(on_gpu(loaded))),
+        dry=True)  # charged by the turn that re-reads it (turns.chat_turn)
     session.chat = ChatState(None, (settings.model, SENT), history, answers, references=session.chat.references,
-                             costs=costs, rereads=list(session.chat.rereads))
+                             costs=costs)
     session.visuals = []
     session.transcript = [(question, len(files), answer) for question, files, answer in turns]
     return history

@@ -64,8 +64,14 @@ class Session:
         self.visuals: list[KeptVisual] = []  # kept-token maps of the last answer, for the overlay
         self.uploads: set[str] = set()  # paths of the uploads it used (see check_uploads)
         self.client: str | None = None  # the id of the browser or API client the tab belongs to (uploads.py)
+        self.visitor: str | None = None  # the visitor it belongs to (visitors.py), what its limits count by
         self.blind: dict = {}  # blind conversations it may continue, by first battle id (blind/battles.py)
         self.stop_requested = False
+
+    @property
+    def visitor_key(self) -> str:
+        """What its limits count by: its visitor, else (a session made without a request) itself."""
+        return self.visitor or f"session:{self.id}"
 
     @property
     def stop_requested(self) -> bool:
@@ -136,13 +142,16 @@ def close_session(session: Session | None) -> None:
         session.close()
 
 
-def track(session: Session, session_hash: str | None, client: str | None = None) -> None:
-    """Remember which browser session owns ``session`` so closing the tab frees it at once, and
-    which client it belongs to (the id its requests carry; see :mod:`.uploads`)."""
+def track(session: Session, session_hash: str | None, client: str | None = None, visitor: str | None = None) -> None:
+    """Remember which browser session owns ``session`` so closing the tab frees it at once, which
+    client it belongs to (the id its requests carry; see :mod:`.uploads`) and which visitor
+    (``Visitor.key``: what its limits count by, :mod:`.visitors`)."""
     if session_hash:
         _book().open[session_hash] = session
         _seen(session_hash)
         start_sweeper()
+    if visitor:
+        session.visitor = visitor
     if client:
         session.client = client
         bind_tenant(session.id, client)  # its media on a shared store are its client's, on any replica

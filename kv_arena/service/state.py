@@ -112,7 +112,6 @@ class ChatState:
     reused: list[set[int]] = field(default_factory=list)  # per layer: token indices whose KV came from the store
     references: ReferenceCache = field(default_factory=ReferenceCache)
     costs: list[TurnCost] = field(default_factory=list)  # per turn: what it fed (what a switch re-reads)
-    rereads: list[tuple[float, int]] = field(default_factory=list)  # (time, tokens) of the last minute's switches
 
     def __getstate__(self) -> dict:
         return dict(self.__dict__, conv=_portable(self.conv))
@@ -133,7 +132,7 @@ class ChatState:
         half-way is recomputed)."""
         conv = None if self.conv is None else relocate(_portable(self.conv), "cpu")
         return ChatState(conv, self.cache_key, list(self.history), list(self.answers), [set(r) for r in self.reused],
-                         self.references, list(self.costs), list(self.rereads))
+                         self.references, list(self.costs))
 
     def rolled_back(self, device) -> ChatState:
         """This rollback point as the session's chat again, its cache on ``device``."""

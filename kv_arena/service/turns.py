@@ -17,11 +17,12 @@ from ..mpic.linking import Linker
 from ..runtime.generate import Conversation, agreement
 from ..runtime.inputs import Message
 from ..runtime.vision_tokens import check_runs_on
+from .current import current_app
 from .inputs import MAX_FRAMES, Prepared, Settings, request_seconds
 from .model_pool import Progress, free_memory, get_model, silent
 from .mpic import reuse_summary, store_media
 from .plan import Plan, plan_turn
-from .rereads import TurnCost, check_switch, recent_rereads, reread_cap
+from .rereads import TurnCost, check_switch, reread_cap, tokens_per_minute
 from .sessions import Session, stopping
 from .state import ChatState, Reference, ReferenceCache, arrive, depart
 from .scenes import is_right, judged
@@ -29,7 +30,7 @@ from .store import media_store
 from .streamed import joined_layout, stream_media, with_stream
 from .view_types import ChatView, CompareRun, CompareTurn, CompareView, ProgressNote, ReferenceView, SwitchNote
 from .views import kept_visuals, layer_figures, meters
-from .zerogpu import gpu_function
+from .zerogpu import gpu_function, on_gpu
 
 log = logging.getLogger(__name__)
 MAX_COMPARE = 4
@@ -124,9 +125,12 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
     if shown is not None and shown != session.transcript:
         session.new_chat()
     chat = session.chat
+    reread = None
     if not chat.continues(settings) and chat.rereadable(settings):  # a switch: what it re-reads is bounded
-        check_switch(chat.costs, chat.rereads, type(plan.backend), context=get_model(settings.model).max_context,
-                     full_cache=plan.is_reference)
+        context = get_model(settings.model).max_context
+        reread = current_app().rereads.charge(session.visitor_key, lambda recent: check_switch(
+            chat.costs, recent, type(plan.backend), context=context, full_cache=plan.is_reference,
+            per_minute=tokens_per_minute(on_gpu(get_model(settings.model)))))
     session.use_model(settings.model)
     session.stop_requested = False
     before = session.chat.rollback_point()
@@ -137,6 +141,9 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
     except UserError:
         session.chat = before.rolled_back(get_model(settings.model).device)
         raise
+    finally:
+        if reread is not None:  # its visitor's minute runs from here
+            current_app().rereads.ended(reread)
 
 
 def _answer(session: Session, plan: Plan, prepared: Prepared,
@@ -182,7 +189,6 @@ def _turn(state: ChatState, plan: Plan, prepared: Prepared,
             if state.conv is not None and state.conv.backend.is_reference:  # the full cache's chat: the reference from here on
                 state.references.adopt(state.conv, settings.generation + tuple(p.key for p in state.history))
             fresh.history, fresh.answers, fresh.costs, new_chat = state.history, state.answers, state.costs, False
-            fresh.rereads = recent_rereads(state.rereads, switch.tokens)
         state = fresh
     history = state.history + [prepared]
     reference, cached = None, False

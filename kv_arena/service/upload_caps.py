@@ -1,20 +1,27 @@
-"""Caps on uploads no event has used yet, per client and for the whole server.
+"""Caps on uploads no event has used yet, per visitor and for the whole server, in bytes and in files.
 
 Gradio writes an upload to disk before any event names it, and the app keeps it until a session
 uses it or :func:`~kv_arena.service.sessions.idle_seconds` passes (a browser uploads a file when
-it is attached, before the message is sent). Without a cap one client could fill the disk in
-seconds. So an upload that would take a client's unused uploads over
-``KV_ARENA_MAX_UNUSED_UPLOAD_MB`` (default 256, one maximum-size video and then some), or every
-client's together over ``KV_ARENA_MAX_UNUSED_UPLOADS_MB`` (default 2048), is refused whole, in one
-line (HTTP 413), and nothing already uploaded is touched: evicting the oldest would let one client
-delete another's attachment before it is sent. Clients that keep no cookie count as one client.
+it is attached, before the message is sent). Without a cap one visitor could fill the disk in
+seconds, or its folder with thousands of tiny files. So an upload that would take a visitor's
+unused uploads over ``KV_ARENA_MAX_UNUSED_UPLOAD_MB`` (default 256, one maximum-size video and then
+some) or ``KV_ARENA_MAX_UNUSED_UPLOAD_FILES`` (64), or every visitor's together over
+``KV_ARENA_MAX_UNUSED_UPLOADS_MB`` (2048) or ``KV_ARENA_MAX_UNUSED_UPLOADS_FILES`` (1024), is refused
+whole, in one line (HTTP 413), and nothing already uploaded is touched: evicting the oldest would let
+one visitor delete another's attachment before it is sent.
+
+A visitor is an address (:mod:`.visitors`): fresh cookies do not make a script more visitors. A
+visitor's caps are at most a quarter of the totals, so the totals always keep room for the others.
 Uploads a session has used no longer count; neither do the app's own files."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
+
+from .visitors import share
 
 MB = 2**20
 
@@ -26,42 +33,76 @@ class Counted(Protocol):
 
     def awaited(self) -> bool: ...
 
-    def awaits(self, client: str | None) -> bool: ...
+    def awaited_by(self, visitor: str) -> bool: ...
 
 
-def per_client_cap() -> int:
-    """Bytes of unused uploads one client may keep (``KV_ARENA_MAX_UNUSED_UPLOAD_MB``)."""
-    return int(float(os.environ.get("KV_ARENA_MAX_UNUSED_UPLOAD_MB", 256)) * MB)
+def _number(name: str, default: float) -> float:
+    try:
+        return max(0.0, float(os.environ.get(name, default)))
+    except ValueError:
+        return default
 
 
 def total_cap() -> int:
-    """Bytes of unused uploads every client together may keep (``KV_ARENA_MAX_UNUSED_UPLOADS_MB``)."""
-    return int(float(os.environ.get("KV_ARENA_MAX_UNUSED_UPLOADS_MB", 2048)) * MB)
+    """Bytes of unused uploads every visitor together may keep (``KV_ARENA_MAX_UNUSED_UPLOADS_MB``)."""
+    return int(_number("KV_ARENA_MAX_UNUSED_UPLOADS_MB", 2048) * MB)
 
 
-def unused_bytes(records: Iterable[Counted], client: str | None) -> tuple[int, int]:
-    """(this client's unused uploads, everyone's) in bytes; ``client`` None: the clients without a cookie."""
+def per_visitor_cap() -> int:
+    """Bytes of unused uploads one visitor may keep (``KV_ARENA_MAX_UNUSED_UPLOAD_MB``, at most a share of the total)."""
+    return min(int(_number("KV_ARENA_MAX_UNUSED_UPLOAD_MB", 256) * MB), share(total_cap()))
+
+
+def total_files() -> int:
+    """Unused uploads every visitor together may keep (``KV_ARENA_MAX_UNUSED_UPLOADS_FILES``)."""
+    return int(_number("KV_ARENA_MAX_UNUSED_UPLOADS_FILES", 1024))
+
+
+def per_visitor_files() -> int:
+    """Unused uploads one visitor may keep (``KV_ARENA_MAX_UNUSED_UPLOAD_FILES``, at most a share of the total)."""
+    return min(int(_number("KV_ARENA_MAX_UNUSED_UPLOAD_FILES", 64)), share(total_files()))
+
+
+@dataclass(frozen=True)
+class Unused:
+    """Unused uploads: one visitor's and everyone's, in bytes and in files."""
+
+    mine: int = 0
+    mine_files: int = 0
+    everyone: int = 0
+    everyone_files: int = 0
+
+    def plus(self, size: int, files: int) -> Unused:
+        return Unused(self.mine + size, self.mine_files + files, self.everyone + size, self.everyone_files + files)
+
+
+def unused(records: Iterable[Counted], visitor: str) -> Unused:
+    """What ``visitor`` and everyone hold in uploads no session has used yet."""
     records = list(records)
-    return (sum(r.size for r in records if r.awaits(client)), sum(r.size for r in records if r.awaited()))
+    mine = [r for r in records if r.awaited_by(visitor)]
+    waiting = [r for r in records if r.awaited()]
+    return Unused(sum(r.size for r in mine), len(mine), sum(r.size for r in waiting), len(waiting))
 
 
-def refusal(before: tuple[int, int], after: tuple[int, int]) -> str | None:
-    """The line that refuses an upload taking unused uploads from ``before`` to ``after`` (bytes:
-    the client's, everyone's) over a cap; None when it fits (one that adds nothing always does)."""
-    (mine, everyone), (mine_after, everyone_after) = before, after
-    if mine_after > max(mine, per_client_cap()):
-        return (f"Upload refused: your files not yet sent in a message would hold {mine_after / MB:.0f} MB, over "
-                f"the {per_client_cap() / MB:.0f} MB allowed; send them in a message first (unused uploads are "
+def refusal(before: Unused, after: Unused) -> str | None:
+    """The line that refuses an upload taking unused uploads from ``before`` to ``after`` over a
+    cap; None when it fits (one that adds nothing always does)."""
+    if after.mine > max(before.mine, per_visitor_cap()):
+        return (f"Upload refused: your files not yet sent in a message would hold {after.mine / MB:.0f} MB, over "
+                f"the {per_visitor_cap() / MB:.0f} MB allowed; send them in a message first (unused uploads are "
                 "deleted after the idle time).")
-    if everyone_after > max(everyone, total_cap()):
-        return (f"Upload refused: this server holds {total_cap() / MB:.0f} MB of files not yet sent in a "
-                "message, all it keeps; try again in a few minutes.")
+    if after.mine_files > max(before.mine_files, per_visitor_files()):
+        return (f"Upload refused: you have {after.mine_files:,} files not yet sent in a message, over the "
+                f"{per_visitor_files():,} allowed; send them in a message first.")
+    if after.everyone > max(before.everyone, total_cap()) \
+            or after.everyone_files > max(before.everyone_files, total_files()):
+        return ("Upload refused: this server holds all the files not yet sent in a message it keeps "
+                f"({total_cap() / MB:.0f} MB, {total_files():,} files); try again in a few minutes.")
     return None
 
 
-def room_refusal(unused: tuple[int, int], declared: int) -> str | None:
+def room_refusal(now: Unused, declared: int) -> str | None:
     """The same line before the request is read, when its declared size alone cannot fit (a little
-    over the files' sizes: the form's own bytes)."""
+    over the files' sizes: the form's own bytes); at least one file."""
     slack = 64 * 1024
-    mine, everyone = unused
-    return refusal(unused, (mine + max(0, declared - slack), everyone + max(0, declared - slack)))
+    return refusal(now, now.plus(max(0, declared - slack), 1))

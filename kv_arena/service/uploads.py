@@ -13,7 +13,7 @@ path, as many times as it was uploaded that way.
 The ledger is this process's own: a file another app process received (a replica on the same
 temp folder, or this app before a restart) has no record here, so it is no one's to read or use
 (each process keeps its uploads in a folder of its own: :mod:`.upload_folder`). Unused uploads are
-capped per client and in all (:mod:`.upload_caps`)."""
+capped per visitor and in all (:mod:`.upload_caps`)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from ..errors import UserError
 from ..paths import ASSETS
 from .current import current_app
 from .instance import own_folder, sweep_gone
-from .upload_caps import refusal, room_refusal, unused_bytes
+from .upload_caps import refusal, room_refusal, unused
 from .upload_folder import host_folder, upload_dir
 
 
@@ -54,6 +54,8 @@ class _Upload:
     claimed: int = 0  # of those, the ones a session has used
     owners: set[str] = field(default_factory=set)  # ids of the live sessions using it
     users: set[str] = field(default_factory=set)  # ids of the clients whose sessions used it
+    by_visitor: dict[str, str] = field(default_factory=dict)  # client id -> the visitor that uploaded it with it
+    anonymous_by: list[str] = field(default_factory=list)  # the visitor of each upload without a client id
     noted: float = field(default_factory=time.monotonic)  # when it was last uploaded
     size: int = 0  # bytes on disk (an upload's; the app's own files count as none)
 
@@ -64,6 +66,11 @@ class _Upload:
     def awaits(self, client: str | None) -> bool:
         """Whether ``client`` (None: the clients without a cookie) uploaded it and has not used it yet."""
         return client in self.clients - self.users if client else self.claimed < self.anonymous
+
+    def awaited_by(self, visitor: str) -> bool:
+        """Whether ``visitor`` (:mod:`.visitors`) uploaded it, under any cookie or none, and no session used it yet."""
+        return (any(self.by_visitor.get(c) == visitor for c in self.clients - self.users)
+                or visitor in self.anonymous_by[self.claimed:])
 
 
 class UploadBook:
@@ -82,23 +89,32 @@ def _book() -> UploadBook:
     return current_app().uploads
 
 
-def note_uploads(paths, client: str | None = None) -> str | None:
-    """Gradio received these files from ``client`` (None: a request without the client cookie).
-    Returns the line refusing them when they would take unused uploads over a cap
-    (:mod:`.upload_caps`): then none is noted, and the files no one else uploaded are deleted."""
+def _visitor(client: str | None, visitor: str | None) -> str:
+    """Whom an upload counts against: its visitor; a caller that names none (a test, a tool), its
+    client, and the clients without a cookie as one."""
+    return visitor or (f"client:{client}" if client else "no cookie")
+
+
+def note_uploads(paths, client: str | None = None, visitor: str | None = None) -> str | None:
+    """Gradio received these files from ``client`` (None: a request without the client cookie) of
+    ``visitor`` (``Visitor.key``). Returns the line refusing them when they would take unused uploads
+    over a cap (:mod:`.upload_caps`): then none is noted, and the files no one else uploaded are deleted."""
     book = _book()
     names = [str(Path(path).resolve()) for path in paths]
+    visitor = _visitor(client, visitor)
     with book.lock:
-        before = unused_bytes(book.files.values(), client)
+        before = unused(book.files.values(), visitor)
         earlier = {name: copy.deepcopy(book.files[name]) for name in names if name in book.files}
         for name in names:
             record = book.files.setdefault(name, _Upload(size=_size(name)))
             record.noted = time.monotonic()
             if client:
                 record.clients.add(client)
+                record.by_visitor[client] = visitor
             else:
                 record.anonymous += 1
-        refused = refusal(before, unused_bytes(book.files.values(), client))
+                record.anonymous_by.append(visitor)
+        refused = refusal(before, unused(book.files.values(), visitor))
         if refused:  # the ledger as it was
             for name in names:
                 if name in earlier:
@@ -110,14 +126,14 @@ def note_uploads(paths, client: str | None = None) -> str | None:
     return refused
 
 
-def upload_room(client: str | None, declared: int) -> str | None:
+def upload_room(client: str | None, declared: int, visitor: str | None = None) -> str | None:
     """Before an upload request is read: the line refusing it when its declared size (the
     request's ``Content-Length``) cannot fit under the caps, else None (:func:`note_uploads` checks
     the files themselves once they are written)."""
     book = _book()
     with book.lock:
-        unused = unused_bytes(book.files.values(), client)
-    return room_refusal(unused, declared)
+        now = unused(book.files.values(), _visitor(client, visitor))
+    return room_refusal(now, declared)
 
 
 def _size(path: str) -> int:

@@ -34,6 +34,11 @@ MAX_SECONDS = int(os.environ.get("KV_ARENA_GPU_SECONDS_MAX", 300))
 Duration = Callable[..., float]
 
 
+def on_gpu(loaded) -> bool:
+    """Whether a loaded model's turns run on a GPU (on ZeroGPU it waits on the CPU between them)."""
+    return ZERO_GPU or loaded.device.type == "cuda"
+
+
 def spaces_decorator(fn: Callable, duration: Duration) -> Callable:
     """``spaces.GPU(duration=...)`` where the ``spaces`` package is installed (a no-op outside a
     ZeroGPU Space); the function itself elsewhere."""

@@ -4,7 +4,13 @@ by Alembic when the store opens (``migrations/``). Every failure of the database
 caller as one line (:class:`VotesUnavailable`); a vote is acknowledged only once committed.
 
 The rules that must hold across replicas live in the database: one vote per battle is a unique
-key, the rates and the expiry are read from the rows every replica writes."""
+key, the rates and the expiry are read from the rows every replica writes, and so is the salt
+(``KV_ARENA_SALT`` aside), so every replica hashes a client, a visitor and an account alike.
+
+Faults, each one line, nothing acknowledged lost: a SQLite file deleted or replaced under a
+running app is noticed on the next use (its inode changed, or a query failed) and reopened,
+migrated; a line a visitor sees names no host, port or user (the server's log and the line at
+start say where the database is)."""
 
 from __future__ import annotations
 
@@ -22,17 +28,27 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError, SQLAlchemyError
 
 from ...errors import UserError
-from .schema import battles, votes
+from .schema import battles, deployment, votes
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
+UNREACHABLE = ("The votes database is unreachable; nothing was recorded: try again in a moment "
+               "(the server's log says why).")
+
+
 class VotesUnavailable(UserError):
-    """The votes database cannot be used (bad settings, unreachable, refused): said in one line."""
+    """The votes database cannot be used (bad settings, unreachable, refused): said in one line.
+    Its text is what a visitor may read (no host, port or user); ``detail`` is the operator's line
+    (where the database is, why it failed: the log, and ``error:`` at start)."""
+
+    def __init__(self, line: str, detail: str | None = None) -> None:
+        super().__init__(line)
+        self.detail = detail or line
 
 
 def data_dir() -> Path:
@@ -65,7 +81,7 @@ def _engine(url: str) -> sa.Engine:
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise VotesUnavailable(f"KV_ARENA_DB_URL is not an SQLAlchemy URL: {url.split('@')[-1]!r} "
+        raise VotesUnavailable(UNREACHABLE, f"KV_ARENA_DB_URL is not an SQLAlchemy URL: {url.split('@')[-1]!r} "
                                "(e.g. postgresql://user:password@host/db, sqlite:////path/votes.db).") from None
     if parsed.drivername == "postgresql":  # psycopg 3 is the driver requirements.txt installs
         parsed = parsed.set(drivername="postgresql+psycopg")
@@ -79,25 +95,42 @@ def _engine(url: str) -> sa.Engine:
     try:
         return sa.create_engine(parsed, **options)
     except (ArgumentError, ImportError, SQLAlchemyError) as exc:
-        raise VotesUnavailable(f"the votes database {shown_url(parsed)} cannot be used: {_one_line(exc)}") from None
+        raise VotesUnavailable(UNREACHABLE, f"the votes database {shown_url(parsed)} cannot be used: "
+                               f"{_one_line(exc)}") from None
 
 
-def salt() -> bytes:
-    """The deployment's salt for client ids: ``KV_ARENA_BLIND_SALT``, else a random one kept in the
-    data folder (made on first use, readable by the app's user only)."""
-    given = os.environ.get("KV_ARENA_BLIND_SALT")
-    if given:
-        return given.encode()
-    path = data_dir() / "blind-salt"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:  # O_EXCL: two replicas starting together keep the same one
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(secrets.token_hex(32))
-        except FileExistsError:
-            pass
-    return path.read_text().strip().encode()
+def given_salt() -> bytes | None:
+    """The deployment's salt from the environment: ``KV_ARENA_SALT`` (``KV_ARENA_BLIND_SALT``, its
+    older name, still read), else None (the database's own, :func:`stored_salt`)."""
+    given = os.environ.get("KV_ARENA_SALT") or os.environ.get("KV_ARENA_BLIND_SALT")
+    return given.encode() if given else None
+
+
+def stored_salt(connection: sa.Connection) -> bytes:
+    """The salt kept in the database (migration 0002 makes it), made now if someone deleted it:
+    every replica on the database reads the same one, whatever its data folder."""
+    query = sa.select(deployment.c.value).where(deployment.c.name == "salt")
+    found = connection.execute(query).scalar_one_or_none()
+    if found is None:
+        connection.execute(deployment.insert().values(name="salt", value=secrets.token_hex(32)))
+        found = connection.execute(query).scalar_one()
+    return found.encode()
+
+
+def sqlite_file(url: sa.URL) -> Path | None:
+    """The file of a SQLite database (None for another database or one in memory)."""
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    return Path(url.database)
+
+
+def identity(path: Path | None) -> tuple[int, int] | None:
+    """Which file ``path`` is now (device and inode; None: no file there): a replaced file is another."""
+    try:
+        found = path.stat() if path is not None else None
+    except OSError:
+        return None
+    return None if found is None else (found.st_dev, found.st_ino)
 
 
 def salted(client: str, key: bytes) -> str:
@@ -134,10 +167,42 @@ class VoteStore:
     """The database behind the tab: battles written, votes counted once, the leaderboard's counts."""
 
     def __init__(self, url: str | None = None) -> None:
-        self.engine = _engine(url or db_url())
+        self._given = url or db_url()
+        self._lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        """The engine, the schema at the head, the salt, and which file a SQLite database is."""
+        self.engine = _engine(self._given)
         self.url = shown_url(self.engine.url)
-        self.key = salt()
+        self._file = sqlite_file(self.engine.url)
         self._migrate()
+        self._seen = identity(self._file)
+        try:
+            with self.engine.begin() as connection:
+                self.key = given_salt() or stored_salt(connection)
+        except SQLAlchemyError as exc:
+            raise VotesUnavailable(UNREACHABLE, f"the votes database {self.url} cannot be used: "
+                                   f"{_one_line(exc)}") from None
+
+    def _reopen(self, why: str) -> None:
+        """Open the database again (migrated: a file made anew gets its tables), this engine's
+        connections dropped: they may hold a deleted file, or none."""
+        log.warning("votes database %s: %s; reopened", self.url, why)
+        previous = self.engine
+        try:
+            self._open()
+        finally:
+            if self.engine is not previous:
+                previous.dispose()
+
+    def _fresh(self) -> None:
+        """A SQLite file deleted or replaced since it was opened (another inode, or none) is reopened:
+        otherwise its connections keep reading the old one, and a new one cannot be opened."""
+        if self._file is not None and identity(self._file) != self._seen:
+            with self._lock:
+                if identity(self._file) != self._seen:
+                    self._reopen("its file was deleted or replaced")
 
     def _migrate(self) -> None:
         """The schema at Alembic's head (two replicas on one SQLite file retry once the other is done)."""
@@ -152,28 +217,52 @@ class VoteStore:
                 return
             except SQLAlchemyError as exc:
                 if attempt == 2 or self.engine.url.get_backend_name() != "sqlite":
-                    raise VotesUnavailable(f"the votes database {self.url} cannot be used: {_one_line(exc)}") from None
+                    raise VotesUnavailable(UNREACHABLE, f"the votes database {self.url} cannot be used: "
+                                           f"{_one_line(exc)}") from None
 
     def client(self, client_id: str) -> str:
         return salted(client_id, self.key)
 
+    def _reopens_on(self, exc: SQLAlchemyError) -> bool:
+        """Whether a failure may be a database replaced under the app (a SQLite file, a table gone),
+        so opening it again and retrying once is worth it; not a server that is down (each try
+        would wait for its timeout: the pool's pre-ping reconnects once it is back)."""
+        if isinstance(exc, ProgrammingError):
+            return True
+        busy = any(word in str(getattr(exc, "orig", exc)).lower() for word in ("locked", "busy"))
+        return self._file is not None and not busy  # a file another replica holds: wait, not reopen
+
     def _run(self, work):
-        """``work(connection)`` in one transaction; a database failure becomes one line."""
+        """``work(connection)`` in one transaction; a database failure becomes one line (the
+        visitor's names no host: the log says where and why)."""
         try:
-            with self.engine.begin() as connection:
-                return work(connection)
+            self._fresh()
+            try:
+                return self._once(work)
+            except SQLAlchemyError as exc:
+                if isinstance(exc, IntegrityError) or not self._reopens_on(exc):
+                    raise
+                with self._lock:
+                    self._reopen(f"a query failed ({_one_line(exc)})")
+                return self._once(work)
         except IntegrityError:
             raise
         except SQLAlchemyError as exc:
-            log.warning("votes database: %s", _one_line(exc))
-            raise VotesUnavailable(f"The votes database is unreachable ({_one_line(exc)}); nothing was recorded: "
-                                   "try again in a moment.") from None
+            log.warning("votes database %s: %s", self.url, _one_line(exc))
+            raise VotesUnavailable(UNREACHABLE, f"the votes database {self.url}: {_one_line(exc)}") from None
+        except VotesUnavailable as exc:  # reopening failed
+            log.warning("%s", exc.detail)
+            raise
 
-    def recent(self, table: sa.Table, client: str, seconds: float) -> int:
-        """Rows ``client`` wrote in ``table`` in the last ``seconds``."""
+    def _once(self, work):
+        with self.engine.begin() as connection:
+            return work(connection)
+
+    def recent(self, column: sa.Column, value: str, seconds: float) -> int:
+        """Rows of ``column``'s table with ``value`` in it, written in the last ``seconds``."""
         since = now() - timedelta(seconds=seconds)
-        query = sa.select(sa.func.count()).select_from(table).where(table.c.client == client,
-                                                                   table.c.created_at > since)
+        table = column.table
+        query = sa.select(sa.func.count()).select_from(table).where(column == value, table.c.created_at > since)
         return self._run(lambda c: c.execute(query).scalar_one())
 
     def add_battle(self, row: dict) -> None:
@@ -197,8 +286,9 @@ class VoteStore:
             return False
         return True
 
-    def tallies(self) -> list[Tally]:
-        """Per model, method and budget level: the counts the leaderboard shows."""
+    def tallies(self, signed_in_only: bool = False) -> list[Tally]:
+        """Per model, method and budget level: the counts the leaderboard shows (only the votes of
+        signed-in accounts with ``signed_in_only``)."""
         cant = sa.case((votes.c.verdict.in_(("same", "method")), 1), else_=0)
         right = sa.case((votes.c.right.is_(True), 1), else_=0)
         known = sa.case((votes.c.right.is_not(None), 1), else_=0)
@@ -207,11 +297,17 @@ class VoteStore:
                            sa.func.sum(cant), sa.func.avg(battles.c.kv_fraction), sa.func.sum(right),
                            sa.func.sum(known), sa.func.sum(method_right))
                  .select_from(votes.join(battles, votes.c.battle_id == battles.c.id))
+                 .where(votes.c.account.is_not(None) if signed_in_only else sa.true())
                  .group_by(battles.c.model, battles.c.method, battles.c.budget)
                  .order_by(battles.c.model, battles.c.method, battles.c.budget))
         rows = self._run(lambda c: c.execute(query).all())
         return [Tally(m, meth, float(b), int(n), int(ct or 0), float(kv or 0), int(r or 0), int(k or 0), int(mr or 0))
                 for m, meth, b, n, ct, kv, r, k, mr in rows]
+
+    def signed_out_votes(self) -> int:
+        """Votes cast without a signed-in account (kept, shown apart where sign-in is required)."""
+        query = sa.select(sa.func.count()).select_from(votes).where(votes.c.account.is_(None))
+        return self._run(lambda c: c.execute(query).scalar_one())
 
     def close(self) -> None:
         self.engine.dispose()
@@ -228,7 +324,11 @@ class VoteHolder:
         """The store, opened with ``KV_ARENA_DB_URL`` (or the SQLite default) on first use."""
         with self._lock:
             if self._store is None:
-                self._store = VoteStore()
+                try:
+                    self._store = VoteStore()
+                except VotesUnavailable as exc:  # the visitor's line names no host; the log says where
+                    log.warning("%s", exc.detail)
+                    raise
             return self._store
 
     def open(self, url: str | None = None) -> VoteStore:
@@ -244,3 +344,4 @@ class VoteHolder:
         self._lock = threading.Lock()
         if self._store is not None:  # the parent's connections are not this process's to use
             self._store.engine.dispose(close=False)
+            self._store._lock = threading.Lock()

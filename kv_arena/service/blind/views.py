@@ -40,6 +40,7 @@ class Reveal:
     full_right: bool | None = None
     method_right: bool | None = None
     right: bool | None = None  # the vote against the truth (None: no known scene)
+    counted: bool = True  # on the leaderboard (False: cast signed out where sign-in is required)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,91 @@
+"""One visitor is one visitor (issue 56): the address behind the trusted proxies, never an entry a
+client wrote, never its cookie; an IPv6 host counts as its /64."""
+
+from __future__ import annotations
+
+import pytest
+
+from kv_arena.service import visitors
+
+
+def scope(forwarded: list[str], peer: str = "10.0.0.1", cookie: str | None = None) -> dict:
+    headers = [(b"x-forwarded-for", f.encode()) for f in forwarded]
+    if cookie:
+        headers.append((b"cookie", f"kv_arena_client={cookie}".encode()))
+    return {"type": "http", "headers": headers, "client": (peer, 5000)}
+
+
+def test_without_proxies_the_peer_is_the_visitor_and_forwarded_entries_are_ignored():
+    assert visitors.address(["198.51.100.1"], "10.0.0.1", hops=0) == "10.0.0.1"
+
+
+def test_behind_one_proxy_only_its_own_entry_counts():
+    assert visitors.address(["198.51.100.1, 203.0.113.5"], "10.0.0.1", hops=1) == "203.0.113.5"
+    assert visitors.address(["203.0.113.5"], "10.0.0.1", hops=1) == "203.0.113.5"
+    # two headers: the proxy appended to the last one
+    assert visitors.address(["198.51.100.1", "203.0.113.5"], "10.0.0.1", hops=1) == "203.0.113.5"
+
+
+def test_behind_two_proxies_the_outer_ones_entry_counts():
+    assert visitors.address(["1.2.3.4, 203.0.113.5, 10.1.1.1"], "10.0.0.1", hops=2) == "203.0.113.5"
+
+
+def test_a_request_that_did_not_come_through_the_proxies_is_its_peer():
+    assert visitors.address([], "192.0.2.7", hops=1) == "192.0.2.7"
+    assert visitors.address(["203.0.113.5"], "192.0.2.7", hops=2) == "192.0.2.7"
+
+
+def test_a_fresh_cookie_is_the_same_visitor():
+    one = visitors.from_scope(scope(["9.9.9.9, 203.0.113.5"]), cookie="a")
+    two = visitors.from_scope(scope(["8.8.8.8, 203.0.113.5"]), cookie="b")
+    assert one.cookie != two.cookie and one.key == two.key
+
+
+def test_the_default_hops_are_one_on_a_space_and_zero_elsewhere(monkeypatch):
+    monkeypatch.delenv(visitors.HOPS_ENV, raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert visitors.trusted_hops() == 0
+    monkeypatch.setenv("SPACE_ID", "someone/kv-arena")
+    assert visitors.trusted_hops() == 1
+    monkeypatch.setenv(visitors.HOPS_ENV, "2")
+    assert visitors.trusted_hops() == 2
+    monkeypatch.setenv(visitors.HOPS_ENV, "many")
+    assert visitors.trusted_hops() == 1
+
+
+def test_an_ipv6_host_is_its_slash_64_and_ports_are_dropped():
+    assert visitors.address([], "2001:db8:1:2:aaaa::1", hops=0) == visitors.address([], "2001:db8:1:2:ffff::9", hops=0)
+    assert visitors.address([], "2001:db8:1:3::1", hops=0) != visitors.address([], "2001:db8:1:2::1", hops=0)
+    assert visitors.address(["203.0.113.5:4711"], None, hops=1) == "203.0.113.5"
+    assert visitors.address(["[2001:db8::1]:443"], None, hops=1) == "2001:db8::/64"
+    assert visitors.address([], "::ffff:192.0.2.1", hops=0) == "192.0.2.1"
+
+
+def test_a_cap_keeps_room_for_the_others():
+    assert visitors.share(32) == 8 and visitors.share(2) == 1
+
+
+def test_a_re_read_is_charged_to_its_visitor_when_allowed_and_a_dry_check_charges_nothing():
+    from kv_arena.errors import UserError
+    from kv_arena.service.rereads import RereadBook
+
+    book = RereadBook()
+
+    def check(recent):
+        if sum(n for _, n in recent) + 10 > 15:
+            raise UserError("over")
+        return 10
+
+    assert book.charge("visitor:a", check, now=0.0, dry=True).tokens == 10
+    long = book.charge("visitor:a", check, now=1.0)
+    assert long.tokens == 10
+    try:
+        book.charge("visitor:a", check, now=2.0)
+        raise AssertionError("a second re-read within the minute passed")
+    except UserError:
+        pass
+    assert book.charge("visitor:b", check, now=2.0).tokens == 10  # another visitor has its own minute
+    book.ended(long, now=100.0)  # a re-read that took 99 s: its minute runs from its end
+    with pytest.raises(UserError):
+        book.charge("visitor:a", check, now=150.0)
+    assert book.charge("visitor:a", check, now=160.5).tokens == 10  # the minute has passed
