@@ -68,30 +68,41 @@ def test_a_replica_and_a_restarted_app_serve_no_file_they_cannot_prove_is_the_ca
         first.stop(), second.stop()
 
 
-def test_unused_uploads_are_capped_per_client_and_in_all_and_none_outlive_a_restart(tmp_path):
+def test_unused_uploads_are_capped_per_visitor_and_in_all_and_none_outlive_a_restart(tmp_path):
     """The audit's flood, scaled down (``python -m tools.upload_flood`` runs it at 20 x 50 MB with the
-    default caps): one client without cookies sends 20 uploads of 2 MB under a 10 MB cap per client
-    and 25 MB in all; then two clients with cookies meet the total."""
-    caps = {"KV_ARENA_MAX_UNUSED_UPLOAD_MB": "10", "KV_ARENA_MAX_UNUSED_UPLOADS_MB": "25"}
+    default caps): behind one trusted proxy, one visitor sends 20 uploads of 2 MB under a 10 MB cap
+    per visitor and 40 MB in all, a fresh connection (no cookie) each; a fresh cookie is the same
+    visitor; then other visitors meet the total."""
+    caps = {"KV_ARENA_MAX_UNUSED_UPLOAD_MB": "10", "KV_ARENA_MAX_UNUSED_UPLOADS_MB": "40",
+            "KV_ARENA_TRUSTED_PROXY_HOPS": "1"}
     host_tmp = tmp_path / "host-tmp"
+
+    def visitor(address: str) -> httpx.Client:  # the proxy's entry last, after one the client forged
+        return httpx.Client(headers={"x-forwarded-for": f"192.0.2.9, {address}"})
+
     with AppProcess(host_tmp, caps) as app:
-        answers = flood(app.url, 20, 2)
+        answers = [flood(app.url, 1, 2, visitor("203.0.113.5"), first=i)[0] for i in range(20)]
         assert [a.status_code for a in answers] == [200] * 5 + [413] * 15
         line = answers[-1].text
         assert "\n" not in line and "over the 10 MB allowed" in line, line
         after_flood = kept_bytes(host_tmp)
         assert after_flood == 10 * MB
-        with httpx.Client() as a, httpx.Client() as b:
-            for client in (a, b):
-                client.get(app.url, timeout=10)  # each its cookie: its own allowance
-            assert [r.status_code for r in flood(app.url, 6, 2, a, first=100)] == [200] * 5 + [413]
-            answers = flood(app.url, 3, 2, b, first=200)  # 24 MB kept in all: the next would make 26
-            assert [r.status_code for r in answers] == [200, 200, 413]
-            assert "this server holds 25 MB" in answers[-1].text, answers[-1].text
-        assert kept_bytes(host_tmp) == 24 * MB
+        with visitor("203.0.113.5") as again:
+            again.get(app.url, timeout=10)  # a cookie of its own: still the same visitor
+            assert [r.status_code for r in flood(app.url, 1, 2, again, first=50)] == [413]
+        with visitor("198.51.100.1") as b, visitor("198.51.100.2") as c, visitor("198.51.100.3") as d:
+            assert [r.status_code for r in flood(app.url, 5, 2, b, first=100)] == [200] * 5
+            assert [r.status_code for r in flood(app.url, 6, 2, c, first=200)] == [200] * 5 + [413]
+            answers = flood(app.url, 6, 2, d, first=300)  # 30 MB kept, then 40: all the server keeps
+            assert [r.status_code for r in answers] == [200] * 5 + [413]
+        with visitor("198.51.100.4") as e:
+            answers = flood(app.url, 1, 2, e, first=400)
+            assert [r.status_code for r in answers] == [413]
+            assert "this server holds all the files" in answers[-1].text, answers[-1].text
+        assert kept_bytes(host_tmp) == 40 * MB
     with AppProcess(host_tmp, caps):  # a restart on the same folder
         after_restart = kept_bytes(host_tmp)
-    print(f"\nunused uploads kept on disk: {after_flood / MB:.0f} MB of the 40 MB flood, "
+    print(f"\nunused uploads kept on disk: {after_flood / MB:.0f} MB of one visitor's 40 MB flood, "
           f"{after_restart / MB:.0f} MB after a restart")
     assert after_restart == 0
 
