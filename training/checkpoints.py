@@ -94,8 +94,10 @@ def save(model, out: Path, curve: list, optimizer, step: int) -> None:
 
 def record(model, out: Path, curve: list, optimizer, step: int, seen_loss: list, t0: float, acc: dict) -> None:
     """A point of the learning curve (mean training loss since the last one, minutes, ``acc``):
-    printed, appended to ``curve`` and saved with the checkpoint. Empties ``seen_loss``."""
-    point = {"step": step, "loss": float(np.mean(seen_loss)), "minutes": round((time.time() - t0) / 60, 2),
+    printed, appended to ``curve`` and saved with the checkpoint (loss None before any step). Empties
+    ``seen_loss``."""
+    point = {"step": step, "loss": float(np.mean(seen_loss)) if seen_loss else None,
+             "minutes": round((time.time() - t0) / 60, 2),
              **{k: round(v, 3) for k, v in acc.items()}}
     curve.append(point)
     seen_loss.clear()

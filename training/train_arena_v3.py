@@ -87,23 +87,28 @@ class Sequence:
     words_at: list[list[int]] = field(default_factory=list)
 
 
-def encode(adapter: QwenVLAdapter, it: Item, completion: bool = False) -> Sequence:
+def encode(adapter: QwenVLAdapter, it: Item, completion: bool = False, apart: bool = False) -> Sequence:
     """The conversation exactly as the app feeds it: the first turn with its media, each answer,
     then each follow-up turn opened by the previous answer's end-of-turn token. ``completion``: the
     first question alone, without "?" and the chat template after it, its answer right after its
-    last word (v2's completions: they teach the lookup hop directly)."""
+    last word (v2's completions: they teach the lookup hop directly). ``apart`` (v3.1): the media
+    prefilled first with the turn left open, the first question after them (Conversation.feed, then
+    ask: "before the question" and a streamed video); the same tokens, but after a video the
+    question's positions follow the video's last time id, which v3 never saw."""
     eos = adapter.tokenizer.eos_token_id
     text = it.turns[0].text.rstrip("?") if completion else it.turns[0].text
-    first = adapter.encode_turn(Message(text, **it.media()), 0, 0, DEFAULT_SYSTEM, close_turn=not completion)
+    first = adapter.encode_turn(Message("" if apart else text, **it.media()), 0, 0, DEFAULT_SYSTEM,
+                                close_turn=not (completion or apart))
     ids = first.input_ids[0].tolist()
     pos = [first.rope_ids]
     nxt = first.next_position
     answers, words_at = [], []
     question_from = first.layout.visuals[-1].span[1]  # the first question follows its media
     for k, q in enumerate(it.turns[:1] if completion else it.turns):
-        if k:
+        if k or apart:
             question_from = len(ids)
-            chunk = adapter.encode_turn(Message(q.text), len(ids), nxt, None, prefix_ids=[eos])
+            chunk = (adapter.encode_turn(Message(q.text), len(ids), nxt, None, prefix_ids=[eos]) if k else
+                     adapter.encode_turn(Message(q.text), len(ids), nxt, None, open_turn=False))
             ids += chunk.input_ids[0].tolist()
             pos.append(chunk.rope_ids.expand(3, -1))  # text: the three components agree
             nxt = chunk.next_position
@@ -212,7 +217,9 @@ def losses(model, seqs: list[Sequence], pad: int, step: int, args, aux: Auxiliar
         aux.on_hops.append([p.mean_mass() for p in hops])
         total = total + args.hop_weight * (hops[0].loss() + hops[1].loss()) / 2
     if objects:
-        extra = object_loss(aux.heads, got[0], seqs, [object_targets(s.item) for s in seqs])
+        # before --object-warmup-until only the heads learn (heads new to a run would push the decoder)
+        hidden = got[0].detach() if step < args.object_warmup_until else got[0]
+        extra = object_loss(aux.heads, hidden, seqs, [object_targets(s.item) for s in seqs])
         if extra is not None:
             aux.object.append(extra.item())
             total = total + args.object_weight * extra
@@ -353,6 +360,11 @@ def setup(args):
 
 
 def parse_args(argv=None):
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """v3's flags (train_arena_v31.py takes them with other defaults)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=7500,
                    help="the schedule's length (the learning rate's cosine; 4,000 until the run's step 4,000, "
@@ -401,6 +413,8 @@ def parse_args(argv=None):
                         "colour and motion at the input of --object-layer (stage 2, with --eyes; 0: off)")
     p.add_argument("--object-from", type=int, default=0, help="first step with the object loss")
     p.add_argument("--object-layer", type=int, default=2, help="the decoder layer whose input the object heads read")
+    p.add_argument("--object-warmup-until", type=int, default=0,
+                   help="until this step the object loss trains its heads only (not the decoder)")
     p.add_argument("--types-from", type=parse_types_from,
                    default="colour=0,shape=0,images=250,moving=350,pair=500,objects=650",
                    help="TYPE=STEP,...: the step from which each question type is asked")
@@ -417,7 +431,7 @@ def parse_args(argv=None):
                                                 "tower is loaded and frozen (a resumed run reloads its own weights)")
     p.add_argument("--new-eyes", default=None, help="a resumed run's tower replaced by this stage-1 run's (stage 1 "
                                                     "continued); saved with the run, so given once")
-    return p.parse_args(argv)
+    return p
 
 
 _worker: dict = {}

@@ -28,6 +28,7 @@ training: training/train_arena_v3.py, training/train_arena_v3_eyes.py).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from dataclasses import dataclass, field
@@ -65,6 +66,11 @@ class Thing:
     x: float
     y: float
     size: float
+    # v3.1's drawing variations (scene_variations.py); the defaults draw v3's objects unchanged
+    angle: float = 0.0  # degrees, turned about its centre (drawn shrunk to stay inside its box)
+    stroke: float = 1.0  # the ring's line and the cross's arms, times v3's width
+    outline: tuple | None = None  # a border of this colour around the shape
+    rgb: tuple | None = None  # a shade of its colour (web orange for "orange") instead of COLOURS'
 
 
 @dataclass
@@ -159,21 +165,52 @@ def _paint_background(size: tuple[int, int], bg: dict) -> Image.Image:
     return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
 
 
+def _turned(points, cx: float, cy: float, r: float, angle: float) -> list[tuple[float, float]]:
+    """``points`` turned by ``angle`` degrees about (cx, cy), shrunk to stay within r of it each way
+    (a turned square's corners would reach into cells its box does not name)."""
+    a = math.radians(angle)
+    out = [(cx + (x - cx) * math.cos(a) - (y - cy) * math.sin(a), cy + (x - cx) * math.sin(a) + (y - cy) * math.cos(a))
+           for x, y in points]
+    reach = max(max(abs(x - cx), abs(y - cy)) for x, y in out)
+    k = min(1.0, r / reach) if reach else 1.0
+    return [(cx + (x - cx) * k, cy + (y - cy) * k) for x, y in out]
+
+
 def _paint_thing(d: ImageDraw.ImageDraw, t: Thing, w: int, h: int, rgb) -> None:
     cx, cy, r = t.x * w, t.y * h, t.size * h / 2  # size is a fraction of the height; cells are square
     box = (cx - r, cy - r, cx + r, cy + r)
+    edge = {} if t.outline is None else {"outline": tuple(t.outline), "width": max(1, round(0.14 * r))}
     if t.shape == "square":
-        d.rectangle((cx - 0.85 * r, cy - 0.85 * r, cx + 0.85 * r, cy + 0.85 * r), fill=rgb)
-    elif t.shape == "circle":
-        d.ellipse(box, fill=rgb)
+        s = 0.85 * r
+        points = [(cx - s, cy - s), (cx + s, cy - s), (cx + s, cy + s), (cx - s, cy + s)]
     elif t.shape == "triangle":
-        d.polygon([(cx, cy - r), (cx - r, cy + 0.8 * r), (cx + r, cy + 0.8 * r)], fill=rgb)
+        points = [(cx, cy - r), (cx + r, cy + 0.8 * r), (cx - r, cy + 0.8 * r)]
     elif t.shape == "cross":
-        a = 0.28 * r
-        d.rectangle((cx - r, cy - a, cx + r, cy + a), fill=rgb)
-        d.rectangle((cx - a, cy - r, cx + a, cy + r), fill=rgb)
+        a = 0.28 * r * t.stroke
+        points = [(cx - a, cy - r), (cx + a, cy - r), (cx + a, cy - a), (cx + r, cy - a), (cx + r, cy + a),
+                  (cx + a, cy + a), (cx + a, cy + r), (cx - a, cy + r), (cx - a, cy + a), (cx - r, cy + a),
+                  (cx - r, cy - a), (cx - a, cy - a)]
+    if t.shape in ("square", "triangle", "cross"):
+        if t.angle == 0 and t.outline is None:  # v3's own calls, pixel for pixel
+            if t.shape == "square":
+                d.rectangle((cx - 0.85 * r, cy - 0.85 * r, cx + 0.85 * r, cy + 0.85 * r), fill=rgb)
+            elif t.shape == "triangle":
+                d.polygon([(cx, cy - r), (cx - r, cy + 0.8 * r), (cx + r, cy + 0.8 * r)], fill=rgb)
+            else:
+                d.rectangle((cx - r, cy - a, cx + r, cy + a), fill=rgb)
+                d.rectangle((cx - a, cy - r, cx + a, cy + r), fill=rgb)
+            return
+        d.polygon(_turned(points, cx, cy, r, t.angle), fill=rgb, **edge)
+    elif t.shape == "circle":
+        d.ellipse(box, fill=rgb, **edge)
     else:  # ring
-        d.ellipse(box, outline=rgb, width=max(2, round(0.32 * r)))
+        line = max(2, round(0.32 * r * t.stroke))
+        if t.outline is None:
+            d.ellipse(box, outline=rgb, width=line)
+        else:  # the border on both sides of the line
+            d.ellipse(box, outline=tuple(t.outline), width=line + 2 * edge["width"])
+            inset = edge["width"]
+            d.ellipse((cx - r + inset, cy - r + inset, cx + r - inset, cy + r - inset), outline=rgb, width=line)
 
 
 def draw(p: Picture) -> Image.Image:
@@ -186,7 +223,9 @@ def draw(p: Picture) -> Image.Image:
     d = ImageDraw.Draw(img)
     shade = np.random.default_rng(p.background["seed"] + 1)
     for t in p.things:
-        _paint_thing(d, t, w, h, _jitter(shade, COLOURS[t.colour], rd.get("colour_jitter", 0)))
+        # a named shade keeps close to itself: web orange jittered 25 would reach yellow's green
+        amount = rd.get("colour_jitter", 0) if t.rgb is None else min(10, rd.get("colour_jitter", 0))
+        _paint_thing(d, t, w, h, _jitter(shade, t.rgb or COLOURS[t.colour], amount))
     if rd.get("blur"):
         img = img.filter(ImageFilter.GaussianBlur(rd["blur"] * scale))
     if rd.get("resize_to"):
@@ -240,11 +279,11 @@ def place(rng, p: Picture, shape: str, colour: str, tries: int = 200, size=None,
 MIN_SIDE = 8  # cells: a picture at least MIN_SIDE a side holds MIN_CELLS tokens, so the processor keeps its grid
 
 
-def _sides(rng, key: str, scale: float) -> tuple[int, int]:
+def _sides(rng, key: str, scale: float, sides: tuple[int, int] | None = None) -> tuple[int, int]:
     """(cols, rows) of a picture of ``key`` at ``scale``, never under MIN_SIDE a side: a smaller one the
     processor enlarges past its minimum of MIN_CELLS tokens, and the cells named here would index a grid
-    the model never sees."""
-    (lo, hi), _ = SIZES[key]
+    the model never sees. ``sides``: (least, most) cells a side instead of SIZES[key]'s."""
+    lo, hi = sides or SIZES[key][0]
     side = max(MIN_SIDE, round(rng.integers(lo, hi + 1) * scale))
     aspect = float(rng.uniform(0.75, 1.33)) if key != "moving" else 1.0
     cols = max(MIN_SIDE, round(side * math.sqrt(aspect)))
@@ -272,23 +311,26 @@ def _follow_ups(rng, objects, first: set[int], turns: int) -> list[Question]:
     return out
 
 
-def _pictures_item(rng, kind: str, turns: int, scale: float) -> Item:
+def _pictures_item(rng, kind: str, turns: int, scale: float, vary=None) -> Item:
+    """``vary``: v3.1's drawing variations (scene_variations.Variations), None for v3's scenes."""
     single = kind != "images"
     n = 1 if single else int(rng.integers(SIZES["images"][1][0], SIZES["images"][1][1] + 1))
-    bg = background(rng)
+    paint_bg = background if vary is None else vary.background
+    bg = paint_bg(rng)
     pictures = []
     for _ in range(n):
         cols, rows = _sides(rng, "single" if single else "images", scale)
-        pictures.append(Picture(cols, rows, bg if rng.random() < 0.7 else background(rng), [], _render(rng, cols, rows)))
+        pictures.append(Picture(cols, rows, bg if rng.random() < 0.7 else paint_bg(rng), [], _render(rng, cols, rows)))
     need = {"pair": 2, "objects": 1}.get(kind, 1)
     low = max(need, min(turns + (1 if kind == "pair" else 0), 5))
-    count = int(rng.integers(low, 6))
+    count = int(rng.integers(low, 6)) if vary is None else vary.count(rng, kind, low)
     objects, offset = [], np.cumsum([0] + [p.rows * p.cols for p in pictures])
     for shape, colour in kinds(rng, count):
         for _ in range(10):
             i = int(rng.integers(n))
             thing = place(rng, pictures[i], shape, colour)
             if thing is not None:
+                thing = thing if vary is None else vary.thing(rng, thing)
                 pictures[i].things.append(thing)
                 objects.append((shape, colour, tuple(int(offset[i] + k) for k in pictures[i].cells_of(thing)),
                                 tuple(int(offset[i] + k) for k in pictures[i].core_of(thing))))
@@ -310,6 +352,8 @@ def _pictures_item(rng, kind: str, turns: int, scale: float) -> Item:
         first = (shape_question if kind == "shape" else colour_question)(*objects[a])
         asked = {a}
     follow = _follow_ups(rng, objects, asked, turns) if kind != "objects" else _follow_ups(rng, objects, set(), turns)
+    if vary is not None and len(objects) == 1 and turns > 1:  # one object: its follow-up asks the other property
+        follow = [(colour_question if first.kind == "shape" else shape_question)(*objects[0])]
     return Item(kind, [first] + follow, pictures, informative=tuple(sorted({k for o in objects for k in o[2]})))
 
 
@@ -329,15 +373,15 @@ def _to_and_fro(rng, frames: int, step: float, length: float) -> list[float]:
     return out
 
 
-def _moving_item(rng, turns: int, scale: float) -> Item:
+def _moving_item(rng, turns: int, scale: float, vary=None, sizes=None) -> Item:
     """One object moves about a cell per frame, to and fro along a straight segment of 2 to 4 cells
     (any direction), so it moves inside the two frames of every token however many frames there are
     (a path straight across the frame, a cell a frame, does not fit 16-32 frames into 10-12 cells: drawn
     that way, the "moving" object of nearly every full-size video stood still); 1 to 4 objects stay put."""
-    lo, hi = SIZES["moving"][1]
+    sides, (lo, hi) = sizes or SIZES["moving"]  # ``sizes``: v3.1's long videos (long_videos.py)
     frames = 2 * int(rng.integers(max(2, round(lo * scale) // 2), max(3, round(hi * scale) // 2) + 1))
-    cols, rows = _sides(rng, "moving", min(1.0, scale + 0.3))
-    bg = background(rng)
+    cols, rows = _sides(rng, "moving", min(1.0, scale + 0.3), sides if sizes else None)
+    bg = background(rng) if vary is None else vary.background(rng)
     objects = kinds(rng, int(rng.integers(max(2, turns), 6)))
     (mshape, mcolour), rest = objects[0], objects[1:]
     size = float(rng.uniform(*OBJECT_CELLS)) / rows
@@ -350,11 +394,15 @@ def _moving_item(rng, turns: int, scale: float) -> Item:
     x0 = float(rng.uniform(hx, 1 - hx - span_x)) + (span_x if ux < 0 else 0)
     y0 = float(rng.uniform(hy, 1 - hy - span_y)) + (span_y if uy < 0 else 0)
     path = [Thing(mshape, mcolour, x0 + a * ux, y0 + a * uy, size) for a in _to_and_fro(rng, frames, speed, length)]
+    if vary is not None:  # the same look in every frame
+        look = vary.thing(rng, path[0])
+        path = [dataclasses.replace(look, x=t.x, y=t.y) for t in path]
     canvas = Picture(cols, rows, bg)
     statics = []
     for shape, colour in rest:
         t = place(rng, canvas, shape, colour, avoid=path)
         if t is not None:
+            t = t if vary is None else vary.thing(rng, t)
             canvas.things.append(t)
             statics.append(t)
     jpeg = int(rng.integers(40, 95)) if rng.random() < 0.4 else 0

@@ -1,0 +1,73 @@
+"""v3.1's long videos (issue #57): questions about a video several times longer than v3's, at 1 frame
+a second, as the app streams one (a few frames a chunk, the question after the whole video).
+
+Two question types (LONG_TYPES):
+  long_moving  40 to 72 frames, 8 cells a side: "Which shape moves?" (v3's moving scene, longer:
+               the object goes to and fro, so neighbouring frames differ all through)
+  glimpse      40 to 72 frames: "What colour is the star?" about an object in view for only 6 to 16
+               frames (whole video tokens: it enters and leaves between two tokens' frames), the
+               others in view all through
+Follow-ups ask about objects in view all through. A video sent whole shares one image's budget of
+2,304 tokens (48 x 48 cells) among its tokens, so 72 frames of 8 x 8 cells is the longest that keeps
+its grid; the app streams a longer one at a fixed size a frame, which these do not reach.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import drawn_scenes as scenes
+from .scene_items import Item
+
+LONG_TYPES = ("long_moving", "glimpse")
+LONG_SIZES = ((8, 8), (40, 72))  # (cells a side, frames) at full size
+LONG_FPS = 1.0
+
+
+def long_item(seed: int, kind: str, turns: int = 1, scale: float = 1.0) -> Item:
+    """One conversation about a long video of type ``kind`` (LONG_TYPES); seeded on a stream of its own."""
+    if kind not in LONG_TYPES:
+        raise ValueError(f"unknown long-video type '{kind}'; choose from: {', '.join(LONG_TYPES)}")
+    rng = np.random.default_rng([seed, 60 + LONG_TYPES.index(kind), turns, round(scale * 1000)])
+    if kind == "long_moving":
+        it = scenes._moving_item(rng, turns, scale, sizes=LONG_SIZES)
+        it.fps = LONG_FPS
+        return it
+    return _glimpse_item(rng, turns, scale)
+
+
+def _glimpse_item(rng, turns: int, scale: float) -> Item:
+    lo, hi = LONG_SIZES[1]
+    frames = 2 * int(rng.integers(max(8, round(lo * scale) // 2), max(9, round(hi * scale) // 2) + 1))
+    cols, rows = scenes._sides(rng, "moving", 1.0, LONG_SIZES[0])
+    bg = scenes.background(rng)
+    objects = scenes.kinds(rng, int(rng.integers(max(2, turns), 5)))
+    canvas = scenes.Picture(cols, rows, bg)
+    placed = []
+    for shape, colour in objects:
+        t = scenes.place(rng, canvas, shape, colour)
+        if t is not None:
+            canvas.things.append(t)
+            placed.append(t)
+    seen, stills = placed[0], placed[1:]
+    groups, shown = frames // 2, int(rng.integers(3, 9))  # tokens (two frames each) it is in view for
+    first = int(rng.integers(0, groups - shown + 1))
+    jpeg = int(rng.integers(40, 95)) if rng.random() < 0.4 else 0
+    pictures = [scenes.Picture(cols, rows, bg, stills + ([seen] if first <= f // 2 < first + shown else []),
+                               {"colour_jitter": 25, "jpeg": jpeg}) for f in range(frames)]
+    per = cols * rows
+
+    def tokens(t, in_view, cells) -> tuple[int, ...]:
+        return tuple(sorted(g * per + k for g in in_view for k in cells(t)))
+
+    window, always = range(first, first + shown), range(groups)
+    named = [(seen.shape, seen.colour, tokens(seen, window, canvas.cells_of), tokens(seen, window, canvas.core_of))]
+    named += [(t.shape, t.colour, tokens(t, always, canvas.cells_of), tokens(t, always, canvas.core_of)) for t in stills]
+    question = scenes.colour_question(*named[0])
+    questions = [question] + scenes._follow_ups(rng, named, {0}, turns)
+    return Item("glimpse", questions, pictures, video=True,
+                informative=tuple(sorted({k for o in named for k in o[2]})), fps=LONG_FPS)
+
+
+def held_out_long(kind: str, count: int, turns: int = 2, offset: int = 10_000_000) -> list[Item]:
+    return [long_item(offset + i, kind, turns) for i in range(count)]

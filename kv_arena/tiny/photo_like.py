@@ -1,0 +1,179 @@
+"""Photo-like pictures outside v3's scenes, for v3.1 to answer "unknown" (issue #57).
+
+v3's out-of-scope pictures (noise, blank, gradients, soft blobs, bar charts) did not teach it what a
+photo looks like: the app's own street photo got "unknown" 4 times in 12. These are drawn to look
+more like what visitors send: natural textures (several octaves of noise in a material's colours),
+a street or a landscape (sky, buildings with windows, road, trees), a still life of things that are
+not the scenes' shapes (stars, hearts, crescents, leaves, shaded and overlapping, on a textured
+table), and a blurred close-up with a vignette. Drawn larger and resized, sometimes JPEG, as a
+camera's file would be.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+from . import drawn_scenes as scenes
+from .scene_items import Item, Question
+
+KINDS = ("texture", "street", "still_life", "close_up")
+MATERIALS = (((120, 80, 40), (190, 140, 90)), ((90, 90, 90), (170, 165, 160)), ((40, 90, 30), (140, 180, 80)),
+             ((180, 160, 120), (240, 225, 190)), ((60, 40, 30), (140, 100, 70)), ((30, 60, 110), (150, 190, 230)))
+
+
+def _noise(rng, w: int, h: int, octaves: int = 5) -> np.ndarray:
+    """Value noise in [0, 1], octaves summed (a material's grain and blotches)."""
+    out = np.zeros((h, w), np.float32)
+    amp, total = 1.0, 0.0
+    for o in range(octaves):
+        cells = 2 ** (o + 1)
+        small = rng.random((cells + 1, cells + 1)).astype(np.float32)
+        img = Image.fromarray((small * 255).astype(np.uint8)).resize((w, h), Image.BICUBIC)
+        out += amp * np.asarray(img, np.float32) / 255
+        total += amp
+        amp *= 0.55
+    return out / total
+
+
+def _between(a, b, t: np.ndarray) -> np.ndarray:
+    a, b = np.array(a, np.float32), np.array(b, np.float32)
+    return a + (b - a) * t[..., None]
+
+
+def _texture(rng, w: int, h: int) -> Image.Image:
+    lo, hi = MATERIALS[int(rng.integers(len(MATERIALS)))]
+    t = _noise(rng, w, h)
+    if rng.random() < 0.5:  # grain along one direction (wood, fabric)
+        yy, xx = np.mgrid[0:h, 0:w]
+        t = 0.6 * t + 0.4 * (0.5 + 0.5 * np.sin(xx / rng.uniform(2, 8) + 6 * t))
+    return Image.fromarray(np.clip(_between(lo, hi, t), 0, 255).astype(np.uint8))
+
+
+def _street(rng, w: int, h: int) -> Image.Image:
+    horizon = int(h * rng.uniform(0.35, 0.6))
+    sky_top, sky_low = (int(rng.integers(60, 140)), int(rng.integers(120, 190)), int(rng.integers(190, 255))), \
+        tuple(int(v) for v in rng.integers(180, 250, 3))
+    sky = _between(sky_top, sky_low, np.broadcast_to(np.linspace(0, 1, horizon)[:, None], (horizon, w)))
+    ground = _between((70, 70, 75), (120, 115, 110), _noise(rng, w, h - horizon, 4))
+    img = Image.fromarray(np.clip(np.concatenate([sky, ground]), 0, 255).astype(np.uint8))
+    d = ImageDraw.Draw(img)
+    x = -rng.uniform(0, 0.1) * w
+    while x < w:  # buildings with rows of windows
+        bw, top = rng.uniform(0.08, 0.25) * w, horizon - rng.uniform(0.1, 0.5) * h
+        wall = tuple(int(v) for v in rng.integers(60, 200, 3))
+        d.rectangle((x, top, x + bw, horizon), fill=wall)
+        glass = tuple(int(v) for v in rng.integers(20, 90, 3))
+        for wy in np.arange(top + 0.02 * h, horizon - 0.03 * h, 0.05 * h):
+            for wx in np.arange(x + 0.02 * w, x + bw - 0.02 * w, 0.035 * w):
+                d.rectangle((wx, wy, wx + 0.015 * w, wy + 0.025 * h), fill=glass)
+        x += bw + rng.uniform(0, 0.03) * w
+    for _ in range(int(rng.integers(0, 5))):  # trees: a trunk and a ragged crown
+        tx, ty = rng.uniform(0, w), horizon + rng.uniform(0, 0.2) * h
+        d.rectangle((tx - 0.006 * w, ty - 0.12 * h, tx + 0.006 * w, ty), fill=(80, 55, 35))
+        for _ in range(12):
+            r = rng.uniform(0.02, 0.05) * w
+            cx, cy = tx + rng.normal(0, 0.025 * w), ty - 0.15 * h + rng.normal(0, 0.03 * h)
+            d.ellipse((cx - r, cy - r, cx + r, cy + r), fill=(int(rng.integers(20, 80)), int(rng.integers(80, 150)), 40))
+    d.line((0, h * 0.85, w, h * rng.uniform(0.8, 0.95)), fill=(230, 230, 220), width=max(2, h // 60))
+    return img
+
+
+def _star(cx, cy, r, points: int, turn: float):
+    return [(cx + (r if k % 2 == 0 else 0.45 * r) * math.cos(turn + k * math.pi / points),
+             cy + (r if k % 2 == 0 else 0.45 * r) * math.sin(turn + k * math.pi / points)) for k in range(2 * points)]
+
+
+def _heart(cx, cy, r):
+    return [(cx + r * 0.06 * 16 * math.sin(t) ** 3,
+             cy - r * 0.06 * (13 * math.cos(t) - 5 * math.cos(2 * t) - 2 * math.cos(3 * t) - math.cos(4 * t)))
+            for t in np.linspace(0, 2 * math.pi, 40)]
+
+
+def _leaf(cx, cy, r, turn):
+    pts = [(r * math.cos(t), 0.45 * r * math.sin(t) * abs(math.cos(t / 2))) for t in np.linspace(0, 2 * math.pi, 30)]
+    return [(cx + x * math.cos(turn) - y * math.sin(turn), cy + x * math.sin(turn) + y * math.cos(turn)) for x, y in pts]
+
+
+def _still_life(rng, w: int, h: int) -> Image.Image:
+    img = _texture(rng, w, h)
+    d = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(4, 14))):
+        cx, cy, r = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(0.06, 0.22) * min(w, h)
+        rgb = tuple(int(v) for v in rng.integers(0, 256, 3))
+        dark = tuple(max(0, v - 70) for v in rgb)
+        kind = int(rng.integers(4))
+        if kind == 0:
+            poly = _star(cx, cy, r, int(rng.integers(5, 9)), rng.uniform(0, math.pi))
+        elif kind == 1:
+            poly = _heart(cx, cy, r)
+        elif kind == 2:
+            poly = _leaf(cx, cy, r, rng.uniform(0, math.pi))
+        else:  # a crescent: a disc with a bite taken out by the table's colour
+            d.ellipse((cx - r, cy - r, cx + r, cy + r), fill=rgb)
+            off = 0.45 * r
+            d.ellipse((cx - r + off, cy - r, cx + r + off, cy + r), fill=tuple(int(v) for v in np.asarray(img)[
+                int(np.clip(cy, 0, h - 1)), int(np.clip(cx + r + off + 1, 0, w - 1))]))
+            continue
+        d.polygon([(x + 0.08 * r, y + 0.08 * r) for x, y in poly], fill=dark)  # a shadow
+        d.polygon(poly, fill=rgb)
+    return img
+
+
+def _close_up(rng, w: int, h: int) -> Image.Image:
+    img = np.asarray(_texture(rng, w, h), np.float32)
+    blobs = _noise(rng, w, h, 3)
+    tint = np.array(rng.integers(0, 256, 3), np.float32)
+    img = img * (1 - 0.5 * blobs[..., None]) + tint * 0.5 * blobs[..., None]
+    yy, xx = np.mgrid[0:h, 0:w]
+    vignette = 1 - 0.6 * (((xx / w - 0.5) ** 2 + (yy / h - 0.5) ** 2) * 2)
+    out = Image.fromarray(np.clip(img * vignette[..., None], 0, 255).astype(np.uint8))
+    return out.filter(ImageFilter.GaussianBlur(float(rng.uniform(1, 5))))
+
+
+def photo_image(rng, w: int, h: int, kind: str | None = None) -> Image.Image:
+    kind = kind or KINDS[int(rng.integers(len(KINDS)))]
+    return {"texture": _texture, "street": _street, "still_life": _still_life, "close_up": _close_up}[kind](rng, w, h)
+
+
+class PhotoPicture(scenes.Picture):
+    """A photo-like picture (``background['photo']`` seeds it, ``render`` says how it was saved),
+    drawn at ``render['scale']`` times its processed size and resized to it."""
+
+    def image(self) -> Image.Image:
+        rng = np.random.default_rng(self.background["photo"])
+        rd = self.render
+        w, h = self.cols * scenes.CELL, self.rows * scenes.CELL
+        scale = rd.get("scale", 1.0)
+        img = photo_image(rng, max(16, round(w * scale)), max(16, round(h * scale)), self.background.get("kind"))
+        img = img.resize((w, h), Image.BICUBIC)
+        if rd.get("jpeg"):
+            buf = io.BytesIO()
+            img.save(buf, "JPEG", quality=rd["jpeg"])
+            img = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+        return img
+
+
+def photo_item(seed: int, turns: int = 1, scale: float = 1.0) -> Item:
+    """Photo-like media (one picture, sometimes two to four) asked any question of the scene types:
+    answered UNKNOWN. Seeded on a stream of its own (key 57)."""
+    rng = np.random.default_rng([seed, 57, turns, round(scale * 1000)])
+    n = 1 if rng.random() < 0.75 else int(rng.integers(2, 5))
+    pictures = []
+    for _ in range(n):
+        cols, rows = scenes._sides(rng, "single" if n == 1 else "images", scale)
+        pictures.append(PhotoPicture(cols, rows, {"photo": int(rng.integers(2**31)), "kind": KINDS[int(rng.integers(4))]},
+                                     [], {"scale": float(rng.uniform(1.0, 2.5)),
+                                          "jpeg": int(rng.integers(40, 95)) if rng.random() < 0.5 else 0}))
+    shapes, colours = list(scenes.SHAPES), list(scenes.COLOURS)
+    asks = [f"What colour is the {shapes[int(rng.integers(5))]}?", f"Which shape is {colours[int(rng.integers(6))]}?",
+            "What is in the picture?", f"What colours are the {shapes[0]} and the {shapes[int(rng.integers(1, 5))]}?"]
+    questions = [Question("unknown", asks[int(rng.integers(len(asks)))], scenes.UNKNOWN, ()) for _ in range(turns)]
+    return Item("unknown", questions, pictures)
+
+
+def held_out_photos(count: int, turns: int = 2, offset: int = 10_000_000) -> list[Item]:
+    return [photo_item(offset + i, turns) for i in range(count)]

@@ -1,0 +1,156 @@
+"""tiny-arena-vl v3.1's new data (issue #57): drawing variations, photo-like pictures, long videos, and
+chats asked "before the question"; v3's own items unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+import backends
+from kv_arena.runtime.generate import Conversation
+from kv_arena.runtime.inputs import DEFAULT_SYSTEM, Message
+from kv_arena.tiny import drawn_scenes as scenes
+from kv_arena.tiny import long_videos, photo_like, scene_variations
+from tests.support import training_module
+from tests.test_drawn_scenes import v3  # noqa: F401  (the fixture)
+
+
+def _digest(it) -> str:
+    h = hashlib.sha1()
+    for im in it.images():
+        h.update(np.asarray(im).tobytes())
+    h.update(repr([(q.text, q.answer, q.tokens, q.parts) for q in it.turns]).encode())
+    return h.hexdigest()
+
+
+def test_v3_items_are_unchanged_by_the_variations():
+    """The variations are opt-in: a v3 object (no angle, stroke 1, no outline, no shade) is drawn by
+    v3's own calls, and an item drawn twice is the same; the varied item of a seed is another scene."""
+    t = scenes.Thing("cross", "red", 0.5, 0.5, 0.2)
+    assert (t.angle, t.stroke, t.outline, t.rgb) == (0.0, 1.0, None, None)
+    for kind in scenes.QUESTION_TYPES:
+        it = scenes.held_out(kind, 1, turns=2)[0]
+        assert _digest(it) == _digest(scenes.held_out(kind, 1, turns=2)[0])
+        assert all(p.angle == 0 and p.stroke == 1 and p.outline is None and p.rgb is None
+                   for pic in it.pictures for p in pic.things)
+        assert _digest(scene_variations.varied_item(10_000_000, kind, 2)) != _digest(it)
+
+
+def test_the_variations_are_drawn():
+    things = [t for s in range(40) for kind in ("colour", "pair", "images", "moving")
+              for p in scene_variations.varied_item(s, kind, 2).pictures[:1] for t in p.things]
+    angles = [abs(t.angle) for t in things if t.angle]
+    assert angles and np.mean([10 <= a <= 20 for a in angles]) > 0.6  # a fifth further round, at any angle
+    assert any(t.stroke > 1.2 for t in things) and any(t.outline for t in things)
+    assert any(t.rgb == (255, 165, 0) and t.colour == "orange" for t in things)  # web orange is orange
+    ones = [scene_variations.varied_item(s, "colour", 2) for s in range(30)]
+    one = [it for it in ones if len(it.pictures[0].things) == 1]
+    assert one, "some scenes hold one object"
+    for it in one:  # its follow-up asks the other property of the same object
+        (t,) = it.pictures[0].things
+        assert [q.answer for q in it.turns] == [t.colour, t.shape]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_varied_pixel_lies_in_its_objects_tokens(seed):
+    """Turned, thick and outlined objects stay inside the cells their questions name."""
+    rng = np.random.default_rng(seed)
+    cols = rows = 20
+    picture = scenes.Picture(cols, rows, {"base": (30, 30, 30), "texture": "plain", "seed": 1, "strength": 10},
+                             render={"scale": 1.5, "resize_to": (cols * scenes.CELL, rows * scenes.CELL)})
+    vary = scene_variations.Variations(turn=1.0, stroke=1.0, outline=0.5, shade=0.5)
+    for shape, colour in scenes.kinds(rng, 5):
+        thing = scenes.place(rng, picture, shape, colour)
+        if thing is not None:
+            thing = vary.thing(rng, thing)
+            if thing.outline == (0, 0, 0):
+                thing = scene_variations.dataclasses.replace(thing, outline=(255, 255, 255))
+            picture.things.append(thing)
+    pixels = np.asarray(scenes.draw(picture)).astype(int)
+    named = {k for t in picture.things for k in picture.cells_of(t)}
+    for r in range(rows):
+        for c in range(cols):
+            cell = pixels[r * 28:(r + 1) * 28, c * 28:(c + 1) * 28]
+            if (np.abs(cell - 30).max(-1) > 40).mean() > 0.05:
+                assert r * cols + c in named, (r, c)
+
+
+def test_photo_like_pictures_are_answered_unknown():
+    kinds = set()
+    for seed in range(8):
+        it = photo_like.photo_item(seed, turns=2)
+        assert it.kind == "unknown" and [q.answer for q in it.turns] == [scenes.UNKNOWN] * 2 and not it.informative
+        images = it.images()
+        assert all(np.asarray(im).shape == (p.rows * scenes.CELL, p.cols * scenes.CELL, 3)
+                   for im, p in zip(images, it.pictures))
+        assert np.asarray(images[0]).std() > 5  # not a blank picture
+        kinds |= {p.background["kind"] for p in it.pictures}
+    assert len(kinds) >= 3
+
+
+@pytest.mark.parametrize("kind", long_videos.LONG_TYPES)
+def test_long_videos_keep_their_grid_and_name_their_tokens(v3, kind):  # noqa: F811
+    for seed in range(2):
+        it = long_videos.long_item(seed, kind, 2)
+        assert it.video and len(it.pictures) >= long_videos.LONG_SIZES[1][0] and it.fps == long_videos.LONG_FPS
+        chunk = v3.adapter.encode_turn(Message(it.question.text, **it.media()), 0, 0, DEFAULT_SYSTEM)
+        assert sum(v.length for v in chunk.layout.visuals) == it.visual_tokens()  # the processor keeps the grid
+        for q in it.turns:
+            assert q.tokens and set(q.tokens) <= set(it.informative)
+    for seed in range(4):  # the asked object is in view for a short stretch of whole video tokens
+        it = long_videos.long_item(seed, "glimpse", 1)
+        seen = [k for k, p in enumerate(it.pictures) if any(it.question.text.endswith(f" {t.shape}?") for t in p.things)]
+        assert 6 <= len(seen) <= 16 and seen == list(range(seen[0], seen[-1] + 1)) and seen[0] % 2 == 0
+
+
+@pytest.mark.parametrize("kind", ["moving", "colour"])
+def test_a_chat_asked_apart_is_what_a_conversation_feeds_before_the_question(v3, kind, monkeypatch):  # noqa: F811
+    """The media prefilled in a part of their own, then the question (Conversation.feed, then ask):
+    the training chat's tokens and positions are those fed; for a video its question sits after the
+    video's last time id, not where the one-turn chat puts it."""
+    train = training_module("train_arena_v3")
+    it = scenes.item(3, kind, 2)
+    chunks = []
+    encode = v3.adapter.encode_turn
+    monkeypatch.setattr(v3.adapter, "encode_turn", lambda *a, **k: chunks.append(encode(*a, **k)) or chunks[-1])
+    conv = Conversation(v3, backends.make_backend("full"))
+    conv.feed(Message("", **it.media()))
+    said = [conv.ask(Message(q.text), ignore_eos=True, max_new_tokens=len(v3.adapter.tokens(q.answer))).token_ids
+            for q in it.turns]
+    monkeypatch.undo()
+    seq = train.encode(v3.adapter, it, apart=True)
+    assert chunks[0].layout.visuals and not chunks[1].layout.visuals  # the media in a part of their own
+    ids = list(seq.ids)
+    for turn, tokens in zip(seq.answers, said):
+        for (at, _), token in zip(turn, tokens):
+            ids[at + 1] = token
+    fed, rope = chunks[0].input_ids[0].tolist(), [chunks[0].rope_ids]
+    for chunk, tokens in zip(chunks[1:], said):
+        fed += chunk.input_ids[0].tolist() + tokens[:-1]
+        rope += [chunk.rope_ids.expand(3, -1), torch.arange(chunk.next_position, chunk.next_position + len(tokens) - 1).expand(3, -1)]
+    assert fed == ids[:len(fed)]
+    assert torch.equal(torch.cat(rope, dim=1), seq.positions[:, :len(fed)])
+    together = train.encode(v3.adapter, it)
+    assert together.ids == seq.ids
+    assert torch.equal(together.positions, seq.positions) != it.video  # only a video's question moves
+
+
+def test_v31_starts_from_the_bundle_and_resumes(tmp_path, capsys):
+    import json
+
+    v31 = training_module("train_arena_v31")
+    small = ["--out", str(tmp_path), "--tokens", "300", "--max-batch", "2", "--eval-items", "1", "--long-eval-items", "1",
+             "--threads", "1", "--workers", "1", "--eval-every", "1", "--steps", "6253"]
+    assert v31.main(small + ["--stop-at", "6251"]) == 0
+    assert "starts from" in capsys.readouterr().out
+    assert v31.main(small) == 0
+    assert "resumed at step 6251" in capsys.readouterr().out
+    curve = json.loads((tmp_path / "training_curve.json").read_text())
+    assert [p["step"] for p in curve] == [6250, 6251, 6252, 6253] and curve[0]["loss"] is None
+    assert set(curve[-1]) >= {"colour", "colour_follow", "moving_needed_only", "before_moving", "varied_shape",
+                              "photo", "unknown", "glimpse", "long_moving"}
+    args = v31.parse_args([])
+    assert v31.lr_from(6250, args) < v31.lr_from(6250 + args.warmup, args) <= args.lr == 2e-4
