@@ -1,7 +1,7 @@
 """Make the app's example media: three small pictures and a two-second video, all drawn here so
 they carry no licence and work offline.
 
-    python assets/make_examples.py          # needs Pillow; the video also needs PyAV (pip install av)
+    python -m assets.make_examples          # from the checkout's root; needs Pillow; the video also PyAV (pip install av)
 
 Writes shapes.png, chart.png, street.png, bouncing_ball.mp4 (H.264, so
 browsers play it) and the examples of the generation of tiny-arena-vl the app serves (v2's
@@ -11,14 +11,12 @@ screenshot is taken by tests/test_app_browser.py.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # this checkout's kv_arena (and its bundle), not an installed one
 SIZE = 448  # 256 visual tokens for Qwen2-VL: the numbers in the About tab
 
 

@@ -134,8 +134,9 @@ def blind(message, model, method=RANDOM, budget=RANDOM, battle="", session=None,
             prepared = service.prepare(text, files, settings.num_frames, progress_reporter(progress))
             shown = service.blind.start(session, settings, prepared, method, budget, client, follow,
                                         progress_reporter(progress), _visitor(request))
-        except UserError as exc:
-            yield BlindOutputs(status=refusal(exc), textbox=box_as_sent(message))
+        except UserError as exc:  # text in every field an API client reads: the battle as sent, no answers
+            sent = battle.strip() if isinstance(battle, str) else ""
+            yield BlindOutputs(sent, "", "", refusal(exc), "", box_as_sent(message), None)
             return
     hint = f" {shown.hint}" if shown.hint else ""
     yield BlindOutputs(shown.id, shown.a, shown.b, f"Turn {shown.turn}: which answer is better? Vote below; the "
@@ -292,7 +293,8 @@ def build_blind(settings, session: gr.State, board: Board, board_tab: gr.Tab) ->
         method = checked_controls.Dropdown(method_choices(), value=RANDOM, label="Method", elem_id="blind-method")
         budget = checked_controls.Dropdown([("Random (drawn)", RANDOM)] + [(f"{b:g}", f"{b:g}") for b in service.blind.LEVELS],
                                            value=RANDOM, label="Budget", elem_id="blind-budget")
-        battle = gr.Textbox(label="Battle (a follow-up continues it)", interactive=False, elem_id="blind-battle")
+        # value "": the API's battle parameter is optional, a new battle without it
+        battle = gr.Textbox("", label="Battle (a follow-up continues it)", interactive=False, elem_id="blind-battle")
     textbox = checked_controls.MultimodalTextbox(file_types=["image", "video"], file_count="multiple", submit_btn=False,
                                                  elem_id="blind-input", show_label=False, label="Message",
                                                  placeholder="A question, with a picture or a video…")

@@ -78,7 +78,7 @@ def test_a_script_minting_cookies_gets_at_most_10_of_14_battles_with_votes_recor
     for _ in range(14):
         c = client(url)
         shown = battle(c, scene)
-        if not isinstance(shown[0], str):  # refused: the battle box left as it was
+        if not shown[1]:  # refused: no answers, the reason in the status line
             refused.append(shown[3])
             continue
         assert len(shown) == 7 and shown[6] is None  # the vote control emptied with the answers
@@ -130,3 +130,18 @@ def test_the_tab_empties_the_vote_with_each_battle_and_signs_in_where_votes_need
     assert checks and all(d["api_visibility"] == "private" for d in checks)
     named = {d["api_name"] for d in signed.config["dependencies"] if d["api_visibility"] != "private"}
     assert named == {"chat", "compare", "blind", "vote", "leaderboard"}  # the API is unchanged by the button
+
+
+def test_blind_starts_a_battle_without_a_battle_id_and_a_refusal_is_text(served):
+    _, url = served
+    c = client(url, "192.0.2.46")
+    (battle_param,) = [p for p in c.view_api(return_format="dict", print_info=False)["named_endpoints"]["/blind"]["parameters"]
+                       if p["parameter_name"] == "battle"]
+    assert battle_param["parameter_has_default"] and battle_param["parameter_default"] == ""
+    scene = service.scene_examples()[0]
+    shown = c.predict(message={"text": scene.questions[0], "files": [handle_file(f) for f in scene.files]},
+                      model=MODEL, api_name="/blind")  # no battle, no method, no budget
+    assert len(shown[0]) == 32, shown[3]
+    refused = c.predict(message={"text": "", "files": []}, model=MODEL, battle="not-a-battle", api_name="/blind")
+    assert all(isinstance(x, str) for x in refused[:5]), refused  # then the message box (a dict) and the vote
+    assert refused[3].startswith(NOT_ANSWERED)

@@ -129,7 +129,7 @@ def test_every_new_battle_comes_with_the_vote_control_empty(app):
     follow = list(tab.blind({"text": service.scene_examples()[0].questions[1], "files": []}, MODEL, "random", "random",
                             first[-1].battle, service.Session(), req, Recorded()))
     assert follow[-1].status.startswith(NOT_ANSWERED)  # another session: not this one's to continue
-    assert follow[-1].choice is not None  # a refusal leaves the vote of the battle still shown alone
+    assert follow[-1].choice is None and follow[-1].a == "" and follow[-1].battle == first[-1].battle  # text, no answers
     assert tab.new_battle().choice is None
 
 
@@ -208,3 +208,8 @@ def test_an_account_votes_at_the_rate_of_one_visitor_from_any_address(app, monke
                                        profile("bob")).status
     elsewhere = tab.vote(shown[1], "A", service.Session(), request("192.0.2.2", cookies[1]), profile("bob"))
     assert "At most 1 votes a minute" in elsewhere.status
+
+
+def test_a_vote_with_nothing_picked_says_what_to_do(app):
+    said = tab.vote("0" * 32, None, service.Session(), request()).status
+    assert "Pick A is better, B is better or The same" in said and "None" not in said

@@ -270,6 +270,8 @@ def _check_fresh(row: dict) -> None:
 
 def checked_choice(choice) -> str:
     """"A", "B" or "same" (any case), else one line."""
+    if choice is None or (isinstance(choice, str) and not choice.strip()):
+        raise UserError("Pick A is better, B is better or The same, then vote.")
     canonical = {c.lower(): c for c in CHOICES}.get(str(choice).strip().lower()) if isinstance(choice, str) else None
     if canonical is None:
         raise UserError(f'The vote must be "A", "B" or "same"; got {str(choice)[:40]!r}.')
