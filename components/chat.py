@@ -42,9 +42,9 @@ def refusal(exc: UserError) -> str:
     return f"{NOT_ANSWERED} {exc}"
 
 
-def parse_message(message: dict | str | None) -> tuple[str, list[str]]:
-    """MultimodalTextbox value -> (text, file paths); a value of another shape, or text that is not
-    valid Unicode (a lone surrogate), is a UserError."""
+def parse_message(message: dict | str | None, checked: bool = True) -> tuple[str, list[str]]:
+    """MultimodalTextbox value -> (text, file paths); a value of another shape, or (``checked``) text
+    that is not valid Unicode (a lone surrogate) or over the text limits, is a UserError."""
     if isinstance(message, str) or message is None:
         text, files = message or "", []
     elif isinstance(message, dict):
@@ -56,7 +56,7 @@ def parse_message(message: dict | str | None) -> tuple[str, list[str]]:
         raise UserError(f"The message must be text, or text with files; got {type(message).__name__}.")
     if not isinstance(text, str) or not all(isinstance(f, str) for f in files):
         raise UserError("The message's text and each file's path must be text.")
-    return service.checked_text(text), files
+    return (service.checked_text(text) if checked else text), files
 
 
 def shown_or(value, check, fallback):
@@ -93,9 +93,10 @@ def refused_turn(exc: UserError, message, history) -> ChatOutputs:
 def box_as_sent(message) -> dict:
     """The input box as a refused message left it: its text and its files where they can be shown
     (a file from outside the upload folder cannot: Gradio would not serve it), else empty."""
-    try:
-        text, files = parse_message(message)
-    except UserError:
+    try:  # a text over the limits stays in the box, to be shortened there
+        text, files = parse_message(message, checked=False)
+        text.encode("utf-8")  # a lone surrogate cannot be sent back
+    except (UserError, UnicodeEncodeError):
         return EMPTY_INPUT
     return {"text": text, "files": shown_or(files, service.check_sent_files, [])}
 

@@ -81,8 +81,8 @@ class FramesOnDisk:
                 self._reader = decord.VideoReader(self.path, ctx=decord.cpu(0))
             return self._reader.get_batch(index).asnumpy()
         except Exception as exc:  # decord raises its own DECORDError: a frame that does not decode
-            raise UserError(f"'{os.path.basename(self.path)}' has frames that cannot be decoded "
-                            f"({exc.__class__.__name__}).") from None
+            raise UserError(f"'{os.path.basename(self.path)}' has frames that cannot be decoded: "
+                            "it may be damaged or cut short; try another file.") from None
 
 
 @dataclass
@@ -130,7 +130,7 @@ def load_image(source) -> Image.Image:
     except UserError:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        raise UserError(f"'{name}' is not a readable image ({exc.__class__.__name__}).") from None
+        raise UserError(f"'{name}' is not a readable image: {_image_trouble(exc)}.") from None
 
 
 def fitted(width: int, height: int, pixels: int | None = None) -> tuple[int, int]:
@@ -145,6 +145,15 @@ def fitted(width: int, height: int, pixels: int | None = None) -> tuple[int, int
 def bounded(image: Image.Image) -> Image.Image:
     size = fitted(*image.size)
     return image if size == image.size else image.resize(size, Image.BICUBIC)
+
+
+def _image_trouble(exc: BaseException) -> str:
+    """What went wrong reading a picture, in words (never a Python class name)."""
+    if isinstance(exc, Image.DecompressionBombError):
+        return "it is too large to decode safely"
+    if isinstance(exc, UnidentifiedImageError):
+        return "its format is not one this app reads (PNG, JPEG, WebP, GIF, BMP...)"
+    return "the file is damaged or cut short"
 
 
 def _decord():
@@ -177,7 +186,8 @@ def load_video(source, num_frames: int = 8, lazy: bool = False) -> Video:
         total = len(reader)
         fps = float(reader.get_avg_fps()) or 1.0
     except Exception as exc:  # decord raises its own DECORDError and RuntimeError
-        raise UserError(f"'{name}' is not a video that can be decoded ({exc.__class__.__name__}).") from None
+        raise UserError(f"'{name}' is not a video that can be decoded: its format is unknown or the file is "
+                        "damaged; try an .mp4 (H.264).") from None
     if total == 0:
         raise UserError(f"'{name}' has no frames.")
     if total / fps > MAX_VIDEO_SECONDS:
@@ -195,8 +205,9 @@ def load_video(source, num_frames: int = 8, lazy: bool = False) -> Video:
             frames = reader.get_batch(list(index)).asnumpy()
     except UserError:
         raise
-    except Exception as exc:  # DECORDError: the container opens, its frames do not decode
-        raise UserError(f"'{name}' has frames that cannot be decoded ({exc.__class__.__name__}).") from None
+    except Exception:  # DECORDError: the container opens, its frames do not decode
+        raise UserError(f"'{name}' has frames that cannot be decoded: it may be damaged or cut short; "
+                        "try another file.") from None
     return Video(frames=frames, timestamps=[float(i) / fps for i in index], fps=fps, source=path)
 
 

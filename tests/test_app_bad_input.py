@@ -10,6 +10,7 @@ on afterwards (the last test continues it). One server and one client for the mo
 from __future__ import annotations
 
 import logging
+import re
 
 import gradio_client.client
 import huggingface_hub.constants
@@ -142,6 +143,7 @@ CHAT_CASES = [
 def one_refusal(status: str, expected: str) -> None:
     assert status.startswith(NOT_ANSWERED) and expected in status, status
     assert "\n" not in status and "Traceback" not in status  # one line, the app's own
+    assert not re.search(r"\(\w*(?:Error|Exception)\)", status), status  # words, not a Python class name
 
 
 def user_error_lines(caplog) -> list[str]:
@@ -192,3 +194,11 @@ def test_after_all_that_the_conversation_goes_on(chat):
     assert not final[2].startswith(NOT_ANSWERED)
     assert len(final[0]) == len(history) + 2 and transcript(final[0])[:-1] == transcript(history)
     assert not any((m.get("metadata") or {}).get("title") for m in final[0])  # no new-conversation marker
+
+
+def test_a_message_over_the_text_limits_stays_in_the_box_to_be_shortened():
+    from components import chat as chat_tab
+
+    long = "why " * 6_250  # 25,000 characters: refused, and kept where the visitor can shorten it
+    assert chat_tab.box_as_sent({"text": long, "files": []})["text"] == long
+    assert chat_tab.box_as_sent({"text": "\ud800", "files": []}) == chat_tab.EMPTY_INPUT  # cannot be sent back

@@ -111,7 +111,7 @@ def token_targets(p: scenes.Picture, frames: list[list[scenes.Thing]]) -> tuple[
 def dense_picture(rng, cells: tuple[int, int], count: tuple[int, int]) -> scenes.Picture:
     """A picture of cols x rows cells in ``cells`` with ``count`` objects of any shape and colour."""
     cols, rows = (int(v) for v in rng.integers(cells[0], cells[1] + 1, 2))
-    p = scenes.Picture(cols, rows, scenes.background(rng), [], scenes._render(rng, cols, rows))
+    p = scenes.Picture(cols, rows, scenes.background(rng), [], scenes.rendering(rng, cols, rows))
     for _ in range(int(rng.integers(count[0], count[1] + 1))):
         t = scenes.place(rng, p, SHAPES[int(rng.integers(len(SHAPES)))], COLOURS[int(rng.integers(len(COLOURS)))],
                          tries=30)

@@ -332,9 +332,9 @@ def _generic_processor(family, image_processor, tokenizer, config):
         return LlavaOnevisionProcessor(image_processor=ip, tokenizer=tokenizer, image_token="<image>",
                                        video_token="<video>", vision_feature_select_strategy=config.vision_feature_select_strategy,
                                        num_image_tokens=729)
-    except (AttributeError, ImportError) as exc:  # its video processor needs torchvision
+    except (AttributeError, ImportError):  # its video processor needs torchvision
         raise UserError("LLaVA-OneVision's processor needs torchvision, which this machine lacks; "
-                        f"use a Qwen-VL or LLaVA-1.5 model here ({exc.__class__.__name__}).") from None
+                        "use a Qwen-VL or LLaVA-1.5 model here.") from None
 
 
 def hub_reachable(timeout: float = 1.5) -> bool:

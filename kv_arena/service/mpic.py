@@ -55,7 +55,7 @@ def store_media(session_id: str, loaded: LoadedModel, prepared: Prepared) -> str
             ingest(loaded, store, session_id, item, video=is_video, num_frames=message.num_frames, label=name)
         except Exception as exc:  # noqa: BLE001 - the turn goes on without this entry
             log.warning("could not store %s: %s", name, exc)
-            failed.append(f"{name} ({exc.__class__.__name__})")
+            failed.append(name)
     return f"could not store {', '.join(failed)}: recomputed" if failed else ""
 
 
