@@ -9,6 +9,7 @@ where votes count only signed in."""
 from __future__ import annotations
 
 import secrets
+import time
 
 import gradio as gr
 import pytest
@@ -74,8 +75,9 @@ def battle(c: Client, scene, method="snapkv", budget="0.2"):
 def test_a_script_minting_cookies_gets_at_most_10_of_14_battles_with_votes_recorded(served, progress_lines):
     _, url = served
     scene = service.scene_examples()[0]
-    recorded, refused = 0, []
+    recorded, refused, late, start = 0, [], 0, time.monotonic()
     for _ in range(14):
+        late += time.monotonic() - start > 55  # on a slow machine the minute may pass: its rate lets more in
         c = client(url)
         shown = battle(c, scene)
         if not shown[1]:  # refused: no answers, the reason in the status line
@@ -83,7 +85,7 @@ def test_a_script_minting_cookies_gets_at_most_10_of_14_battles_with_votes_recor
             continue
         assert len(shown) == 7 and shown[6] is None  # the vote control emptied with the answers
         recorded += "Vote recorded" in c.predict(battle=shown[0], choice="A", api_name="/vote")[1]
-    assert recorded == 10, refused  # today: 14 of 14
+    assert recorded <= 10 + late and (late or recorded == 10), (recorded, late, refused)  # today: 14 of 14
     assert all(r.startswith(NOT_ANSWERED) and "At most 10 battles a minute per visitor" in r for r in refused)
     victim = battle(client(url, "192.0.2.44"), scene)  # another visitor is not held back by it
     assert len(victim[0]) == 32, victim[3]

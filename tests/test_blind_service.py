@@ -106,8 +106,8 @@ def test_rates_and_bad_values_are_refused_in_one_line(app, monkeypatch):
             blind.start(session, settings, prepared, client="bob", **bad)
     with pytest.raises(UserError, match="Ask about a picture"):
         blind.start(session, settings, service.prepare("What colour is it?", []), client="bob")
-    for choice in ("C", None, ["A"]):
-        with pytest.raises(UserError, match='"A", "B" or "same"'):
+    for choice, said in (("C", '"A", "B" or "same"'), (None, "Pick A is better"), (["A"], '"A", "B" or "same"')):
+        with pytest.raises(UserError, match=said):
             blind.vote("0" * 32, choice, client="bob")
     with pytest.raises(UserError, match="32 hex digits"):
         blind.vote("../etc", "A", client="bob")
