@@ -18,6 +18,11 @@ A method may also shorten the prefill itself: with ``narrows_prefill`` the runti
 among the new tokens still going) are the only ones that layer and every later one compute and
 cache (FastV: the visual tokens kept after layer K). Their positions stay the original ones.
 
+A method may also shrink the media before the vision tower (``resizes_media``: Downsample): the
+runtime sizes each picture and video frame so that it makes the ``media_scale()`` share of the
+visual tokens the model's processor would make (a smaller upload, aspect kept, on the processor's
+patch grid); a model whose processor sizes every picture to a fixed grid refuses the method in one line.
+
 A method may also choose an image's tokens before the decoder sees them (``selects_visual_tokens``:
 VisionZip): the runtime hands ``select_visual(tokens)`` what the vision tower computed for the
 images of a forward pass (:class:`VisionTokens`), the method returns the features the projector is
@@ -103,6 +108,10 @@ class AttentionCall:
     # a streamed prefill (a long video fed a few frames at a time): the bytes the whole cache may
     # hold once this chunk is done; a method that ``streams_under_cap`` evicts down to it (None: no cap)
     cap_bytes: int | None = None
+    # (1, q, C) the hidden states entering decoder layer ``layer_idx`` of a prefill, the rows still
+    # going: set only in the call handed to ``prefill_rows`` (before the first layer: the prompt's
+    # input embeddings, a video's tokens as its vision tower made them; EVS compares frames by them)
+    hidden: torch.Tensor | None = None
 
     @property
     def is_prefill(self) -> bool:
@@ -227,6 +236,9 @@ class Report:
     reused: list[torch.Tensor] | None = None
     # bytes held / the same tokens' bytes in full precision, all layers (methods without a budget)
     realised_fraction: float | None = None
+    # one line the app shows beside the method's figures for the last prompt: what it could not act on
+    # (EVS on a prompt without a video holds the whole cache and says so, rather than show 1.00x as a result)
+    note: str | None = None
 
     def ensure_layers(self, n: int, *names: str, fill: Any = None) -> None:
         """Make each named per-layer field a list of ``n`` entries (``fill``) unless it already is one."""
@@ -261,7 +273,7 @@ class KVBackend:
     title: ClassVar[str] = "Full cache"
     paper: ClassVar[str] = ""  # URL
     summary: ClassVar[str] = "Keeps every key and value: the reference for every figure."
-    # what it does to the cache, in a word or two: keeps, drops, merges, quantises, low-rank, reuses
+    # what it does to the cache, in a word or two: keeps, drops, merges, quantises, low-rank, reuses, downsamples
     does: ClassVar[str] = "keeps"
     # True: cache held at budget x tokens seen while decoding; False: the prompt is compressed and
     # decoded tokens are appended.
@@ -284,6 +296,9 @@ class KVBackend:
     shortens_prefill: ClassVar[bool] = False
     # what a token drawn clear in the overlay is (``report.overlay`` when set, else the kept tokens)
     overlay_meaning: ClassVar[str] = "kept"
+    # True: the method shrinks the media before the vision tower (``media_scale``), so the prompt
+    # itself is shorter; a model whose processor sizes every picture to a fixed grid refuses it
+    resizes_media: ClassVar[bool] = False
     # Parameters that, with budget 1.0, make the method reproduce the full cache exactly (the
     # registry-wide lossless test uses them; e.g. a quantising method turns quantisation off).
     lossless_params: ClassVar[dict[str, Any]] = {}
@@ -339,6 +354,12 @@ class KVBackend:
         provide it is refused)."""
         return False
 
+    def media_scale(self) -> float:
+        """The share of the visual tokens the model's processor would make of each picture and video
+        frame that the runtime is to make instead, by resizing the media before the vision tower
+        (``resizes_media`` methods; 1.0: the media as the processor sizes them)."""
+        return 1.0
+
     @property
     def config(self) -> dict[str, Any]:
         """The parameters' values by name (``budget`` aside)."""
@@ -357,7 +378,8 @@ class KVBackend:
     def prefill_rows(self, call: AttentionCall) -> torch.Tensor | None:
         """Before decoder layer ``call.layer_idx`` of a prefill (``narrows_prefill`` only): the
         (q',) ascending indices, among the ``call.positions`` still going, of the rows this layer
-        and the later ones run on; None keeps them all."""
+        and the later ones run on; None keeps them all. ``call.hidden`` holds what those rows carry
+        into the layer."""
         return None
 
     def select_visual(self, tokens: VisionTokens) -> torch.Tensor:

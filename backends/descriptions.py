@@ -20,7 +20,10 @@ PLAIN = {
     "adakv": "Like SnapKV, but heads whose attention is spread out may keep more tokens than the others.",
     "attention_pack": "Keeps every image token, but stores most of them in a compressed form; the most looked-at "
                       "ones stay nearly exact.",
+    "downsample": "Shrinks the picture before the model reads it, as if you had uploaded a smaller one.",
     "elastic_cache": "Blends each token it lets go into a similar one it keeps, instead of just deleting it.",
+    "evs": "For videos: drops the parts of each frame that did not change since the frame before; pictures are "
+           "left as they are.",
     "fastv": "After the first two layers, the model stops reading the half of the image it looks at least.",
     "h2o": "Keeps the tokens the model has looked at most so far, and the newest ones.",
     "infinipot_v": "For long videos: keeps memory under a fixed cap, keeping the newest frames and the parts of "
@@ -28,6 +31,7 @@ PLAIN = {
     "kivi": "Keeps every token, but stores its numbers with 2 bits instead of 16 (the newest ones stay exact).",
     "mpic": "Reuses what it computed for a picture it has seen before, instead of reading the picture again.",
     "pyramidkv": "Like SnapKV, but the first layers keep more tokens and the last layers fewer.",
+    "random": "Keeps the text and a random pick of the picture's tokens: the baseline a smarter method must beat.",
     "snapkv": "Keeps the tokens the end of your message (usually the question) looks at most.",
     "streamingllm": "Keeps the first few tokens and the most recent ones, and drops everything in between.",
     "visionzip": "Picks the most important parts of a picture before the language model reads it; the rest is "
@@ -60,5 +64,8 @@ def describe(method: type[KVBackend]) -> dict[str, Any]:
         # it picks an image's tokens before the language model reads them (VisionZip): models whose
         # vision tower lacks what it reads refuse it
         "chooses_image_tokens": method.select_visual is not KVBackend.select_visual,
+        # it shrinks the media before the vision tower (Downsample): models whose processor sizes every
+        # picture to one grid refuse it
+        "resizes_media": method.resizes_media,
         "params": [BUDGET.to_dict()] + [p.to_dict() for p in method.param_specs()],
     }

@@ -209,7 +209,9 @@ def new_battle() -> BlindOutputs:
 
 def method_choices() -> list[tuple[str, str]]:
     """The methods a battle may draw (not InfiniPot-V, which holds a picture whole: battles do not stream)."""
-    return [("Random (drawn)", RANDOM)] + [(title, name) for name, title in service.blind.battle_methods()]
+    # "random" is the draw here; the method of that name (random eviction) is drawn like any other
+    return [("Random (drawn)", RANDOM)] + [(title, name) for name, title in service.blind.battle_methods()
+                                            if name != RANDOM]
 
 
 @dataclass

@@ -25,8 +25,8 @@ from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, parse_message, progress_rep
 from .settings import RANGES, SettingsPanel, control, offered, own_params, quoted, settings_from_named
 
 COLUMNS = ["Method", "Turn", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",
-           "Answer (s)", "Same tokens as full", "Right?"]
-WIDTHS = ["16%", "6%", "8%", "8%", "13%", "8%", "13%", "8%", "9%", "11%"]
+           "Answer (s)", "Same tokens as full", "Right?", "Loyal to full"]
+WIDTHS = ["14%", "5%", "8%", "8%", "11%", "8%", "11%", "8%", "9%", "10%", "8%"]
 SLOTS = 1 + service.MAX_COMPARE  # the full cache and up to four methods
 DEFAULT_METHODS = ["h2o", "snapkv", "attention_pack", "elastic_cache"]  # at 0.2 they differ on follow-ups
 DEFAULT_BUDGET = 0.2
@@ -44,10 +44,23 @@ def mark(turn: service.CompareTurn) -> str:
     return "✓" if turn.right else f"✗ (true: {turn.truth})"
 
 
+def loyal_mark(turn: service.CompareTurn) -> str:
+    """Whether the answer is the full cache's answer, whole (normalised), right or wrong: ✓ or ✗ ("" until done)."""
+    return "" if turn.loyal is None else "✓" if turn.loyal else "✗"
+
+
+def loyalty(run: service.CompareRun) -> tuple[int, int]:
+    """(answers that are the full cache's, answers given): the method's loyalty over the turns so far."""
+    done = [t for t in run.turns if t.loyal is not None]
+    return sum(t.loyal for t in done), len(done)
+
+
 def table(runs: tuple[service.CompareRun, ...]) -> list[list]:
     """One row per run and turn; every "vs full" column a ratio to the full cache's same turn, the
     KV one measured after that turn's prompt (the fraction of the full cache's bytes it holds); a
-    full cache's row from an earlier run on the same input says "(cached)"."""
+    full cache's row from an earlier run on the same input says "(cached)". *Same tokens as full* is
+    the share of answer tokens equal to the full cache's, position by position; *Loyal to full* whether
+    the whole answer is the full cache's (what loyalty counts)."""
     full = runs[0].turns
     rows = []
     for run in runs:
@@ -62,7 +75,8 @@ def table(runs: tuple[service.CompareRun, ...]) -> list[list]:
                          round(m.decode_tok_s, 1),
                          "" if is_full else plots.shown_ratio(plots.speed_ratio(turn, ref, "decode_tok_s")),
                          round(answer_seconds(m), 3),
-                         "" if turn.agreement is None else f"{turn.agreement:.0%}", mark(turn)])
+                         "" if turn.agreement is None else f"{turn.agreement:.0%}", mark(turn),
+                         "" if is_full else loyal_mark(turn)])
     return rows
 
 
@@ -73,15 +87,26 @@ def last_turn(run: service.CompareRun) -> plots.Drawn | None:
 
 
 def held_line(run: service.CompareRun, full: service.CompareRun) -> str:
-    """The fraction of the full cache's KV the method really holds after the first prompt."""
+    """The fraction of the full cache's KV the method really holds after the first prompt, and what
+    the method says of the prompt (EVS on pictures: it held the whole cache, so its 1.00x is no result)."""
     if run is full or not run.turns or run.turns[0].metrics is None:
         return ""
-    return f"holds {plots.kept_fraction(run.turns[0], full.turns[0]):.2f}x the full KV\n\n"
+    line = f"holds {plots.kept_fraction(run.turns[0], full.turns[0]):.2f}x the full KV"
+    notes = list(dict.fromkeys(t.note for t in run.turns if t.note))
+    return line + "".join(f"\n{note}" for note in notes) + "\n\n"
+
+
+def loyalty_line(run: service.CompareRun, full: service.CompareRun) -> str:
+    """The method's loyalty once it answered: how many of its answers are the full cache's, whole."""
+    same, answered = loyalty(run)
+    if run is full or not answered:
+        return ""
+    return f"\n\nloyalty {same}/{answered}: answers that are the full cache's, whole"
 
 
 def answer_text(run: service.CompareRun, full: service.CompareRun) -> str:
     """What the method holds, then each turn's question and answer, marked right or wrong where the
-    scene is known."""
+    scene is known, then its loyalty."""
     lines = []
     for n, turn in enumerate(run.turns, start=1):
         verdict = {True: "  ✓ right", False: f"  ✗ wrong (true: {turn.truth})"}.get(
@@ -89,7 +114,7 @@ def answer_text(run: service.CompareRun, full: service.CompareRun) -> str:
         lines.append(f"{n}. {turn.question}\n→ {turn.text}{verdict if turn.done else ''}")
     cached = "the full cache's answers are from an earlier run on this input (cached)\n\n" \
         if run is full and any(t.cached for t in run.turns) else ""
-    return cached + held_line(run, full) + "\n\n".join(lines)
+    return cached + held_line(run, full) + "\n\n".join(lines) + loyalty_line(run, full)
 
 
 def column_titles(methods: list[str]) -> list[str]:
@@ -148,7 +173,8 @@ class CompareOutputs(Outputs):
 
 # what /compare returns, in order
 COMPARE_RETURNS = ("one answer column per method (the full cache first; each says the fraction of the full KV it "
-                   "held), the table (KV, time to first token, decode speed and agreement against the full cache, per "
+                   "held and its loyalty, the answers that are the full cache's), the table (KV, time to first token, "
+                   "decode speed, tokens equal to the full cache's and whether the answer is the full cache's, per "
                    "turn), the status line, then the panels' figures.")
 
 
@@ -220,7 +246,7 @@ def refused(exc: UserError, box=KEEP) -> CompareOutputs:
 
 def run(message, methods, follow_up: str | None = None, session=None, request: gr.Request = None, progress=gr.Progress(),
         **controls) -> Iterator[CompareOutputs]:
-    """Run the full cache and 1 to 4 KV-cache methods, one after another, on the same question and optional follow-up; each method answers on its own compressed cache, and a table sets its KV bytes, speed and agreement against the full cache's.
+    """Run the full cache and 1 to 4 KV-cache methods, one after another, on the same question and optional follow-up; each method answers on its own compressed cache, and a table sets its KV bytes, speed, token agreement and loyalty (whole answer equal) against the full cache's.
 
     Args:
         message: the first question, {"text": the question, "files": images or one video this client uploaded (gradio_client's handle_file)}; through MCP, text only ("files": []).
@@ -389,7 +415,9 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     gr.Markdown("Every *vs full* column is a ratio to the full cache's same turn (0.50x = half); the KV one is exact, "
                 f"the speed ones are measured. {plots.NOT_TOLD_NOTE}. *Answer (s)*: the model's own time for "
                 "the answer (first token and decode). *Right?*: against the scene's true answer (the offline "
-                "model's scenes only).")
+                "model's scenes only). *Same tokens as full*: answer tokens equal to the full cache's, position by "
+                "position. *Loyal to full*: ✓ where the whole answer is the full cache's (normalised), right or wrong; "
+                "each answer column gives the method's **loyalty**, the share of its answers that are.")
     with gr.Row():
         memory = gr.Plot(label="KV memory")
         speed = gr.Plot(label="Speed")

@@ -26,6 +26,10 @@ What it uses of transformers, nothing patched:
   tokens before the decoder (VisionZip), hooks on the vision tower and the projector
   (``kv_arena.runtime.vision_tokens``) hand it what the tower computed, as in the app.
 
+A method that shrinks the media before the vision tower (Downsample) needs its inputs made for it:
+``Chat.turn`` called inside the ``compress`` block sizes the pictures and frames as the method asks
+(``media_scale``), as the app does; a model whose processor sizes every picture to a fixed grid refuses it.
+
 Batch 1, as in the app. A method that only acts on media KV the app's runtime stored
 (a :class:`~backends.media_reuse.ReusesMedia`: MPIC) is refused: inside ``generate`` it would be the full cache.
 """
@@ -33,6 +37,7 @@ Batch 1, as in the app. A method that only acts on media KV the app's runtime st
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
@@ -47,7 +52,9 @@ from .runtime.forward import cache_keyword, position_ids
 from .runtime.inputs import ADAPTERS, DEFAULT_SYSTEM, Message
 from .runtime.models import load_model
 from .runtime.narrowing import narrowing
-from .runtime.vision_tokens import selecting_visual_tokens
+from .runtime.vision_tokens import check_runs_on, selecting_visual_tokens
+
+_PRESS: ContextVar[Press | None] = ContextVar("kv_arena_press", default=None)  # the compress block running
 
 
 class GenerateCache(KVCache):
@@ -187,16 +194,21 @@ def compress(model, method: str, budget: float = 1.0, **params):
                          "model.generate there is nothing stored and it would be the full cache. Use "
                          "kv_arena.runtime.generate.Conversation with an kv_arena.mpic.linking.Linker instead.")
     press = Press(model, backends.make_backend(method, budget=budget, **params))
-    with (attention_of(model, ATTENTION_NAME), narrowing(model, press.backend),
-          selecting_visual_tokens(model, press.backend)):
-        handles = [model.register_forward_pre_hook(press.before_model, with_kwargs=True),
-                   press.decoder.register_forward_pre_hook(press.before_decoder, with_kwargs=True),
-                   press.decoder.register_forward_hook(press.after_decoder, with_kwargs=True, always_call=True)]
-        try:
-            yield press
-        finally:
-            for handle in handles:
-                handle.remove()
+    check_runs_on(model, press.backend)  # a model that cannot serve it (no CLS token, a fixed grid): one line
+    token = _PRESS.set(press)  # Chat.turn sizes the media for it (a method that resizes them)
+    try:
+        with (attention_of(model, ATTENTION_NAME), narrowing(model, press.backend),
+              selecting_visual_tokens(model, press.backend)):
+            handles = [model.register_forward_pre_hook(press.before_model, with_kwargs=True),
+                       press.decoder.register_forward_pre_hook(press.before_decoder, with_kwargs=True),
+                       press.decoder.register_forward_hook(press.after_decoder, with_kwargs=True, always_call=True)]
+            try:
+                yield press
+            finally:
+                for handle in handles:
+                    handle.remove()
+    finally:
+        _PRESS.reset(token)
 
 
 @contextmanager
@@ -237,8 +249,10 @@ class Chat:
     def turn(self, text: str, images=(), videos=(), num_frames: int = 8, after: torch.Tensor | None = None) -> dict:
         adapter = self.adapter
         message = Message(text, images=list(images), videos=list(videos), num_frames=num_frames)
+        press = _PRESS.get()
+        scale = press.backend.media_scale() if press is not None and press.model is adapter.model else 1.0
         if after is None:
-            chunk = adapter.encode_turn(message, 0, 0, self.system)
+            chunk = adapter.encode_turn(message, 0, 0, self.system, media_scale=scale)
             ids = chunk.input_ids
         else:
             if images or videos:

@@ -436,7 +436,8 @@ def test_a_method_is_offered_only_on_models_where_it_runs_and_the_card_says_why_
     Qwen-VL model, the model card says why once, and a LLaVA-1.5 model offers it again (read from
     the models' configs: no weights load, nothing downloads)."""
     assert set(service.refused_methods("tiny-qwen2-vl")) == {"visionzip"} == set(service.refused_methods(service.ARENA))
-    assert service.refused_methods("tiny-llava") == {} == service.refused_methods("llava-hf/llava-1.5-7b-hf")
+    # Downsample: a LLaVA processor sizes every picture to one grid (a smaller picture makes as many tokens)
+    assert set(service.refused_methods("tiny-llava")) == {"downsample"} == set(service.refused_methods("llava-hf/llava-1.5-7b-hf"))
     assert "visionzip" not in service.methods_on("tiny-qwen2-vl") and "visionzip" in service.methods_on("tiny-llava")
     picker = settings.methods_for_model("tiny-qwen2-vl", "visionzip")
     assert "visionzip" not in [n for _, n in picker.choices] and picker.value == settings.DEFAULT_METHOD
@@ -444,7 +445,8 @@ def test_a_method_is_offered_only_on_models_where_it_runs_and_the_card_says_why_
     assert settings.methods_for_model("tiny-llava", "visionzip").value == "visionzip"
     card = settings.model_card("tiny-qwen2-vl")
     assert card.count("Not offered with this model") == 1 and "VisionZip" in card and "CLS token" in card
-    assert "Not offered" not in settings.model_card("tiny-llava")
+    llava = settings.model_card("tiny-llava")
+    assert llava.count("Not offered") == 1 and "Downsample" in llava and "VisionZip" not in llava
     boxes = compare.methods_for_model("tiny-qwen2-vl", ["snapkv", "visionzip"])
     assert boxes.value == ["snapkv"] and "visionzip" not in [n for _, n in boxes.choices]
     assert "visionzip" in [n for _, n in compare.methods_for_model("tiny-llava", ["snapkv"]).choices]

@@ -322,13 +322,16 @@ def test_gpu_check_smoke_gives_a_row_per_method_with_the_gpu_fields(capsys):
     assert report["device"] == "cpu" and report["smoke"] and report["skipped"] == []
     rows = {r["method"]: r for r in report["rows"]}
     assert list(rows) == backends.available() and len(report["rows"]) == len(rows)  # one size: 64 visual tokens
-    before_decoder = {m for m in rows if backends.make_backend(m).selects_visual_tokens}
+    from kv_arena.bench.decode import acts_before_decoder
+
+    before_decoder = {m: acts_before_decoder(m) for m in rows if acts_before_decoder(m)}  # VisionZip, Downsample
+    assert set(before_decoder) == {"visionzip", "downsample"}
     for name, r in rows.items():
         assert {"decode_vs_full", "peak_memory_bytes", "same_tokens_at_lossless"} <= r.keys()
         assert r["peak_memory_bytes"] is None  # no allocator to ask on a CPU
         assert r["same_tokens_at_lossless"] is True, name
         if name in before_decoder:  # no vision tower in the timed decoder
-            assert r["kv_bytes"] is None and r["not_timed"] == "picks tokens before the decoder"
+            assert r["kv_bytes"] is None and r["not_timed"] == before_decoder[name]
             continue
         low, high = r["decode_vs_full_range"]
         assert low <= r["decode_vs_full"] <= high and r["memory_bound_bytes"] > r["kv_bytes"] > 0

@@ -74,8 +74,12 @@ def test_generate_gives_the_runtimes_tokens_and_bytes_over_two_turns(models, res
     assert press.nbytes() == conv.cache.nbytes() and press.cache.seen == conv.seen, method
     held, expected = press.kept_positions(), conv.cache.kept_positions()
     assert all(torch.equal(a, b) for a, b in zip(held, expected)), method
-    if backends.backend_class(method).uses_budget and method not in ("full", "infinipot_v"):
-        assert press.nbytes() < press.full_nbytes()  # it compressed something (InfiniPot-V: video tokens only)
+    cls = backends.backend_class(method)
+    if cls.uses_budget and not cls.resizes_media and method not in ("full", "infinipot_v", "evs"):
+        assert press.nbytes() < press.full_nbytes()  # it compressed something (InfiniPot-V, EVS: video tokens only)
+    if cls.resizes_media:  # Downsample: a smaller picture (fewer visual tokens), held whole
+        full = Conversation(loaded, backends.make_reference()).encode(Message(FIRST, images=[image]), close_turn=True)
+        assert ref[0].metrics.visual_tokens < sum(v.length for v in full.layout.visuals)
     assert model.config.get_text_config()._attn_implementation == "sdpa"  # restored after the block
 
 

@@ -12,7 +12,11 @@ every method at every value of its knob answers it three ways:
   follow    the second question, about *another* object, on the cache compressed "with".
 An answer counts when it is the expected answer whole (lower case, punctuation dropped, exact word
 for word); one that starts right and runs on past its end counts wrong, and the share of those is
-reported per method. Every rate carries its 95% Wilson interval.
+reported per method. Every rate carries its 95% Wilson interval. Beside each rate, per protocol, the
+method's **loyalty**: the share of items whose answer is the full cache's answer, whole (the same
+normalisation; EffiVLM-Bench's headline metric): right or wrong, did the method change the answer?
+The full cache's answers are kept in the JSON (``reference_answers``) so that ``--add`` measures a
+new method's loyalty against the same answers.
 
 Each point records the knob and the REALISED KV fraction: the bytes the method's cache holds after
 the first prompt over the full cache's bytes after the same prompt, averaged over the items; the
@@ -25,6 +29,9 @@ Three probes check the regime (full cache, media prefilled, visual KV removed by
 first question): keep only the object tokens (should cost nothing), drop exactly the tokens the
 answer needs (should fall to chance), drop a random 75% of the visual tokens (should cost a lot).
 Prints a table; writes JSON and a Plotly figure (HTML, and PNG when kaleido and a Chrome are installed).
+The committed run (``assets/accuracy``) is written only by a run that names neither ``--dataset`` nor
+``--out`` (or ``--add``s to it): a data set's run goes to ``runs/accuracy-NAME`` by default, and an
+``--out`` naming the committed files is refused.
 
 ``--dataset ID_OR_PATH --metric anls|vqa|relaxed|choice`` asks a public data set's items instead
 (:mod:`.datasets_items`: DocVQA, TextVQA, ChartQA, MMBench, Video-MME; a ``save_to_disk`` folder or a
@@ -38,7 +45,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import re
 import sys
 from dataclasses import dataclass
@@ -51,19 +57,16 @@ from kv_arena import backends
 
 from ..errors import UserError
 from ..paths import ASSETS, IN_CHECKOUT
-from ..runtime.generate import Conversation
+from ..runtime.generate import Conversation, answer_words
 from ..runtime.inputs import Message
 from ..runtime.models import ARENA, load_model
 from ..runtime.vision_tokens import refusal
 from ..tiny import generations
 from .common import REFERENCE
 from .datasets_items import load_items
+from .accuracy_report import PROBES, PROTOCOL_TITLES, PROTOCOLS, figure, line, markdown, table, wilson  # noqa: F401
 from .metrics import METRICS
 
-PROBES = ("keep only the object tokens", "drop exactly the needed tokens", "drop a random 75% of visual tokens")
-PROTOCOLS = ("with", "before", "follow")
-PROTOCOL_TITLES = {"with": "first question, compressed with it", "before": "first question, compressed before it",
-                   "follow": "follow-up"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -81,8 +84,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--types", default=",".join(kinds), help=f"question types: {', '.join(kinds)}")
     # the committed figure is rewritten in a checkout; an installed package's folder is never written
     p.add_argument("--out", default=None,
-                   help="writes OUT.json, OUT.html (and OUT.png); default: the --add run's own file, else "
-                        "assets/accuracy in a checkout")
+                   help="writes OUT.json, OUT.html (and OUT.png); default: the --add or --from-json run's own file, "
+                        "a --dataset run's runs/accuracy-NAME, else assets/accuracy in a checkout (the committed "
+                        "figure: never written by a run that names --dataset or --out)")
     p.add_argument("--no-figure", action="store_true")
     p.add_argument("--no-probe", action="store_true")
     p.add_argument("--from-json", default=None, metavar="JSON",
@@ -102,38 +106,55 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--metric", default=None, choices=METRICS, help="how a data set's answers are scored")
     p.add_argument("--frames", type=int, default=8, help="frames sampled per video of a data set")
     args = p.parse_args(argv)
-    if args.out is None:  # --add writes back where it read, never over the committed run
-        args.out = args.add.removesuffix(".json") if args.add else str(ASSETS / "accuracy") if IN_CHECKOUT else "accuracy"
+    args.out_named = args.out is not None
+    if args.out is None:  # --add writes back where it read, a data set's run beside the runs: never over the committed run
+        args.out = (args.add.removesuffix(".json") if args.add else args.from_json.removesuffix(".json") if args.from_json
+                    else dataset_out(args.dataset) if args.dataset else str(COMMITTED) if IN_CHECKOUT else "accuracy")
     return args
 
 
-def answer_words(text: str) -> list[str]:
-    return re.sub(r"[^\w\s]", " ", text.lower()).split()
+COMMITTED = ASSETS / "accuracy"  # the committed run: OUT.json, .html, .png
+
+
+def dataset_out(dataset: str) -> str:
+    """Where a ``--dataset`` run writes by default: ``runs/accuracy-NAME`` in a checkout (git ignores
+    runs/), ``accuracy-NAME`` in the working directory otherwise."""
+    name = re.sub(r"[^\w.-]+", "-", Path(dataset).name if Path(dataset).is_dir() else dataset).strip("-") or "dataset"
+    return str((ASSETS.parent / "runs" if IN_CHECKOUT else Path(".")) / f"accuracy-{name}")
+
+
+def check_out(args) -> None:
+    """A run that names ``--dataset`` or ``--out`` never writes over the committed figure
+    (``assets/accuracy.json``, ``.html``, ``.png``): refused in one line before anything runs."""
+    if not (args.dataset or args.out_named) or args.from_json and args.no_figure:
+        return
+    if Path(str(args.out)).resolve() == COMMITTED.resolve():
+        raise UserError(f"--out {args.out} is the committed figure ({COMMITTED.name}.json/.html/.png): a run that names "
+                        "--dataset or --out writes elsewhere; name another --out (the committed run is written by a "
+                        "run without --dataset and --out, or with --add on it)")
 
 
 @dataclass(frozen=True)
 class Verdict:
     right: float  # the whole answer, word for word (1 or 0); a data set's metric: its score in [0, 1]
     ran_on: bool  # started with the answer and went on past it (and is not right)
+    said: str = ""  # the answer as compared (its words, normalised): what loyalty compares with the full cache's
 
 
 def judge(text: str, expected: str) -> Verdict:
     got, want = answer_words(text), answer_words(expected)
-    return Verdict(got == want, len(got) > len(want) and got[: len(want)] == want)
+    return Verdict(got == want, len(got) > len(want) and got[: len(want)] == want, " ".join(got))
+
+
+def loyalty(said: list[str], reference: list[str]) -> float:
+    """The share of items whose answer (a :class:`Verdict`'s ``said``) is the full cache's, whole."""
+    if len(said) != len(reference):
+        raise ValueError(f"loyalty needs one full-cache answer per item: {len(said)} answers, {len(reference)} references")
+    return sum(a == b for a, b in zip(said, reference)) / len(said) if said else 1.0
 
 
 def is_right(text: str, expected: str) -> bool:
     return judge(text, expected).right
-
-
-def wilson(hits: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion ``hits`` / ``n``."""
-    if n == 0:
-        return 0.0, 1.0
-    p = hits / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def answer_budget(expected: str) -> int:
@@ -145,8 +166,8 @@ def verdict(q, text: str) -> Verdict:
     """A scene's question: the whole answer; a data set's (it has ``score``): its metric's score."""
     if not hasattr(q, "score"):
         return judge(text, q.answer)
-    right = q.score(text)
-    return Verdict(right, not right and judge(text, q.answer).ran_on)
+    right, words = q.score(text), judge(text, q.answer)
+    return Verdict(right, not right and words.ran_on, words.said)
 
 
 def chat(loaded, backend, it, turns=None) -> tuple[list[Verdict], int]:
@@ -220,25 +241,48 @@ def knob_of(method: str) -> str | None:
     return next((p.name for p in cls.param_specs() if p.name in ("tau", "bits", "keep")), None)
 
 
-def point(loaded, method: str, kwargs: dict, items: list, full_bytes: list[int]) -> dict:
-    """One method at one knob value over ``items``: each protocol's rate and run-on share, and the
-    realised KV fraction."""
+def answers(loaded, method: str, kwargs: dict, items: list) -> tuple[dict[str, list[Verdict]], list[int]]:
+    """One method at one knob value over ``items``: each protocol's verdicts, and the cache's bytes
+    after each item's first prompt."""
     make = lambda: backends.make_backend(method, **kwargs)  # noqa: E731 - a fresh cache per chat
     chats = [chat(loaded, make(), it) for it in items]
     before = [asked_before(loaded, make(), it) for it in items]
     follow = [v[1] if len(v) > 1 else chat(loaded, make(), it, it.follow_turns)[0][-1] for (v, _), it in zip(chats, items)]
-    verdicts = {"with": [v[0] for v, _ in chats], "before": before, "follow": follow}
-    out = {"n": len(items), "realised": float(np.mean([b / f for (_, b), f in zip(chats, full_bytes)]))}
+    return {"with": [v[0] for v, _ in chats], "before": before, "follow": follow}, [b for _, b in chats]
+
+
+def point(loaded, method: str, kwargs: dict, items: list, full_bytes: list[int],
+          reference: dict[str, list[str]] | None = None) -> dict:
+    """One method at one knob value over ``items``: each protocol's rate, run-on share and loyalty to
+    the full cache's answers ``reference`` (per protocol, one per item; None: this is the full
+    cache, loyal by definition), and the realised KV fraction."""
+    verdicts, held = answers(loaded, method, kwargs, items)
+    return scored(verdicts, held, full_bytes, reference)
+
+
+def scored(verdicts: dict[str, list[Verdict]], held: list[int], full_bytes: list[int],
+           reference: dict[str, list[str]] | None = None) -> dict:
+    """:func:`point`'s figures from the verdicts and the bytes held."""
+    out = {"n": len(held), "realised": float(np.mean([b / f for b, f in zip(held, full_bytes)]))}
     for name, vs in verdicts.items():
         out[name] = float(np.mean([v.right for v in vs]))
         out[f"{name}_ran_on"] = float(np.mean([v.ran_on for v in vs]))
+        said = [v.said for v in vs]
+        out[f"{name}_loyalty"] = loyalty(said, reference[name] if reference is not None else said)
     return out
 
 
-def sweep(loaded, method: str, values: dict[str, list[float]], items: list, full_bytes: list[int]) -> list[dict]:
+def said(verdicts: dict[str, list[Verdict]]) -> dict[str, list[str]]:
+    """Each protocol's answers as compared (the full cache's: what every method's loyalty is measured against)."""
+    return {name: [v.said for v in vs] for name, vs in verdicts.items()}
+
+
+def sweep(loaded, method: str, values: dict[str, list[float]], items: list, full_bytes: list[int],
+          reference: dict[str, list[str]]) -> list[dict]:
     """One point per knob value (see :func:`point`)."""
     knob = knob_of(method)
-    return [{"knob": knob, "value": value} | point(loaded, method, {} if knob is None else {knob: value}, items, full_bytes)
+    return [{"knob": knob, "value": value} | point(loaded, method, {} if knob is None else {knob: value}, items,
+                                                    full_bytes, reference)
             for value in values.get(knob, [None])]
 
 
@@ -250,13 +294,6 @@ def _values(text: str, name: str, high: float = 1.0, kind=float) -> list:
     if not values or any(not 0 < v <= high for v in values):
         raise UserError(f"--{name} must lie in (0, {high:g}]; got {text}")
     return values
-
-
-def _line(kind: str, method: str, p: dict) -> str:
-    knob = f"{p['knob']}={p['value']}" if p["knob"] else "-"
-    return (f"{kind:8s} {method:15s} {knob:12s} kv {p['realised']:.2f}  " +
-            "  ".join(f"{name} {p[name]:.2f}" for name in PROTOCOLS) +
-            f"  ran on {max(p[f'{n}_ran_on'] for n in PROTOCOLS):.2f}  (n={p['n']})")
 
 
 def run(args) -> dict:
@@ -291,23 +328,32 @@ def run(args) -> dict:
     if not args.no_probe:  # before the sweeps, which take the time
         for kind in kinds:
             check_grid(loaded, scenes.held_out(kind, 1, turns=1)[0])
-    reference = [] if args.add else [REFERENCE]  # --add keeps the earlier run's row: not asked again
+    earlier_answers = earlier.get("reference_answers", {}) if args.add else {}
+    reference_answers: dict[str, dict[str, list[str]]] = {}
     for kind in kinds:
         items = data.get(kind) or scenes.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
         # the full cache's bytes after the first prompt: that turn alone, no follow-up to answer
         full_bytes = [chat(loaded, backends.make_reference(), it, it.turns[:1])[1] for it in items]
         points[kind] = {}
-        for method in reference + [m for m in methods if m != REFERENCE]:
-            points[kind][method] = ([{"knob": None, "value": None} | point(loaded, REFERENCE, {}, items, full_bytes)]
-                                    if method == REFERENCE else sweep(loaded, method, values, items, full_bytes))
+        reference = earlier_answers.get(kind)  # --add keeps the earlier run's row and its answers: not asked again
+        if reference is None:  # the full cache's answers, every method's loyalty is measured against them
+            verdicts, held = answers(loaded, REFERENCE, {}, items)
+            reference = said(verdicts)
+            if not args.add:  # an earlier run without its answers keeps its own row
+                points[kind][REFERENCE] = [{"knob": None, "value": None} | scored(verdicts, held, full_bytes)]
+                print(line(kind, REFERENCE, points[kind][REFERENCE][0]), flush=True)
+        reference_answers[kind] = reference
+        for method in [m for m in methods if m != REFERENCE]:
+            points[kind][method] = sweep(loaded, method, values, items, full_bytes, reference)
             for p in points[kind][method]:
-                print(_line(kind, method, p), flush=True)
+                print(line(kind, method, p), flush=True)
         if not args.no_probe:
             probes[kind] = probe(loaded, scenes.held_out(kind, probe_items, turns=1), rng)
     report = {"model": args.model, "generation": generation.number, "per_type": args.per_type, "probe_items": probe_items,
               "protocols": PROTOCOL_TITLES, "scoring": "whole answer, normalised exact match",
               "x": "realised KV fraction (bytes after the first prompt / full cache's bytes)",
-              "points": points, "probe": probes, "refused": refused}
+              "loyalty": "share of items whose answer is the full cache's answer, whole (normalised exact match)",
+              "points": points, "probe": probes, "refused": refused, "reference_answers": reference_answers}
     if data:
         report |= {"per_type": len(items), "dataset": args.dataset, "split": args.split, "metric": args.metric,
                    "scoring": f"{args.metric} (kv_arena.bench.metrics), the mean score"}
@@ -334,110 +380,9 @@ def added(earlier: dict, report: dict) -> dict:
     for kind, per_method in report["points"].items():
         earlier["points"][kind] |= {m: p for m, p in per_method.items() if m != REFERENCE}
     earlier["refused"] = earlier.get("refused", {}) | report["refused"]
+    earlier["reference_answers"] = earlier.get("reference_answers", {}) | report["reference_answers"]
+    earlier.setdefault("loyalty", report["loyalty"])
     return earlier
-
-
-def _pooled(points: list[dict], key: str) -> tuple[float, float, float]:
-    """Mean over the types (equal counts) and the Wilson interval of the pooled counts."""
-    hits = sum(p[key] * p["n"] for p in points)
-    n = sum(p["n"] for p in points)
-    lo, hi = wilson(hits, n)
-    return hits / n, lo, hi
-
-
-def _cell(points: list[dict], key: str) -> str:
-    mean, lo, hi = _pooled(points, key)
-    return f"{mean:.2f} ({lo:.2f}-{hi:.2f})"
-
-
-def table(report: dict) -> str:
-    source = (f"{report['per_type']} items of {report['dataset']}, {report['metric']} score" if report.get("dataset") else
-              f"scenes v{report.get('generation', 2)}: {report['per_type']} held-out two-turn chats per type; whole answers right")
-    lines = [f"model {report['model']} ({source}): with = first question compressed with it, before = compressed "
-             "before it, follow = follow-up; kv = realised KV fraction"]
-    for kind, per_method in report["points"].items():
-        lines.append(f"\n[{kind}]")
-        for method, points in per_method.items():
-            for p in points:
-                lines.append("    " + _line(kind, method, p).split(None, 1)[1])
-        for name, acc in report["probe"].get(kind, {}).items():
-            lines.append(f"    probe: {name}: {acc:.2f}")
-    for method, reason in report.get("refused", {}).items():
-        lines.append(f"\n{method}: not run: {reason}")
-    return "\n".join(lines)
-
-
-def markdown(report: dict) -> str:
-    """docs/benchmarks.md's tables: per method and knob value, the realised KV fraction and the three
-    protocols' rates over all types, each with its 95% interval, and the largest run-on share."""
-    kinds = list(report["points"])
-    methods = list(dict.fromkeys(m for per in report["points"].values() for m in per))
-    lines = ["| method | knob | KV held (measured) | with the question | before the question | follow-up | "
-             "ran on | follow-up per type (" + ", ".join(kinds) + ") |", "|---|---|---|---|---|---|---|---|"]
-    for method in methods:
-        for i, _ in enumerate(report["points"][kinds[0]][method]):
-            same = [report["points"][k][method][i] for k in kinds]
-            knob = f"{same[0]['knob']} {same[0]['value']}" if same[0]["knob"] else "-"
-            ran_on = max(_pooled(same, f"{n}_ran_on")[0] for n in PROTOCOLS)
-            lines.append(f"| {method} | {knob} | {np.mean([p['realised'] for p in same]):.2f} | {_cell(same, 'with')} | "
-                         f"{_cell(same, 'before')} | **{_cell(same, 'follow')}** | {ran_on:.2f} | "
-                         + " ".join(f"{p['follow']:.2f}" for p in same) + " |")
-    if report.get("probe"):
-        lines += ["", "| probe (full cache, first question) | " + " | ".join(kinds) + " |",
-                  "|---|" + "---|" * len(kinds)]
-        for name in PROBES:
-            lines.append(f"| {name} | " + " | ".join(f"{report['probe'][k][name]:.2f}" for k in kinds) + " |")
-    return "\n".join(lines)
-
-
-def _marker(method: str, i: int) -> dict:
-    """The full cache a large star (methods that match it sit on top of it); past the palette's
-    first ten colours, whose next ones look alike, another symbol tells methods apart."""
-    if method == REFERENCE:
-        return {"symbol": "star", "size": 15}
-    return {"symbol": ("circle", "diamond", "square")[i // 10 % 3], "size": 9}
-
-
-def figure(report: dict, out: Path) -> list[str]:
-    """One panel per protocol; x = realised KV fraction, y = whole-answer rate over all types,
-    with 95% intervals."""
-    import plotly.colors
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    kinds = list(report["points"])
-    fig = make_subplots(rows=1, cols=len(PROTOCOLS), subplot_titles=[PROTOCOL_TITLES[p] for p in PROTOCOLS],
-                        shared_yaxes=True, horizontal_spacing=0.05)
-    palette = plotly.colors.qualitative.D3 + plotly.colors.qualitative.Dark2
-    methods = list(dict.fromkeys(m for per in report["points"].values() for m in per))
-    for col, protocol in enumerate(PROTOCOLS, 1):
-        for i, method in enumerate(methods):
-            rows = []
-            for j, _ in enumerate(report["points"][kinds[0]][method]):
-                same = [report["points"][k][method][j] for k in kinds]
-                mean, lo, hi = _pooled(same, protocol)
-                knob = f"{same[0]['knob']}={same[0]['value']}" if same[0]["knob"] else method
-                rows.append((float(np.mean([p["realised"] for p in same])), mean, lo, hi, knob))
-            rows.sort()
-            fig.add_trace(go.Scatter(x=[r[0] for r in rows], y=[r[1] for r in rows], name=method, legendgroup=method,
-                                     showlegend=col == 1, mode="lines+markers", text=[r[4] for r in rows],
-                                     error_y={"type": "data", "symmetric": False, "array": [r[3] - r[1] for r in rows],
-                                              "arrayminus": [r[1] - r[2] for r in rows]},
-                                     marker=_marker(method, i), line={"color": palette[i % len(palette)]}),
-                          row=1, col=col)
-        fig.update_xaxes(type="log", title_text="realised KV fraction", row=1, col=col)
-    fig.update_yaxes(title_text="whole answers right (all types)", range=[0, 1.02], row=1, col=1)
-    fig.update_layout(title=f"{report['model']}: held-out accuracy vs realised KV fraction, 95% intervals",
-                      template="plotly_white", width=1400, height=620,
-                      legend={"font": {"size": 12}, "tracegroupgap": 2})  # every method's name fits beside the panels
-    written = [str(out) + ".html"]
-    fig.write_html(written[0], include_plotlyjs="cdn")
-    try:
-        fig.write_image(str(out) + ".png", scale=2)
-        written.append(str(out) + ".png")
-    except Exception as exc:  # noqa: BLE001 - kaleido or its Chrome missing: the HTML and JSON carry the numbers
-        print(f"no PNG ({exc.__class__.__name__}): pip install kaleido, with Chrome or Chromium installed")
-    return written
 
 
 def main(argv=None) -> int:
@@ -454,6 +399,7 @@ def main(argv=None) -> int:
 def report_main(args) -> int:
     out = Path(args.out)
     try:
+        check_out(args)
         report = json.loads(Path(args.from_json).read_text()) if args.from_json else run(args)
         if "generation" not in report:
             raise UserError(f"{args.from_json} was written by an earlier version of this benchmark (first-word "

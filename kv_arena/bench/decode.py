@@ -21,8 +21,8 @@ and the cache, so that is the best a smaller cache can do. On CUDA, times are re
 ``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated`` over one method's prefill and step run alone
 (None on a CPU), against ``memory_bound_bytes``, the weights plus the KV it holds. The ``sdpa`` row compares the full cache
 through the runtime with stock attention (its ratios are runtime / stock). A method that picks an
-image's tokens before the decoder (VisionZip) has no tower to read here: named, it is refused; with
-every method, left out. Exit code 2 on bad input.
+image's tokens before the decoder (VisionZip), or that shrinks the media before the tower (Downsample), has
+no tower or media to act on here: named, it is refused; with every method, left out. Exit code 2 on bad input.
 """
 
 from __future__ import annotations
@@ -176,6 +176,17 @@ def make_backend(name: str, budget: float, params: dict):
     return backends.make_backend(name, budget=budget, **params)
 
 
+def acts_before_decoder(name: str) -> str | None:
+    """What a method does before the decoder (None: nothing), for which the decoder-only benches have
+    no input: it picks an image's tokens in the vision tower (VisionZip), or it shrinks the media
+    before the tower (Downsample; a synthetic prompt has no media to shrink, so it would be the full cache)."""
+    if backends.make_backend(name).selects_visual_tokens:
+        return "picks tokens before the decoder"
+    if backends.backend_class(name).resizes_media:
+        return "resizes the media before the vision tower"
+    return None
+
+
 def _cache_bytes(cache) -> int:
     if isinstance(cache, KVCache):
         return cache.nbytes()
@@ -189,11 +200,11 @@ def run(args: argparse.Namespace) -> list[dict]:
     methods = args.methods.split(",") if args.methods else backends.available()
     for m in methods:
         backends.backend_class(m)  # unknown names fail before the model is built
-    before_decoder = [m for m in methods if backends.make_backend(m).selects_visual_tokens]
+    before_decoder = [m for m in methods if acts_before_decoder(m)]
     if args.methods and before_decoder:
-        raise UserError(f"{', '.join(before_decoder)} picks an image's tokens in the vision tower, before the decoder; "
+        raise UserError(f"{', '.join(before_decoder)}: {'; '.join(acts_before_decoder(m) for m in before_decoder)}; "
                         "this mode feeds the decoder synthetic embeddings, with no tower: time it with --mode methods "
-                        "on a model it runs on (--model tiny-llava)")
+                        "on a model it runs on")
     methods = [m for m in methods if m not in before_decoder]  # all methods: left out, as said above
     methods = [REFERENCE] + [m for m in methods if m != REFERENCE]
     params = method_params(methods, args.set)

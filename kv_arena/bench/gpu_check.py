@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def row(method: str, visual: int, measured: dict, lossless: dict) -> dict:
     """One method at one size: the speed stage's figures (None where it did not run the method:
-    skipped, or a method that picks tokens before the decoder) and the lossless verdict."""
+    skipped, or a method that acts before the decoder: :func:`.decode.acts_before_decoder`) and the lossless verdict."""
     r = measured.get(method)
     pick = lambda key: None if r is None else r[key]  # noqa: E731
     return {"method": method, "visual_tokens": visual, "kv_bytes": pick("kv_bytes"), "kv_ratio": pick("kv_ratio"),
@@ -171,7 +171,7 @@ def row(method: str, visual: int, measured: dict, lossless: dict) -> dict:
             "decode_vs_full": pick("decode_ratio"), "decode_vs_full_range": pick("decode_ratio_range"),
             "peak_memory_bytes": pick("peak_memory_bytes"), "memory_bound_bytes": pick("memory_bound_bytes"),
             "same_tokens_at_lossless": lossless.get(method),
-            "not_timed": None if r is not None else ("picks tokens before the decoder" if measured else "skipped")}
+            "not_timed": None if r is not None else (decode.acts_before_decoder(method) if measured else "skipped")}
 
 
 def _range(r: dict, name: str) -> str:

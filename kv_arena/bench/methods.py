@@ -32,7 +32,7 @@ from kv_arena.backends.descriptions import describe
 
 from ..errors import UserError
 from ..media import load_image, load_video
-from ..runtime.generate import Conversation, agreement
+from ..runtime.generate import Conversation, agreement, loyal
 from ..runtime.inputs import Message
 from ..runtime.models import DEFAULT_MODEL, list_models, load_model
 from .common import REFERENCE, SPREAD_NOTE, Spread, add_repeats_arg, aligned, check_repeats, rotated, run_main
@@ -167,6 +167,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             "kv_ratio": m.kv_bytes / full.kv_bytes if full.kv_bytes else None,
             "kv_ratio_prefill": realised,
             "token_agreement": agreement(update.token_ids, full_update.token_ids, loaded.adapter.eos_ids),
+            "loyal": loyal(update.text, full_update.text),  # the full cache's answer, whole
             "tokens_held": m.tokens_held, "peak_memory_bytes": m.peak_memory_bytes,
             "question_after": args.question_after, "report": backend.report.to_dict(),
         }))
@@ -182,7 +183,7 @@ def _spread_cell(row: dict, name: str, digits: int) -> str:
 def table(rows: list[dict]) -> str:
     cols = [("method", "{}"), ("realised_fraction", "{:.3f}"), ("kv_ratio", "{:.3f}"), ("kv_bytes", "{:,}"), ("ttft_s", "{:.3f}"),
             ("prefill_ratio", 2), ("overhead_s", "{:.4f}"), ("overhead_ratio", 3), ("decode_tok_s", "{:.1f}"),
-            ("decode_ratio", 2), ("new_tokens", "{}"), ("token_agreement", "{:.2f}")]
+            ("decode_ratio", 2), ("new_tokens", "{}"), ("token_agreement", "{:.2f}"), ("loyal", "{}")]
     cells = [[c for c, _ in cols]] + [[_spread_cell(r, c, fmt) if isinstance(fmt, int)
                                        else fmt.format(r[c]) if r[c] is not None else "-" for c, fmt in cols]
                                       for r in rows]
@@ -191,7 +192,8 @@ def table(rows: list[dict]) -> str:
     head = f"model {rows[0]['model']}, budget {budget}, " \
            f"{rows[0]['prompt_tokens']} prompt tokens ({rows[0]['visual_tokens']} visual); ratios are against the full " \
            f"cache, {rows[0]['repeats']} rounds (times: medians)"
-    return "\n".join([head, SPREAD_NOTE] + lines)
+    notes = [f"{r['method']}: {r['report']['note']}" for r in rows if r["report"].get("note")]  # EVS on pictures
+    return "\n".join([head, SPREAD_NOTE] + lines + notes)
 
 
 def _paper_cell(url: str | None) -> str:

@@ -30,7 +30,8 @@ from ..runtime.inputs import Message
 from ..runtime.models import ARENA, load_model
 from ..runtime.streaming import feed_streaming
 from ..tiny import generations
-from .accuracy import Verdict, answer_budget, judge, wilson
+from .accuracy import Verdict, answer_budget, judge
+from .accuracy_report import wilson
 from .common import REFERENCE, aligned
 
 KIND = "moving"  # the scenes' video questions

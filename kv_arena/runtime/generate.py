@@ -7,6 +7,7 @@ where tokens are produced.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -32,6 +33,18 @@ def agreement(a: list[int], b: list[int], ignore: frozenset[int] | set[int] = fr
     a, b = [t for t in a if t not in ignore], [t for t in b if t not in ignore]
     longest = max(len(a), len(b))
     return sum(x == y for x, y in zip(a, b)) / longest if longest else 1.0
+
+
+def answer_words(text: str) -> list[str]:
+    """An answer's words as answers are compared: lower case, punctuation dropped."""
+    return re.sub(r"[^\w\s]", " ", text.lower()).split()
+
+
+def loyal(text: str, reference: str) -> bool:
+    """Whether an answer is the full cache's answer ``reference``, whole (:func:`answer_words`, word for
+    word), right or wrong: what a method's **loyalty** (the share of its answers that are) counts.
+    :func:`agreement` is the softer figure: the share of positions with the same token."""
+    return answer_words(text) == answer_words(reference)
 
 
 @dataclass
@@ -177,7 +190,8 @@ class Conversation:
         prefix = list(self.pending)
         system = self.system_prompt if self.seen == 0 and not prefix else None
         return self.adapter.encode_turn(message, self.seen, self.next_position, system, prefix,
-                                        open_turn=not self.turn_open, close_turn=close_turn)
+                                        open_turn=not self.turn_open, close_turn=close_turn,
+                                        media_scale=self.backend.media_scale())  # Downsample: smaller media
 
     @torch.inference_mode()
     def prefill_chunk(self, chunk: Chunk, cap_bytes: int | None = None) -> float:

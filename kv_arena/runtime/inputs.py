@@ -8,7 +8,7 @@ text spans, post-vision text) in absolute token indices: every backend receives 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -118,9 +118,12 @@ class ChatAdapter:
 
     # --- turns ---------------------------------------------------------------------------------
     def encode_turn(self, message: Message, start: int, next_position: int, system: str | None,
-                    prefix_ids: list[int] = (), open_turn: bool = True, close_turn: bool = True) -> Chunk:
+                    prefix_ids: list[int] = (), open_turn: bool = True, close_turn: bool = True,
+                    media_scale: float = 1.0) -> Chunk:
         """Tokens of one user turn and the assistant header. ``system`` only on the first turn;
-        ``open_turn`` / ``close_turn`` False split a turn in two chunks (media first, question later)."""
+        ``open_turn`` / ``close_turn`` False split a turn in two chunks (media first, question later);
+        ``media_scale`` < 1: every picture and video frame resized first so that it makes that share
+        of the visual tokens (:meth:`scaled_size`; a method that ``resizes_media``)."""
         b = _Builder(start)
         pixels: dict[str, list] = {}
         if prefix_ids:  # unfed end of the previous answer
@@ -131,6 +134,8 @@ class ChatAdapter:
             b.add_text(self.tokens(self.user_open))
         images = [load_image(i) for i in message.images]
         videos = [load_video(v, message.num_frames) for v in message.videos]
+        if media_scale < 1:
+            images, videos = self.scaled_media(images, videos, media_scale)
         if not message.media_first:
             b.add_text(self.tokens(message.text))
         for image in images:
@@ -144,6 +149,37 @@ class ChatAdapter:
         ids = torch.tensor([b.ids], dtype=torch.long)
         rope_ids, next_pos = self.positions(ids, b, pixels, next_position)
         return Chunk(ids, rope_ids, b.layout(), self.pack_pixels(pixels), next_pos)
+
+    # --- media resized before the vision tower (a method that ``resizes_media``) ---------------------
+    # whether a smaller picture makes fewer visual tokens: False where the processor sizes every
+    # picture to one fixed grid (LLaVA's 336 px crop), which a method that resizes media cannot change
+    resizable = False
+
+    def scaled_size(self, height: int, width: int, scale: float, max_pixels: int | None = None) -> tuple[int, int]:
+        """(h, w) in pixels a picture of ``height`` x ``width`` is resized to so that it makes the
+        ``scale`` share of the visual tokens the processor would make of it (``max_pixels``: the
+        processor's pixel budget for it, a video frame's)."""
+        raise NotImplementedError(f"{type(self).__name__} sizes every picture to a fixed grid")
+
+    def scaled_media(self, images: list[Image.Image], videos: list[Video], scale: float):
+        """``images`` and ``videos`` resized to :meth:`scaled_size` (bicubic, as the processors
+        resize), as a smaller upload would be: the processor then takes them as they are."""
+        from ..errors import UserError
+
+        if not self.resizable:
+            raise UserError(f"This {self.config.model_type} model's processor sizes every picture to a fixed grid: "
+                            "a smaller picture makes as many visual tokens.")
+        resized = []
+        for image in images:
+            h, w = self.scaled_size(image.height, image.width, scale)
+            resized.append(image if (w, h) == image.size else image.resize((w, h), Image.BICUBIC))
+        clips = []
+        for video in videos:
+            n, height, width = video.frames.shape[:3]
+            h, w = self.scaled_size(height, width, scale, self.video_frame_pixels(n))
+            frames = np.stack([np.asarray(Image.fromarray(f).resize((w, h), Image.BICUBIC)) for f in video.frames])
+            clips.append(replace(video, frames=frames))
+        return resized, clips
 
     # --- overridable ---------------------------------------------------------------------------
     def positions(self, ids: torch.Tensor, b: _Builder, pixels: dict, next_position: int):
@@ -180,6 +216,7 @@ class QwenVLAdapter(ChatAdapter):
 
     rope_dims = 3
     video_chunking = "groups"
+    resizable = True  # smart_resize keeps any size on the patch grid between min and max pixels
     system_open, system_close = "<|im_start|>system\n", "<|im_end|>\n"
     user_open, user_close = "<|im_start|>user\n", "<|im_end|>\n"
     assistant_open, assistant_close = "<|im_start|>assistant\n", "\n"
@@ -234,6 +271,21 @@ class QwenVLAdapter(ChatAdapter):
         max_pixels = max_pixels or self.video_frame_pixels(num_frames)
         return smart_resize(height, width, factor=ip.patch_size * ip.merge_size, min_pixels=ip.size["shortest_edge"],
                             max_pixels=max_pixels)
+
+    def scaled_size(self, height: int, width: int, scale: float, max_pixels: int | None = None) -> tuple[int, int]:
+        """The processor's own size for the picture (``smart_resize``: sides on the patch x merge grid,
+        aspect kept, between its min and max pixels), then the largest such size with at most
+        ``scale`` of its pixels, so at most that share of its visual tokens (never under the
+        processor's min pixels)."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        ip = self.image_processor
+        factor, low = ip.patch_size * ip.merge_size, ip.size["shortest_edge"]
+        h, w = smart_resize(height, width, factor=factor, min_pixels=low, max_pixels=max_pixels or ip.size["longest_edge"])
+        small = smart_resize(h, w, factor=factor, min_pixels=low, max_pixels=max(low, int(scale * h * w)))
+        if small[0] * small[1] < low:  # rounded down under the min pixels: the processor would size it up
+            small = smart_resize(*small, factor=factor, min_pixels=low, max_pixels=h * w)
+        return small
 
     def patchify_video(self, frames: np.ndarray, size: tuple[int, int] | None = None) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """Frames (N, H, W, 3) -> Qwen-VL video patches, ordered as the image processor orders them;

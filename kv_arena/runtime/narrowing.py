@@ -1,7 +1,8 @@
 """A prefill that runs on fewer tokens from some decoder layer on, for a method that
 ``narrows_prefill`` (FastV): PyTorch forward pre-hooks on the decoder layers, nothing patched.
 
-Before each layer the method's ``prefill_rows(call)`` may hand over the rows that go on; the hook
+Before each layer the method's ``prefill_rows(call)`` (``call.hidden``: the hidden states entering the
+layer) may hand over the rows that go on; the hook
 then shortens the hidden states, the rotary tables (the model computes them once, for every new
 token, and hands the same ones to every layer) and the text position ids to the rows still going,
 and narrows the forward pass (:meth:`ForwardRun.narrow`), so the cache of this layer and of every
@@ -17,6 +18,7 @@ to the rows still going (zero on text rows, so nothing changes where nothing was
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
@@ -48,7 +50,8 @@ class _Narrowing:
             if run is None or not run.call.is_prefill:
                 return None
             hidden = args[0]
-            rows = run.timed(run.cache.backend.prefill_rows, run.call_for(index))
+            call = replace(run.call_for(index), hidden=hidden)  # what the rows carry into this layer
+            rows = run.timed(run.cache.backend.prefill_rows, call)
             if rows is not None:
                 rows = rows.to(hidden.device)
                 hidden = hidden[:, rows]

@@ -11,6 +11,10 @@ transformers' own checks see every image token.
 
 Any other model is refused in one line (:func:`refusal`): Qwen-VL towers have no CLS token and
 attend within windows, SigLIP (LLaVA-OneVision) has no CLS token, LLaVA-NeXT tiles an image.
+
+The same refusal covers a method that shrinks the media before the tower (``resizes_media``:
+Downsample) on a model whose processor sizes every picture to a fixed grid (the LLaVA family), where
+a smaller picture makes as many visual tokens (the chat adapter's ``resizable``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from kv_arena.backends.base import KVBackend, VisionTokens
 
 from ..errors import UserError
 from .attention import active_run
+from .inputs import ADAPTERS
 
 
 def _tower_index(config) -> int | None:
@@ -53,8 +58,22 @@ def _why(backend, family: str, advice: bool = True) -> str:
     return why + (f": pick another method, or {backend.title} at keep 1.0." if advice else ".")
 
 
+def _fixed_grid(config) -> bool:
+    """Whether the model's processor sizes every picture to one grid, whatever its size."""
+    adapter = ADAPTERS.get(config.model_type)
+    return adapter is None or not adapter.resizable
+
+
+def _why_not_resized(backend, family: str, advice: bool = True) -> str:
+    why = (f"{backend.title} shrinks a picture so that it makes fewer visual tokens; this {family} model's processor "
+           "sizes every picture to a fixed grid, so a smaller one makes as many")
+    return why + (f": pick another method, or {backend.title} at budget 1.0." if advice else ".")
+
+
 def refusal(model, backend: KVBackend) -> str | None:
     """Why ``backend`` cannot run on ``model`` (one line), or None where it can."""
+    if backend.media_scale() < 1 and _fixed_grid(model.config):
+        return _why_not_resized(backend, model.config.model_type)
     if not backend.selects_visual_tokens or _tower_layer(model) is not None:
         return None
     return _why(backend, model.config.model_type)
@@ -63,6 +82,8 @@ def refusal(model, backend: KVBackend) -> str | None:
 def config_refusal(config, backend: KVBackend) -> str | None:
     """Why ``backend`` cannot run on a model, from its config alone (no weights loaded), without
     :func:`refusal`'s advice (a picker that does not offer the method says this), or None."""
+    if type(backend).resizes_media and _fixed_grid(config):  # whatever its budget: the picker leaves it out
+        return _why_not_resized(backend, config.model_type, advice=False)
     if not backend.selects_visual_tokens or _tower_index(config) is not None:
         return None
     return _why(backend, config.model_type, advice=False)

@@ -14,7 +14,7 @@ from kv_arena import backends
 
 from ..errors import UserError
 from ..mpic.linking import Linker
-from ..runtime.generate import Conversation, agreement
+from ..runtime.generate import Conversation, agreement, loyal
 from ..runtime.inputs import Message
 from ..runtime.vision_tokens import check_runs_on
 from .current import current_app
@@ -213,7 +213,8 @@ def _turn(state: ChatState, plan: Plan, prepared: Prepared,
         view = ChatView(update.text, update.done, new_chat, conv.backend.title,
                         with_stream(metrics, stream) if stream else metrics, layer_figures(conv),
                         _reference_view(reference, cached), stream, switch=switch,
-                        is_reference=conv.backend.is_reference, context_tokens=before + update.metrics.prompt_tokens)
+                        is_reference=conv.backend.is_reference, context_tokens=before + update.metrics.prompt_tokens,
+                        note=conv.backend.report.note or "")
         if not update.done:
             yield view
             continue
@@ -347,7 +348,7 @@ def _compare_runs(references: ReferenceCache, settings: Settings, plans: list[Pl
         reference, cached = references.get(loaded, settings, turns[:i + 1])
         answers.append(reference)
         full.append(marked(CompareTurn(prepared.message.text, reference.text, reference.metrics, reference.layers,
-                                       1.0, cached, done=True), media, prepared.message.text))
+                                       1.0, True, cached, done=True), media, prepared.message.text))
     reference_method = backends.backend_class(backends.reference_name())
     runs = [CompareRun(reference_method.name, reference_method.title, tuple(full), done=True)]
     yield CompareView(tuple(runs), False)
@@ -363,7 +364,8 @@ def _compare_runs(references: ReferenceCache, settings: Settings, plans: list[Pl
                 turn = replace(answered[-1], text=update.text, metrics=meters(update.metrics), done=update.done)
                 if update.done:  # the per-layer figures once per answer: they walk every layer
                     turn = replace(marked(turn, media, prepared.message.text), layers=layer_figures(conv),
-                                   agreement=agreement(update.token_ids, reference.token_ids, eos))
+                                   agreement=agreement(update.token_ids, reference.token_ids, eos),
+                                   loyal=loyal(update.text, reference.text), note=conv.backend.report.note or "")
                 answered[-1] = turn
                 runs[-1] = replace(runs[-1], turns=tuple(answered))
                 yield CompareView(tuple(runs), False)

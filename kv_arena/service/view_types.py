@@ -120,6 +120,7 @@ class ChatView:
     switch: SwitchNote | None = None  # the conversation so far was re-read by this method first
     is_reference: bool = False  # the method is the full cache itself: its figures are the reference
     context_tokens: int = 0  # tokens of the whole conversation the cache stood for after this prompt
+    note: str = ""  # the method's own line on this prompt (EVS: no video, so it held the whole cache)
 
 
 @dataclass(frozen=True)
@@ -131,11 +132,13 @@ class CompareTurn:
     metrics: Meters | None = None
     layers: LayerFigures | None = None  # once done
     agreement: float | None = None  # answer tokens equal to the full cache's, once done
+    loyal: bool | None = None  # once done: the answer is the full cache's, whole (what loyalty counts)
     cached: bool = False  # the full cache's, from an earlier run on this input
     truth: str | None = None
     right: bool | None = None
     unmarked: str = ""  # why a question about a scene the app drew is not marked
     done: bool = False
+    note: str = ""  # the method's own line on this turn's prompt (EVS: no video, so it held the whole cache)
 
 
 @dataclass(frozen=True)
