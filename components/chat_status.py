@@ -61,7 +61,9 @@ def explanation(view: service.ChatView, settings: service.Settings, with_media: 
                      "at the end of the prompt's pass, before the method compresses. Ask a follow-up about another "
                      "object, or pick \"Before the question\", to see what that cost.")
     uses_budget = service.method_spec(settings.method)["uses_budget"]
-    if uses_budget and held is not None and held > settings.budget + 0.05:
+    if view.note and held is not None and held > settings.budget + 0.05:  # the method's own reason (EVS: no video)
+        lines.append(f"*Why {held:.2f}x with a budget of {settings.budget:.2f}:* {view.note}")
+    elif uses_budget and held is not None and held > settings.budget + 0.05:
         lines.append(f"*Why {held:.2f}x with a budget of {settings.budget:.2f}:* on a prompt this short, what "
                      f"{view.method} never evicts (its window of recent tokens, sinks, the text) is more than the "
                      "budget; on a longer prompt it holds its budget.")
@@ -71,7 +73,7 @@ def explanation(view: service.ChatView, settings: service.Settings, with_media: 
 # what a method did to the picture, by what it does (``service.method_spec(...)["does"]``)
 DID = {"drops": "dropped part of the picture", "merges": "merged part of the picture",
        "quantises": "stored the picture in fewer bits", "low-rank": "stored the picture as low-rank factors",
-       "reuses": "reused a stored copy of the picture"}
+       "reuses": "reused a stored copy of the picture", "downsamples": "read a smaller copy of the picture"}
 
 
 def what_it_did(method: str) -> str:
@@ -128,8 +130,10 @@ def measured(view: service.ChatView) -> tuple[str, str | None]:
         return "", no_reference_note(view)
     fraction = 1.0 if view.is_reference else plots.kept_fraction(view, view.reference)
     tokens = max(view.context_tokens, view.metrics.prompt_tokens)  # the whole conversation the cache holds
-    return (at_scale.scale_line(view.method, fraction, tokens, conversation=tokens > view.metrics.prompt_tokens),
-            realised_note(view.method, fraction))
+    note = realised_note(view.method, fraction)
+    if view.note:  # the method's own line (EVS on pictures: it held the whole cache, which is no result)
+        note = f"{note} {view.note}"
+    return (at_scale.scale_line(view.method, fraction, tokens, conversation=tokens > view.metrics.prompt_tokens), note)
 
 
 def no_reference_note(view: service.ChatView) -> str:
