@@ -45,11 +45,56 @@ HEADER = """# KV-cache arena
 Chat with images and video while a KV-cache method decides what the model remembers: watch the memory
 it saves, what it costs in speed, and which image tokens it kept. See **About** for the plain-words tour."""
 
+# On a phone the conversation comes first and the settings fold below it: each column takes the
+# row's whole width there (the row wraps them, settings first as written) and the order is swapped.
+# Not flex-direction: column, under which a tab's wide table widened the column past the screen.
+# At 1280 px the settings stay on the left.
+LAYOUT_CSS = """
+@media (max-width: 768px) {
+  #settings-column, #main-column { min-width: 100% !important; }
+  #main-column { order: -1; }
+}
+/* the Chatbot's "Chat" badge floated over the scrolling chat and covered what scrolled under it
+   ("Method switched"): it gets a row of its own, the messages scroll below it */
+#chatbot > .wrapper { display: flex; flex-direction: column; }
+#chatbot > .wrapper > label[data-testid=block-label] { position: static; align-self: flex-start; margin: 6px 0 2px 6px; }
+#chatbot > .wrapper > .bubble-wrap { flex: 1 1 auto; min-height: 0; }
+/* the leaderboard's headers wrap between words only ("Budge|t" broke mid-word): a narrow screen
+   scrolls the table sideways instead (not every table: Compare's fixed column widths would clip them) */
+#blind-board th span.header { overflow-wrap: normal; word-break: keep-all; }
+"""
+
+THEME = gr.themes.Soft()
+
+# "✓" and "✗" from a font that draws a tick: IBM Plex Mono (the theme's monospace) draws "✓" as a
+# "√". unicode-range: these two characters only, every other one keeps the theme's fonts; where
+# none of these fonts is installed the theme's stack draws them as before.
+MARKS_CSS = """
+@font-face {
+  font-family: "kv-marks";
+  src: local("DejaVu Sans"), local("DejaVuSans"), local("Segoe UI Symbol"), local("Apple Symbols"),
+       local("Noto Sans Symbols 2"), local("NotoSansSymbols2-Regular");
+  unicode-range: U+2713, U+2717;
+}
+.gradio-container { --font: "kv-marks", FONT; --font-mono: "kv-marks", MONO; }
+""".replace("FONT", THEME.font).replace("MONO", THEME.font_mono)
+
+# Compare and "Can you tell?" pick their own methods and budget: while one of them is open the
+# settings column's Method and Budget (Chat's) are greyed, and a note under the model says why.
+# CSS :has() on the selected tab, so no event round trip is needed and every way of opening a tab counts.
+OWN_CONTROLS = ("compare", "blind")
+SIDEBAR_CSS = "#chat-only-note { display: none; }\n" + "".join(
+    f"""
+.gradio-container:has(#tabs [role=tab][data-tab-id={tab}][aria-selected=true]) #chat-only-note {{ display: block; }}
+.gradio-container:has(#tabs [role=tab][data-tab-id={tab}][aria-selected=true]) :is(#method, #method-card, #budget, #realised) {{
+  opacity: 0.45; pointer-events: none;
+}}""" for tab in OWN_CONTROLS)
+
 CSS = """
 #chat-status, #compare-status { font-size: 0.9em; }
 .range-note, #compare-methods-note { color: #b45309; font-size: 0.85em; margin-top: 4px; }
-.answer textarea { font-family: ui-monospace, monospace; font-size: 0.85em; }
-"""
+.answer textarea { font-family: "kv-marks", ui-monospace, monospace; font-size: 0.85em; }
+""" + LAYOUT_CSS + MARKS_CSS + SIDEBAR_CSS
 
 
 def _release(request: gr.Request) -> None:
@@ -74,11 +119,13 @@ def build_demo() -> gr.Blocks:
         # one Session per browser tab: its chat, uploads and caches are never shared
         session = gr.State(service.Session, delete_callback=service.close_session)
         gr.Markdown(HEADER)
-        with gr.Row():
-            with gr.Column(scale=1, min_width=300):
+        with gr.Row(elem_id="layout"):
+            with gr.Column(scale=1, min_width=300, elem_id="settings-column"):
                 settings = build_settings()
-            with gr.Column(scale=3):
-                with gr.Tabs():
+            with gr.Column(scale=3, elem_id="main-column"):
+                # "wrap": on a phone the tabs go onto a second row, each named (the default hides
+                # those that do not fit behind an unlabelled "⋯")
+                with gr.Tabs(elem_id="tabs", overflow_behavior="wrap"):
                     with gr.Tab("Chat", id="chat"):
                         build_chat(settings, session)
                     with gr.Tab("Compare", id="compare"):
@@ -129,7 +176,10 @@ RANGE_JS = """
 
 def launch_options() -> dict:
     """What ``launch()`` takes besides the address (the tests launch with the same look and limits)."""
-    return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": gr.themes.Soft(), "css": CSS, "js": RANGE_JS,
+    return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": THEME, "css": CSS, "js": RANGE_JS,
+            # no run history: a run needs its tab's session (the conversation, the uploads), which a
+            # stored run cannot bring back, and its page showed the panels as raw JSON and "[object Object]"
+            "run_history": False,
             "enable_monitoring": os.environ.get("KV_ARENA_MONITORING") == "1",  # its traffic is no visitor's business
             # off by default: Gradio's MCP bridge sends every tool call through one client of its own, so
             # all MCP callers are one upload owner and one client to the queue limit; each call gets a

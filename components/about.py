@@ -1,4 +1,5 @@
-"""The About tab: the KV cache in plain words, what each registered method does, what the panels show."""
+"""The About tab: the KV cache in plain words first (a newcomer's first question), then when the methods
+differ, what each registered method does, what the panels show."""
 
 from __future__ import annotations
 
@@ -7,27 +8,6 @@ import gradio as gr
 from kv_arena import service
 
 INTRO = """
-### When do the methods differ?
-Mostly on **follow-ups** and longer answers, rarely on the first word of a first question. The first
-word is chosen at the end of the prompt's pass, while the whole prompt is still in view; the method
-drops, merges or quantises right after it. So a method can drop the very object you asked about and
-still answer its colour right, then get the next question about that picture wrong. To see what a
-method costs: ask a follow-up about another object, or pick "Before the question" (the picture is
-compressed before anyone asks, as a stored picture is), or compare methods on the Compare tab, whose
-examples ask a question and a follow-up. In detail:
-- **Not on a one-word first answer** with the cache compressed *with the question*: that word comes
-  from the prefill's own logits, computed from the whole prompt before anything is evicted. Only the
-  methods that are sparse *during* the prefill (ZipVL; FastV, whose later layers no longer see the
-  visual tokens it dropped; VisionZip, whose language model never sees them) can change it.
-- **On a follow-up** (Compare's "Then ask", or a second message in Chat): it is answered from what the
-  method kept for the *first* question. A method that scored tokens by that question's attention
-  (SnapKV, PyramidKV) may have dropped the object the follow-up asks about.
-- **Before the question** ("When the cache is compressed": before the question): the media are
-  prefilled and compressed first, as a cached picture is, and the question comes after, on top of
-  the compressed cache; the first answer then depends on what was kept.
-- **On long answers** (hub models, and tiny-arena-vl's lists and pairs): every token after the
-  first is read from the compressed cache.
-
 ### What is the KV cache?
 A language model writes its answer one token (a word piece) at a time. To choose each token it looks
 back at every earlier token through *attention*, and for that it keeps two vectors per token, per
@@ -48,6 +28,27 @@ little attention to, some **merge** neighbours into one, some **quantise** the n
 some store a **low-rank** approximation, and some **reuse** the cache of an image seen before instead of
 recomputing it. One (VisionZip) acts even earlier: it picks an image's tokens before the language model
 reads them, so the tokens it leaves out are never computed or cached at all. The *budget* is the fraction of the full cache a method keeps (1.0 keeps everything).
+
+### When do the methods differ?
+Mostly on **follow-ups** and longer answers, rarely on the first word of a first question. The first
+word is chosen at the end of the prompt's pass, while the whole prompt is still in view; the method
+drops, merges or quantises right after it. So a method can drop the very object you asked about and
+still answer its colour right, then get the next question about that picture wrong. To see what a
+method costs: ask a follow-up about another object, or pick "Before the question" (the picture is
+compressed before anyone asks, as a stored picture is), or compare methods on the Compare tab, whose
+examples ask a question and a follow-up. In detail:
+- **Not on a one-word first answer** with the cache compressed *with the question*: that word comes
+  from the prompt's own pass (the prefill), computed from the whole prompt before anything is evicted. Only the
+  methods that are sparse *during* the prefill (ZipVL; FastV, whose later layers no longer see the
+  visual tokens it dropped; VisionZip, whose language model never sees them) can change it.
+- **On a follow-up** (Compare's "Then ask", or a second message in Chat): it is answered from what the
+  method kept for the *first* question. A method that scored tokens by that question's attention
+  (SnapKV, PyramidKV) may have dropped the object the follow-up asks about.
+- **Before the question** ("When the cache is compressed": before the question): the media are
+  prefilled and compressed first, as a cached picture is, and the question comes after, on top of
+  the compressed cache; the first answer then depends on what was kept.
+- **On long answers** (hub models, and tiny-arena-vl's lists and pairs): every token after the
+  first is read from the compressed cache.
 """
 
 PANELS = """
@@ -56,11 +57,11 @@ PANELS = """
   (x = 0) and after each new token, for the method and the full cache (dashed); the legend says the saving.
 - **Speed**: time to first token (reading the media, the prompt pass and the method's own work) and
   decode speed in tokens per second, method next to the full cache, labelled with the ratio to it
-  (0.80x) and drawn as a bar only where the same input gives the same verdict run after run: at least
-  8 decode steps each (the median step compared); a first token is one event, so its ratio needs at
-  least 0.5 s and evenly timed decode steps beside it (a busy machine times them unevenly); else **–**,
-  too short to time. A ratio within this machine's noise (±35%, wider when the steps themselves vary)
-  is **≈**. On the tiny offline model a step is mostly Python overhead, which says nothing about a
+  (0.80x) and drawn as a solid bar only where the same input gives the same verdict run after run: at
+  least 8 decode steps each (the median step compared); a first token is one event, so its ratio needs
+  at least 0.5 s and evenly timed decode steps beside it (a busy machine times them unevenly); else
+  **–**, too short to time. A ratio within this machine's noise (±35%, wider when the steps themselves
+  vary) is **≈**. Both are drawn as pale, hatched bars: the value was measured, the difference is not told. On the tiny offline model a step is mostly Python overhead, which says nothing about a
   method's speed at scale.
 - Under the memory panel (and under Compare's panels), lines **computed, not measured**: the
   fraction of the full cache's KV measured here, projected onto real architectures (bytes per token

@@ -7,6 +7,7 @@ figures come from an earlier run on the same input.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
@@ -197,9 +198,10 @@ SPEED_ROWS = (("ttft_s", "<b>Time to first token</b> (s), lower is better", (0.6
 
 def speed_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure:
     """Time to first token and decode tokens/s, one horizontal bar per method (names never collide,
-    however many), the full cache first. A method's bar is drawn only where its ratio to the full
-    cache is shown (:func:`speed_ratio`); elsewhere its row holds the value and the mark alone, so
-    no bar draws noise at full length."""
+    however many), the full cache first. Every method gets its bar; where its ratio to the full
+    cache is not shown (:func:`speed_ratio`: too short to time, or within the noise) the bar is pale
+    and hatched beside its mark, so a bar drawn from noise does not read as a measured difference
+    (with no bar at all a method looked missing)."""
     bars = ([reference] if reference else []) + [r for r in runs if r and r.metrics is not None]
     traces, axes, titles = [], {}, []
     for row, (key, title, domain) in enumerate(SPEED_ROWS, start=1):
@@ -210,29 +212,42 @@ def speed_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure
                   for value, ratio in zip(values, ratios)]
         colors = [FULL_COLOR if r is reference else COLORS[(i - bool(reference)) % len(COLORS)] for i, r in enumerate(bars)]
         suffix = "" if row == 1 else str(row)
-        traces.append(dict(type="bar", y=[series_name(r.method, r.cached) for r in bars],
-                           x=[v if keep else 0 for v, keep in zip(values, shown)], orientation="h", text=labels,
-                           textposition="outside", cliponaxis=False, marker_color=colors, textfont=dict(size=12),
-                           xaxis=f"x{suffix}", yaxis=f"y{suffix}"))
+        marker = dict(color=colors, opacity=[1.0 if keep else UNTOLD_OPACITY for keep in shown],
+                      pattern=dict(shape=["" if keep else UNTOLD_PATTERN for keep in shown], fillmode="overlay"))
+        traces.append(dict(type="bar", y=[series_name(r.method, r.cached) for r in bars], x=values, orientation="h",
+                           text=labels, textposition="outside", cliponaxis=False, marker=marker,
+                           textfont=dict(size=12), xaxis=f"x{suffix}", yaxis=f"y{suffix}"))
         axes[f"xaxis{suffix}"] = AXIS | dict(range=[0, 2.2 * max(values, default=0) or 1], anchor=f"y{suffix}")  # room for the labels
         axes[f"yaxis{suffix}"] = AXIS | dict(domain=list(domain), autorange="reversed", tickfont=dict(size=12),
                                              anchor=f"x{suffix}")
         titles.append(dict(text=title, x=0.5, xref="paper", xanchor="center", y=domain[1], yref="paper",
                            yanchor="bottom", showarrow=False, font=dict(size=13)))
-    if any(mark in label for trace in traces for label in trace["text"] for mark in (NOT_TOLD, TOO_SHORT)):
-        titles.append(dict(text=NOT_TOLD_NOTE.replace("; ", ";<br>"), x=0, xref="paper", xanchor="left", y=-0.02,
-                           yref="paper", yanchor="top", showarrow=False, align="left",
-                           font=dict(size=11, color="#555555")))
-    layout = LAYOUT | {"margin": dict(l=20, r=20, t=40, b=56), "uirevision": "speed", "showlegend": False,
-                       "annotations": titles, "uniformtext": dict(minsize=12, mode="show")} | axes
+    marked = any(mark in label for trace in traces for label in trace["text"] for mark in (NOT_TOLD, TOO_SHORT))
+    if marked:
+        titles.append(speed_note())
+    layout = LAYOUT | {"margin": dict(l=20, r=20, t=40, b=NOTE_MARGIN if marked else 56), "uirevision": "speed",
+                       "showlegend": False, "annotations": titles, "uniformtext": dict(minsize=12, mode="show")} | axes
     return go.Figure(data=traces, layout=layout)
+
+
+UNTOLD_OPACITY = 0.35  # a bar whose ratio to the full cache is not shown: pale...
+UNTOLD_PATTERN = "/"  # ...and hatched
+NOTE_SHIFT = -24  # px: the footnote starts under the bottom axis's tick labels (at y=0 it printed over them)
+NOTE_MARGIN = 96  # px under the plot: the tick labels, then the footnote's three lines
+
+
+def speed_note() -> dict:
+    """The footnote saying what ≈ and – mean, under the bottom axis's tick labels (shifted in pixels:
+    a shift in paper units changes with the panel's height)."""
+    return dict(text=NOT_TOLD_NOTE.replace("; ", ";<br>"), x=0, xref="paper", xanchor="left", y=0, yref="paper",
+                yanchor="top", yshift=NOTE_SHIFT, showarrow=False, align="left", font=dict(size=11, color="#555555"))
 
 
 def layer_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure:
     """Per layer: the share of the full cache's bytes each method holds (tokens held / tokens seen
     when there is no reference), with the method's planned per-layer budget where it reports one."""
     full = reference.layers.nbytes if reference and reference.layers else None
-    traces, count = [], 0
+    traces, count, largest = [], 0, 0.0
     for i, run in enumerate(runs):
         layers = run.layers
         if not layers:
@@ -243,32 +258,47 @@ def layer_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure
         else:
             shares = [t / layers.seen if layers.seen else 0.0 for t in layers.tokens]
         x = list(range(1, len(shares) + 1))
-        count = len(x)
+        count, largest = len(x), max([largest, *shares, *(layers.planned or [])])
         traces.append(dict(type="bar", x=x, y=shares, name=series_name(run.method, run.cached), marker_color=color))
         if layers.planned:
             traces.append(dict(type="scatter", x=x, y=layers.planned, name=f"{run.method}: planned", mode="markers",
                                marker=dict(color=color, symbol="line-ew-open", size=18, line=dict(width=3))))
     return _figure("layers", traces, xaxis=dict(title="layer", dtick=1 if count <= 40 else None),
                    yaxis=dict(title="share of the full cache's bytes" if full else "tokens held / tokens seen",
-                              tickformat=".0%", rangemode="tozero"), barmode="group")
+                              tickformat=percent_format(largest), rangemode="tozero"), barmode="group")
+
+
+def percent_format(largest: float) -> str:
+    """A percent tick format with the decimals an axis up to ``largest`` needs for its ticks to differ:
+    under a small memory cap a layer holds about 1% of the full cache, and ".0%" read 1%, 1%, 1%, 0%."""
+    if largest <= 0:
+        return ".0%"
+    return f".{max(0, 1 - math.floor(math.log10(largest * 100)))}%"
 
 
 TURN_SYMBOLS = ["circle", "diamond", "square", "triangle-up"]
+QUALITY_HEIGHT = 420  # px: the plot, its x title, then up to three rows of legend under it
+QUALITY_MARGIN = dict(l=60, r=20, t=60, b=170)  # t: below the panel's label; b: the x title, then the legend
+LEGEND_GAP = 64  # px from the plot's bottom edge to the legend: the tick labels and the x title fit between
+MARKER_SIZES = (22, 17, 12, 8, 5)  # the first method's markers largest: methods at one point show as rings
 
 
 def quality_figure(runs: tuple[CompareRun, ...]) -> go.Figure:
     """One marker per method and turn (the Compare runs; the full cache first): x the
     fraction of the full cache's KV bytes it really holds after that turn's prompt (measured), y
     the share of its answer tokens equal to the full cache's, position by position. A method's
-    turns are joined by a line, first question (circle) to follow-up (diamond). Methods with
-    different knobs (a budget, ZipVL's tau, MPIC's mode) meet on this axis. No labels on the
-    markers: methods at one point would write over each other; the legend names them."""
+    turns are joined by a line, first question (circle) to follow-up (diamond), said in the legend.
+    Methods with different knobs (a budget, ZipVL's tau, MPIC's mode) meet on this axis. No labels on
+    the markers: methods at one point would write over each other; the legend names them, and each
+    method's markers are smaller than the one's before, drawn over it (two methods often hold the
+    same bytes and agree as much: one marker hid the other)."""
     traces = []
     full = runs[0].turns if runs else ()
     if full:
         traces.append(dict(type="scatter", x=[1.0] * len(full), y=[1.0] * len(full),
                            name=series_name(runs[0].method, full[0].cached),
                            mode="markers", marker=dict(color=FULL_COLOR, symbol="star", size=16)))
+    turns = 0
     for i, run in enumerate(runs[1:]):
         points = [(kept_fraction(turn, ref), turn.agreement, n)
                   for n, (turn, ref) in enumerate(zip(run.turns, full))
@@ -276,18 +306,35 @@ def quality_figure(runs: tuple[CompareRun, ...]) -> go.Figure:
         points = [(x, y, n) for x, y, n in points if x is not None and y is not None]
         if not points:  # still running, or no reference to measure against
             continue
-        color = COLORS[i % len(COLORS)]
+        color, turns = COLORS[i % len(COLORS)], max(turns, 1 + max(n for _, _, n in points))
         traces.append(dict(type="scatter", x=[x for x, _, _ in points], y=[y for _, y, _ in points], name=run.method,
                            mode="markers+lines", line=dict(color=color, width=1, dash="dot"),
                            hovertext=[f"{run.method}, turn {n + 1}" for _, _, n in points],
-                           marker=dict(color=color, size=12, symbol=[TURN_SYMBOLS[n % len(TURN_SYMBOLS)]
-                                                                     for _, _, n in points])))
-    # the legend under the plot: above it, wrapped at half width, it ran under the panel's label
-    return _figure("quality", traces, margin=dict(l=60, r=20, t=40, b=120),
-                   legend=dict(orientation="h", x=0, xanchor="left", y=-0.22, yanchor="top"),
+                           marker=dict(color=color, size=MARKER_SIZES[min(i, len(MARKER_SIZES) - 1)],
+                                       line=dict(color="white", width=1),
+                                       symbol=[TURN_SYMBOLS[n % len(TURN_SYMBOLS)] for _, _, n in points])))
+    traces += turn_keys(turns)
+    return _figure("quality", traces, height=QUALITY_HEIGHT, margin=QUALITY_MARGIN, legend=quality_legend(),
                    xaxis=dict(title="KV bytes held / full cache's (measured)", range=[0, 1.08]),
-                   yaxis=dict(title="answer tokens same as full (● turn 1, ◆ turn 2)", tickformat=".0%",
-                              range=[-0.05, 1.1]))
+                   yaxis=dict(title="answer tokens same as full", tickformat=".0%", range=[-0.05, 1.1]))
+
+
+def turn_keys(turns: int) -> list[dict]:
+    """Legend entries for the turns' symbols (grey, no point drawn): in the y title they made it
+    long enough to run into the panel's label."""
+    if turns < 2:
+        return []
+    return [dict(type="scatter", x=[None], y=[None], mode="markers", name=f"turn {n + 1}", showlegend=True,
+                 hoverinfo="skip", marker=dict(color=FULL_COLOR, size=10, symbol=TURN_SYMBOLS[n % len(TURN_SYMBOLS)]))
+            for n in range(min(turns, len(TURN_SYMBOLS)))]
+
+
+def quality_legend() -> dict:
+    """The legend under the x title (above the plot, wrapped at half width, it ran under the panel's
+    label): its top ``LEGEND_GAP`` px under the plot, in the paper units plotly places it by."""
+    plot_height = QUALITY_HEIGHT - QUALITY_MARGIN["t"] - QUALITY_MARGIN["b"]
+    # itemsizing: one symbol size in the legend, whatever size each method's markers have
+    return dict(orientation="h", x=0, xanchor="left", y=-LEGEND_GAP / plot_height, yanchor="top", itemsizing="constant")
 
 
 def ttft_figure(ttft: TtftView | None) -> go.Figure:

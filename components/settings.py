@@ -254,6 +254,7 @@ def realised_note(method: str, fraction: float | None) -> str | None:
 
 
 BUDGET_INFO = BUDGET_SPEC["help"]
+CHAT_ONLY_NOTE = "*This tab picks its own methods and budget: the Method and Budget below are the Chat tab's.*"
 
 
 def budget_slider(name: str, cap_mb) -> gr.Slider:
@@ -337,8 +338,10 @@ def build_settings() -> SettingsPanel:
     first = service.default_model()
     model = checked_controls.Dropdown(choices=service.model_choices(), value=first, label="Model", elem_id="model")
     card = gr.Markdown(model_card(first), elem_id="model-card")
+    # shown (by app.CSS) while Compare or "Can you tell?" is open, which greys the two controls below
+    gr.Markdown(CHAT_ONLY_NOTE, elem_id="chat-only-note")
     method = checked_controls.Dropdown(choices=offered(first), value=DEFAULT_METHOD, label="Method", elem_id="method")
-    info = gr.Markdown(method_card(DEFAULT_METHOD))
+    info = gr.Markdown(method_card(DEFAULT_METHOD), elem_id="method-card")
     budget = checked_controls.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=BUDGET_SPEC["step"], label="Budget",
                                      visible=service.method_spec(DEFAULT_METHOD)["uses_budget"], elem_id="budget",
                                      elem_classes=["range-said"],

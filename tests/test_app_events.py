@@ -395,7 +395,8 @@ def test_a_speed_ratio_is_shown_only_with_enough_timed_events_and_outside_the_no
                                 plots.Drawn("Full cache", service.Meters(ttft_s=0.01, step_s=[0.01])))
     assert any(plots.TOO_SHORT in a.text and "<br>" in a.text for a in figure.layout.annotations)
     assert not any(re.search(r"\dx", label) for trace in figure.data for label in trace.text)
-    assert [list(trace.x) for trace in figure.data] == [[0.01, 0], [0.0, 0]]  # no bar for a ratio not shown
+    assert [list(trace.x) for trace in figure.data] == [[0.01, 0.02], [0.0, 0.0]]  # every method's bar...
+    assert all(list(t.marker.opacity) == [1.0, plots.UNTOLD_OPACITY] for t in figure.data)  # ...pale where no ratio is told
 
 
 def test_a_right_first_answer_with_part_of_the_picture_dropped_says_why_beside_it():

@@ -1,0 +1,143 @@
+"""The page's layout in headless Chromium, on a phone (390 x 844) and a laptop (1280 x 800): on the
+phone the conversation comes first, the settings below it, and every tab is named; on the laptop
+the settings stay on the left. Also what looked broken at 1280 px: the chat's badge over its first
+line, the leaderboard's headers broken mid-word, the sidebar's Method and Budget beside Compare's
+own, the run history's "[object Object]", "✓" drawn as "√".
+
+Skipped, as the newcomer's browser test (tests/test_app_browser.py) is, without Playwright or
+Chromium; one app and one browser for the module.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+# its skips too: without Playwright or Chromium this module is skipped with the same words
+from tests.test_app_browser import CHROMIUM, FLAGS, expect, sync_api
+
+TABS = ("Chat", "Compare", "Can you tell?", "Leaderboard", "About")
+PHONE = {"width": 390, "height": 844}
+LAPTOP = {"width": 1280, "height": 800}
+
+
+@pytest.fixture(scope="module")
+def url():
+    from app import build_demo, launch_options
+
+    os.environ.pop("KV_ARENA_MODEL", None)  # what a new user gets: the default model
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo = build_demo()
+    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                                  **launch_options())
+    yield local_url
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def open_page(url, browser):
+    pages = []
+
+    def open_at(viewport: dict):
+        page = browser.new_page(viewport=viewport)
+        page.set_default_timeout(90_000)
+        page.goto(url)
+        page.locator("#chat-input textarea").wait_for()
+        pages.append(page)
+        return page
+
+    yield open_at
+    for page in pages:
+        page.close()
+
+
+def box(page, selector: str) -> dict:
+    return page.locator(selector).first.bounding_box()
+
+
+def every_tab_is_named_and_opens(page, width: int) -> None:
+    """Each tab's name on screen (no "⋯" menu hides one) and a click on it opens it."""
+    expect(page.get_by_label("More tabs")).to_have_count(0)
+    for name in TABS:
+        tab = page.get_by_role("tab", name=name, exact=True)
+        expect(tab).to_be_visible()
+        where = tab.bounding_box()
+        assert where["x"] >= 0 and where["x"] + where["width"] <= width, name  # not cut at the screen's edge
+        tab.click()
+        expect(tab).to_have_attribute("aria-selected", "true")
+        assert box(page, "#main-column")["width"] <= width, name  # a tab's wide table scrolls inside it
+    page.get_by_role("tab", name="Chat", exact=True).click()
+
+
+def test_on_a_phone_the_conversation_comes_first_and_every_tab_is_named(open_page):
+    page = open_page(PHONE)
+    message = box(page, "#chat-input textarea")
+    assert message["y"] + message["height"] <= 2 * PHONE["height"]  # within the first two screens (2,676 px before)
+    settings = box(page, "#settings-column")
+    assert settings["y"] >= message["y"] + message["height"]  # the settings fold below the conversation
+    assert box(page, "#model")["y"] > box(page, "#chatbot")["y"]
+    every_tab_is_named_and_opens(page, PHONE["width"])
+
+
+def test_on_a_laptop_the_settings_stay_on_the_left(open_page):
+    page = open_page(LAPTOP)
+    settings, main = box(page, "#settings-column"), box(page, "#main-column")
+    assert settings["x"] + settings["width"] <= main["x"] and abs(settings["y"] - main["y"]) < 20  # side by side
+    message = box(page, "#chat-input textarea")
+    assert message["y"] + message["height"] <= LAPTOP["height"]  # the message box on the first screen
+    every_tab_is_named_and_opens(page, LAPTOP["width"])
+    # the chat's "Chat" badge has a row of its own: nothing scrolls under it ("Method switched" did)
+    badge, messages = box(page, "#chatbot label[data-testid=block-label]"), box(page, "#chatbot .bubble-wrap")
+    assert badge["y"] + badge["height"] <= messages["y"]
+
+
+def test_the_sidebar_says_which_controls_a_tab_ignores(open_page):
+    """Compare and "Can you tell?" pick their own methods and budget: the sidebar's are greyed there,
+    with a note; back on Chat they are as before."""
+    page = open_page(LAPTOP)
+    note = page.locator("#chat-only-note")
+
+    def opacity(selector: str) -> float:
+        return float(page.locator(selector).evaluate("element => getComputedStyle(element).opacity"))
+
+    expect(note).to_be_hidden()
+    for name in ("Compare", "Can you tell?"):
+        page.get_by_role("tab", name=name, exact=True).click()
+        expect(note).to_be_visible()
+        assert opacity("#method") < 1 and opacity("#budget") < 1, name
+    for name in ("Chat", "Leaderboard"):
+        page.get_by_role("tab", name=name, exact=True).click()
+        expect(note).to_be_hidden()
+        assert opacity("#method") == 1 and opacity("#budget") == 1, name
+
+
+def test_small_things_render_as_meant(open_page, url):
+    page = open_page(LAPTOP)
+    # no run history: its page showed the panels as raw JSON and "[object Object]"
+    assert page.request.get(url.rstrip("/") + "/gradio_api/runs").status == 404
+    expect(page.locator("footer")).not_to_contain_text("Runs")
+    # "✓" from a font that draws a tick, in the theme's monospace (the tables) and sans alike
+    fonts = page.locator("#chat-input").evaluate(
+        "element => ['--font', '--font-mono'].map(name => getComputedStyle(element).getPropertyValue(name))")
+    assert all(font.strip().startswith('"kv-marks"') for font in fonts), fonts
+    # the leaderboard's one-word headers on one line ("Budge|t" broke mid-word)
+    page.get_by_role("tab", name="Leaderboard", exact=True).click()
+    headers = page.locator("#blind-board th span.header")
+    headers.first.wait_for()
+    lines = headers.evaluate_all("""spans => spans.map(span => {
+        const range = document.createRange(); range.selectNodeContents(span);
+        return [span.textContent.trim(), new Set([...range.getClientRects()].map(r => Math.round(r.top))).size];
+    })""")
+    assert all(count == 1 for text, count in lines if " " not in text), lines
