@@ -36,7 +36,8 @@ from components.about import build_about
 from components.blind import build_blind, build_leaderboard
 from components import clients, queue_limit
 from components.chat import build_chat
-from components.compare import build_compare
+from components.compare import build_compare, example_css
+from components.compare_table import TABLE_CSS
 from components.settings import build_settings
 from kv_arena import service
 from kv_arena.errors import UserError
@@ -94,7 +95,7 @@ CSS = """
 #chat-status, #compare-status { font-size: 0.9em; }
 .range-note, #compare-methods-note { color: #b45309; font-size: 0.85em; margin-top: 4px; }
 .answer textarea { font-family: "kv-marks", ui-monospace, monospace; font-size: 0.85em; }
-""" + LAYOUT_CSS + MARKS_CSS + SIDEBAR_CSS
+""" + LAYOUT_CSS + MARKS_CSS + SIDEBAR_CSS + TABLE_CSS
 
 
 def _release(request: gr.Request) -> None:
@@ -176,7 +177,8 @@ RANGE_JS = """
 
 def launch_options() -> dict:
     """What ``launch()`` takes besides the address (the tests launch with the same look and limits)."""
-    return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": THEME, "css": CSS, "js": RANGE_JS,
+    # the example videos' previews are read from their files here, not when app.py is imported
+    return {"max_file_size": service.MAX_VIDEO_BYTES, "theme": THEME, "css": CSS + example_css(), "js": RANGE_JS,
             # no run history: a run needs its tab's session (the conversation, the uploads), which a
             # stored run cannot bring back, and its page showed the panels as raw JSON and "[object Object]"
             "run_history": False,

@@ -67,7 +67,9 @@ PANELS = """
   fraction of the full cache's KV measured here, projected onto real architectures (bytes per token
   from their configs, times this prompt's tokens; how many tokens or video frames fit in 16 GiB of
   KV), and what it means for speed there: a first token from the prefill's FLOPs, a decode step
-  from the bytes it reads (weights and cache) at a GPU's peak rates.
+  from the bytes it reads (weights and cache) at a GPU's peak rates; then the room it buys: how many
+  frames of this video (or pictures like this one) fit beside Qwen2-VL-2B's weights on an A10G
+  (24 GB) with the method and with the full cache.
 - **Per-layer budget**: the share of the full cache's bytes each layer holds; methods that plan
   per layer show their plan as markers on the same scale (ZipVL: the bytes its split plans).
 - **Kept visual tokens**: each cell of the picture is one visual token; dark red cells were dropped.

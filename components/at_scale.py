@@ -3,7 +3,7 @@ architectures (computed by :mod:`kv_arena.service.at_scale`, labelled as compute
 
 from __future__ import annotations
 
-from kv_arena.service import at_scale
+from kv_arena.service import at_scale, capacity
 
 from . import plots
 
@@ -17,11 +17,13 @@ def _count(tokens: int | None, frames: int | None) -> str:
     return f"{tokens:,} tokens" + (f" ({frames:,} frames)" if frames is not None else "")
 
 
-def scale_line(method: str, fraction: float | None, prompt_tokens: int, conversation: bool = False) -> str:
+def scale_line(method: str, fraction: float | None, prompt_tokens: int, conversation: bool = False,
+               visuals=None) -> str:
     """Markdown: this prompt and 16 GiB of KV on real architectures, full cache -> ``method`` at
-    the measured ``fraction`` of the full cache's bytes. Empty when nothing was measured.
-    ``conversation``: ``prompt_tokens`` counts the whole conversation the cache holds (a follow-up's
-    cache holds the earlier turns too), said so."""
+    the measured ``fraction`` of the full cache's bytes, then what that leaves room for on the
+    Space's card (frames of the chat's video in ``visuals``, else pictures, else tokens). Empty when
+    nothing was measured. ``conversation``: ``prompt_tokens`` counts the whole conversation the
+    cache holds (a follow-up's cache holds the earlier turns too), said so."""
     if fraction is None or prompt_tokens <= 0:
         return ""
     this = "this conversation" if conversation else "this prompt"
@@ -36,7 +38,8 @@ def scale_line(method: str, fraction: float | None, prompt_tokens: int, conversa
                     f"16 GiB fits {_count(p.fit_full_tokens, p.fit_full_frames)} → "
                     f"{_count(p.fit_method_tokens, p.fit_method_frames)}")
     return (f"*Computed, not measured:* this {fraction:.2f}x at real scale (full cache → {method}, "
-            f"{prompt_tokens:,} {counted})\n" + "\n".join(rows) + "\n" + speed_line(fraction, prompt_tokens))
+            f"{prompt_tokens:,} {counted})\n" + "\n".join(rows) + "\n" + speed_line(fraction, prompt_tokens)
+            + "\n\n" + capacity.space_room({method: fraction}, visuals))
 
 
 def speed_line(fraction: float, prompt_tokens: int, tokens_shown: tuple[int, ...] = (32_768,)) -> str:
@@ -55,9 +58,10 @@ def speed_line(fraction: float, prompt_tokens: int, tokens_shown: tuple[int, ...
     return "\n".join(lines)
 
 
-def compare_speed_line(fractions: dict[str, float], prompt_tokens: int, long: int = 32_768) -> str:
+def compare_speed_line(fractions: dict[str, float], prompt_tokens: int, long: int = 32_768, visuals=None) -> str:
     """Markdown for Compare: a decode step of each method on a real architecture, at this prompt's
-    tokens and at a long context, from bytes at the GPU's peak rates (computed, not measured)."""
+    tokens and at a long context, from bytes at the GPU's peak rates, then the room each leaves on
+    the Space's card for this input's media (``visuals``) (computed, not measured)."""
     arch = next(a for a in at_scale.architectures() if a.name == SHOWN[0])
     lines = []
     for tokens in (prompt_tokens, long):
@@ -67,4 +71,5 @@ def compare_speed_line(fractions: dict[str, float], prompt_tokens: int, long: in
         lines.append(f"- at {tokens:,} tokens: first token ≈ {full.ttft_s * 1e3:.0f} ms for all (same prefill); "
                      f"decode step (ms) full {full.step_full_s * 1e3:.2f}, {steps}")
     return (f"*Computed, not measured* ({arch.name.split('/')[-1]} on {full.hardware}, from bytes and FLOPs at "
-            "peak rates; the speeds measured above are a tiny model's Python overhead):\n" + "\n".join(lines))
+            "peak rates; the speeds measured above are a tiny model's Python overhead):\n" + "\n".join(lines)
+            + ("\n\n" + capacity.space_room(fractions, visuals) if fractions else ""))

@@ -142,7 +142,8 @@ def measured(view: service.ChatView) -> tuple[str, str | None]:
     note = realised_note(view.method, fraction)
     if view.note:  # the method's own line (EVS on pictures: it held the whole cache, which is no result)
         note = f"{note} {view.note}"
-    return (at_scale.scale_line(view.method, fraction, tokens, conversation=tokens > view.metrics.prompt_tokens), note)
+    return (at_scale.scale_line(view.method, fraction, tokens, conversation=tokens > view.metrics.prompt_tokens,
+                                visuals=view.visuals), note)
 
 
 def no_reference_note(view: service.ChatView) -> str:

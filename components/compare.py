@@ -5,6 +5,7 @@ where the scene is known, a table per turn and the same panels.
 
 :func:`respond` holds the logic with plain arguments, yielding :class:`CompareOutputs`;
 :func:`run` is the event, wired to Gradio by component (:func:`components.outputs.by_component`).
+The table, its marks and the notes under it: :mod:`components.compare_table`.
 """
 
 from __future__ import annotations
@@ -19,65 +20,19 @@ import gradio as gr
 from kv_arena import service
 from kv_arena.errors import UserError
 
-from . import api_docs, at_scale, checked_controls, clients, mcp_calls, overlay, plots
+from . import api_docs, at_scale, checked_controls, clients, example_posters, mcp_calls, overlay, plots
+from .compare_table import COLUMNS, WIDTHS, loyalty, table
+from .compare_table import notes as table_notes
 from .outputs import KEEP, Outputs, by_component, components_of
 from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, parse_message, progress_reporter, refusal, show_examples
 from .settings import RANGES, SettingsPanel, control, offered, own_params, quoted, settings_from_named
 
-COLUMNS = ["Method", "Turn", "KV vs full", "TTFT (s)", "TTFT vs full", "Decode tok/s", "Decode vs full",
-           "Answer (s)", "Same tokens as full", "Right?", "Loyal to full"]
-WIDTHS = ["14%", "5%", "8%", "8%", "11%", "8%", "11%", "8%", "9%", "10%", "8%"]
 SLOTS = 1 + service.MAX_COMPARE  # the full cache and up to four methods
 DEFAULT_METHODS = ["h2o", "snapkv", "attention_pack", "elastic_cache"]  # at 0.2 they differ on follow-ups
 DEFAULT_BUDGET = 0.2
-
-
-def answer_seconds(metrics: service.Meters) -> float:
-    """The model's own time for one answer: to the first token, then every decode step."""
-    return metrics.ttft_s + metrics.decode_s
-
-
-def mark(turn: service.CompareTurn) -> str:
-    """Right or wrong against the scene's true answer; "" when there is none (uploads, hub models)."""
-    if turn.right is None:
-        return f"not marked: {turn.unmarked}" if turn.unmarked and turn.done else ""
-    return "✓" if turn.right else f"✗ (true: {turn.truth})"
-
-
-def loyal_mark(turn: service.CompareTurn) -> str:
-    """Whether the answer is the full cache's answer, whole (normalised), right or wrong: ✓ or ✗ ("" until done)."""
-    return "" if turn.loyal is None else "✓" if turn.loyal else "✗"
-
-
-def loyalty(run: service.CompareRun) -> tuple[int, int]:
-    """(answers that are the full cache's, answers given): the method's loyalty over the turns so far."""
-    done = [t for t in run.turns if t.loyal is not None]
-    return sum(t.loyal for t in done), len(done)
-
-
-def table(runs: tuple[service.CompareRun, ...]) -> list[list]:
-    """One row per run and turn; every "vs full" column a ratio to the full cache's same turn, the
-    KV one measured after that turn's prompt (the fraction of the full cache's bytes it holds); a
-    full cache's row from an earlier run on the same input says "(cached)". *Same tokens as full* is
-    the share of answer tokens equal to the full cache's, position by position; *Loyal to full* whether
-    the whole answer is the full cache's (what loyalty counts)."""
-    full = runs[0].turns
-    rows = []
-    for run in runs:
-        is_full = run is runs[0]
-        for n, (turn, ref) in enumerate(zip(run.turns, full), start=1):
-            if turn.metrics is None:
-                continue
-            m, fm = turn.metrics, ref.metrics
-            name = run.method + (" (cached)" if turn.cached else "" if turn.done else " (running…)")
-            rows.append([name, n, "" if is_full else plots.vs_full(m.kv_bytes_prefill, fm.kv_bytes_prefill),
-                         round(m.ttft_s, 3), "" if is_full else plots.shown_ratio(plots.speed_ratio(turn, ref, "ttft_s")),
-                         round(m.decode_tok_s, 1),
-                         "" if is_full else plots.shown_ratio(plots.speed_ratio(turn, ref, "decode_tok_s")),
-                         round(answer_seconds(m), 3),
-                         "" if turn.agreement is None else f"{turn.agreement:.0%}", mark(turn),
-                         "" if is_full else loyal_mark(turn)])
-    return rows
+# media without a question: every method would answer a question nobody asked, so nothing compares
+NO_QUESTION = ("The first question is empty: type what to ask about the pictures or the video (the follow-up "
+               "is asked after it, on the same cache).")
 
 
 def last_turn(run: service.CompareRun) -> plots.Drawn | None:
@@ -140,7 +95,8 @@ def scale_line(runs: tuple[service.CompareRun, ...]) -> str:
         return ""
     fractions = {run.method: plots.kept_fraction(run.turns[0], full) for run in runs[1:]
                  if run.turns and run.turns[0].metrics is not None}
-    return at_scale.compare_speed_line(fractions, full.metrics.prompt_tokens)
+    media = next((run.visuals for run in runs if run.visuals), None)  # the same media in every method's run
+    return at_scale.compare_speed_line(fractions, full.metrics.prompt_tokens, visuals=media)
 
 
 def conversation(message, follow_up, num_frames: int, progress) -> list:
@@ -169,13 +125,15 @@ class CompareOutputs(Outputs):
     gallery: Any = KEEP
     at_scale: Any = KEEP
     textbox: Any = KEEP
+    notes: Any = KEEP  # under the table: why a turn is not marked
 
 
 # what /compare returns, in order
 COMPARE_RETURNS = ("one answer column per method (the full cache first; each says the fraction of the full KV it "
                    "held and its loyalty, the answers that are the full cache's), the table (KV, time to first token, "
                    "decode speed, tokens equal to the full cache's and whether the answer is the full cache's, per "
-                   "turn), the status line, then the panels' figures.")
+                   "turn), the status line, then the panels' figures; last, the notes under the table (why a "
+                   "turn's answers are not marked).")
 
 
 def respond(message, methods: list[str], session: service.Session, settings: service.Settings,
@@ -188,14 +146,17 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
     except UserError as exc:
         yield refused(exc, {"text": "", "files": []})
         return
-    files_read = False  # a refusal about the files empties them from the box; any later one keeps every input
+    files_kept = False  # a refusal about the files empties them from the box; any other keeps every input
     try:
         service.check_uploads(session, files)
+        if files and not text.strip():  # the files are the session's: they stay in the box, for the question
+            files_kept = True
+            raise UserError(NO_QUESTION)
         if settings.num_frames > service.MAX_FRAMES:  # the frames a memory cap allows are Chat's (streamed)
             raise UserError(f"Compare prefills a video in one prompt: at most {service.MAX_FRAMES} frames (Chat "
                             "streams a longer one under a memory cap).")
         turns = conversation(message, follow_up, settings.num_frames, progress)
-        files_read = True
+        files_kept = True
         views = service.compare(session, settings, methods, turns, progress_reporter(progress))
         sent = time.monotonic()
         titles, finished = column_titles(methods), -1
@@ -218,7 +179,8 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
             # the panels are drawn once, when every method has run (empty until then: plain None
             # costs Gradio less than leaving them as they are, and the table shows the progress)
             outputs = CompareOutputs(answer_boxes(runs, titles, first=first), table(runs), status, memory=None,
-                                     speed=None, layers=None, quality=None, gallery=None, at_scale="")
+                                     speed=None, layers=None, quality=None, gallery=None, at_scale="",
+                                     notes=table_notes(runs))
             if view.done:
                 reference, others = last_turn(runs[0]), [d for d in map(last_turn, runs[1:]) if d]
                 outputs = replace(outputs, memory=plots.memory_figure(others, reference),
@@ -229,7 +191,7 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
                                   at_scale=scale_line(runs))
             yield outputs
     except UserError as exc:  # a method refused (VisionZip on a tower without CLS, say): the pictures stay
-        yield refused(exc, box_as_sent(message) if files_read else {"text": text, "files": []})
+        yield refused(exc, box_as_sent(message) if files_kept else {"text": text, "files": []})
 
 
 def checked_methods(methods) -> list[str]:
@@ -344,6 +306,11 @@ def example_rows(trained: bool) -> list[list]:
             if all((ASSETS / f).is_file() for f in files)]
 
 
+def example_css() -> str:
+    """Every example video's still preview (both sets; Chat's and "Can you tell?"'s show the same files)."""
+    return example_posters.css(example_posters.videos_of(example_rows(True) + example_rows(False)))
+
+
 @dataclass
 class CompareTab:
     """The Compare tab's controls and outputs (named as :class:`CompareOutputs`' fields)."""
@@ -361,6 +328,7 @@ class CompareTab:
     quality: gr.Plot
     gallery: gr.Gallery
     at_scale: gr.Markdown
+    notes: gr.Markdown
 
     @property
     def outputs(self) -> list:
@@ -412,6 +380,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
                    for i in range(SLOTS)]
     grid = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="compare-table", wrap=True, column_widths=WIDTHS,
                         label="Table", show_label=False, max_height=4000)  # every row in view, no inner scrolling
+    grid_notes = gr.Markdown(elem_id="compare-notes")  # why a turn is "not marked", once
     gr.Markdown("Every *vs full* column is a ratio to the full cache's same turn (0.50x = half); the KV one is exact, "
                 f"the speed ones are measured. {plots.NOT_TOLD_NOTE}. *Answer (s)*: the model's own time for "
                 "the answer (first token and decode). *Right?*: against the scene's true answer (the offline "
@@ -429,7 +398,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
                          "it holds at full rank, ZipVL: at high precision)", columns=2, height="auto",
                          object_fit="contain", preview=False, fit_columns=False, elem_id="compare-overlay")
     tab = CompareTab(methods, textbox, follow_up, button, answers, grid, status, memory, speed, layers, quality, gallery,
-                     speed_scale)
+                     speed_scale, grid_notes)
     methods.input(limit_methods, methods, [methods, methods_note], api_visibility="private")
     methods.change(show_knobs, methods, knobs, api_visibility="private")
     settings.model.change(show_examples, settings.model, example_sets, api_visibility="private")

@@ -208,6 +208,16 @@ def test_compare_with_a_follow_up_and_its_own_budget_through_the_api(url, image)
     assert status.startswith(NOT_ANSWERED) and "The message is empty" in status and "\n" not in status
 
 
+def test_compare_with_a_picture_and_no_first_question_is_refused_through_the_api(url, image):
+    """Refused before any model work, in one line of the status; the picture stays in the box."""
+    client = Client(url, verbose=False)
+    result = client.predict(message={"text": "  ", "files": [handle_file(image)]}, methods=["h2o"],
+                            follow_up="And the colours?", model=MODEL, api_name="/compare")
+    status, box, notes = result[service.MAX_COMPARE + 2], result[-2], result[-1]
+    assert status.startswith(NOT_ANSWERED) and "The first question is empty" in status and "\n" not in status
+    assert len(box["files"]) == 1 and notes == {"__type__": "update"}  # the notes under the table as they were
+
+
 def test_python_app_py_honours_server_name_and_port_and_starts_without_a_deprecation(tmp_path):
     port = free_port()
     env = os.environ | {"GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port), "KV_ARENA_PRELOAD": "0",

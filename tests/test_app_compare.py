@@ -1,14 +1,20 @@
 """The Compare tab's event functions called directly: the full cache then each method, the table,
-the panels, and a bad selection."""
+the panels, a bad selection or no question, and the examples' previews."""
 
 from __future__ import annotations
 
+import base64
+import io
 import re
+from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 from tests.app_support import ask, config
 
-from components import chat, compare
+from app import launch_options
+from components import chat, compare, compare_table, example_posters
 from components.settings import control_values, settings_from
 from kv_arena import service
 from kv_arena.errors import UserError
@@ -129,13 +135,52 @@ def test_four_runs_of_one_example_give_the_same_speed_verdicts():
             assert not numbers or max(numbers) / min(numbers) < 1.5 and (min(numbers) > 1) == (max(numbers) > 1)
 
 
-def test_a_compared_question_the_scene_cannot_answer_says_why_it_is_not_marked():
-    session = service.Session()
+def test_a_compared_question_the_scene_cannot_answer_says_why_once_under_the_table():
+    """The cell says "not marked" (the reason in it made each row about 400 px tall); why, once per
+    turn under the table, and in each answer column."""
     scene = str(chat.ASSETS / "scene_colour.png")
-    views = list(service.compare(session, config("full", model="tiny-arena-vl"), ["snapkv"],
-                                 [service.prepare("What colour is the triangle?", [scene]),
-                                  service.prepare("How many shapes are there?", [])]))
-    full, snap = views[-1].runs
-    assert full.turns[0].truth == "red" and compare.mark(full.turns[0]) in ("✓", "✗ (true: red)")
-    assert compare.mark(snap.turns[1]).startswith("not marked: the scene answers the colour of a shape")
-    assert "(not marked: the scene answers" in compare.answer_text(snap, full)
+    last = list(compare.respond(ask("What colour is the triangle?", scene), ["snapkv"], service.Session(),
+                                config("full", model="tiny-arena-vl"), follow_up="How many shapes are there?"))[-1]
+    right = [row[compare_table.COLUMNS.index("Right?")] for row in last.table]  # full cache's turns, then SnapKV's
+    assert right[0] in ("✓", "✗ (true: red)") and right[1::2] == ["not marked", "not marked"]
+    assert last.notes.startswith("*Not marked*, turn 2: the scene answers the colour of a shape")
+    assert last.notes.endswith(".") and "\n" not in last.notes  # once, though two runs' rows say it
+    assert "(not marked: the scene answers" in last.answers[1]
+    marked = list(compare.respond(ask("What colour is the triangle?", scene), ["snapkv"], service.Session(),
+                                  config("full", model="tiny-arena-vl")))[-1]
+    assert marked.notes == ""  # every turn marked: nothing under the table
+
+
+@pytest.mark.parametrize("text", ["", "   "])
+def test_compare_refuses_media_without_a_first_question(text):
+    """A picture and no question: refused in the status line, before any model work, the picture
+    left in the box for the question (as the API's /compare says too: tests/test_app_client.py)."""
+    first, then = compare.example_rows(True)[0]
+    (refused,) = list(compare.respond({"text": text, "files": first["files"]}, ["snapkv"], service.Session(),
+                                      config("full", model="tiny-arena-vl"), follow_up=then))
+    assert set(refused.changed()) == {"status", "textbox"}  # the answers, table and panels as they were
+    assert refused.status.startswith(chat.NOT_ANSWERED) and "The first question is empty" in refused.status
+    assert refused.textbox == {"text": text, "files": first["files"]}
+
+
+def test_the_tables_numbers_keep_whole_and_turn_has_room():
+    """What the browser test (tests/test_app_layout.py) sees, in the CSS and widths it is given."""
+    assert len(compare_table.WIDTHS) == len(compare_table.COLUMNS)
+    assert float(compare_table.WIDTHS[compare_table.COLUMNS.index("Turn")].rstrip("%")) >= 7
+    assert '[data-col="0"], [data-col="9"]' in compare_table.TABLE_CSS and "white-space: nowrap" in compare_table.TABLE_CSS
+    assert compare_table.TABLE_CSS in launch_options()["css"]
+
+
+def test_every_example_video_has_its_first_frame_as_a_still_preview():
+    """Each example row with a video carries a preview: its first frame, drawn behind the video in
+    the page's CSS (a browser that loads no video before it is played showed an empty box)."""
+    videos = example_posters.videos_of(compare.example_rows(True) + compare.example_rows(False))
+    assert {Path(v).name for v in videos} == {"scene_moving.mp4", "bouncing_ball.mp4"}
+    css = launch_options()["css"]
+    for video in videos:
+        rule = example_posters.rule(video)
+        assert rule in css and f'video[src$="/{Path(video).name}"]' in rule
+        data = base64.b64decode(re.search(r'url\("data:image/jpeg;base64,([^"]+)"\)', rule).group(1))
+        preview, first = Image.open(io.BytesIO(data)).convert("RGB"), service.first_frame(video)
+        assert preview.size == first.size  # the frame itself, JPEG aside
+        assert np.abs(np.asarray(preview, np.int16) - np.asarray(first, np.int16)).mean() < 8

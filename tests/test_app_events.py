@@ -324,11 +324,12 @@ def test_outputs_reach_gradio_keyed_by_component_and_leave_the_rest_as_it_is():
     with gr.Blocks():
         tab = compare.CompareTab(*[gr.Textbox() for _ in range(4)], answers=[gr.Textbox() for _ in range(compare.SLOTS)],
                                  table=gr.Dataframe(), status=gr.Markdown(), memory=gr.Plot(), speed=gr.Plot(),
-                                 layers=gr.Plot(), quality=gr.Plot(), gallery=gr.Gallery(), at_scale=gr.Markdown())
+                                 layers=gr.Plot(), quality=gr.Plot(), gallery=gr.Gallery(), at_scale=gr.Markdown(),
+                                 notes=gr.Markdown())
     sent = compare.CompareOutputs(answers=list("abcde"), status="Done.")
     assert outputs.keyed(tab, sent) == {**dict(zip(tab.answers, "abcde")), tab.status: "Done."}
     assert tab.outputs == [*tab.answers, tab.table, tab.status, tab.memory, tab.speed, tab.layers, tab.quality,
-                           tab.gallery, tab.at_scale, tab.textbox]  # the API's order of results
+                           tab.gallery, tab.at_scale, tab.textbox, tab.notes]  # the API's order of results
     wired = outputs.by_component(tab, compare.run)
     assert inspect.signature(wired) == inspect.signature(compare.run)  # Gradio reads the API's parameters from it
 

@@ -67,6 +67,14 @@ def box(page, selector: str) -> dict:
     return page.locator(selector).first.bounding_box()
 
 
+def lines_of(elements) -> list[tuple[str, int]]:
+    """(text, lines it is drawn on) of each element: its text's boxes, by distinct top."""
+    return elements.evaluate_all("""found => found.map(element => {
+        const range = document.createRange(); range.selectNodeContents(element);
+        return [element.textContent.trim(), new Set([...range.getClientRects()].map(r => Math.round(r.top))).size];
+    })""")
+
+
 def every_tab_is_named_and_opens(page, width: int) -> None:
     """Each tab's name on screen (no "⋯" menu hides one) and a click on it opens it."""
     expect(page.get_by_label("More tabs")).to_have_count(0)
@@ -136,8 +144,40 @@ def test_small_things_render_as_meant(open_page, url):
     page.get_by_role("tab", name="Leaderboard", exact=True).click()
     headers = page.locator("#blind-board th span.header")
     headers.first.wait_for()
-    lines = headers.evaluate_all("""spans => spans.map(span => {
-        const range = document.createRange(); range.selectNodeContents(span);
-        return [span.textContent.trim(), new Set([...range.getClientRects()].map(r => Math.round(r.top))).size];
-    })""")
+    lines = lines_of(headers)
     assert all(count == 1 for text, count in lines if " " not in text), lines
+
+
+def test_compares_table_reads_on_a_phone_and_a_laptop(open_page):
+    """On a phone its numbers stood one character a line ("0.775" five lines tall) and a "not
+    marked" reason made a row ~400 px tall; at 1280 px "Turn" broke mid-word. Now a number is on one
+    line, a phone scrolls the table sideways (the page stays its width) and "Turn" is one line.
+    Before the run: the video example shows its first frame, whether or not the video loads."""
+    page = open_page(PHONE)
+    page.get_by_role("tab", name="Compare", exact=True).click()
+    examples = page.locator("#compare-examples")
+    video = examples.locator("video").first
+    assert video.evaluate("v => getComputedStyle(v).backgroundImage").startswith('url("data:image/jpeg;base64,')
+    examples.get_by_text("What colour is the cross?").first.click()
+    page.locator("#compare-input img").first.wait_for()
+    page.locator("#compare-run").click()
+    page.locator("#compare-status").get_by_text("Done").wait_for(timeout=300_000)
+    table = page.locator("#compare-table")
+    cells = table.locator('[role=gridcell]:not([data-col="0"]):not([data-col="9"]) span.text')
+    expect(cells).to_have_count(10 * 9)  # two turns of the full cache and four methods, nine columns of numbers
+
+    def readable(width: int) -> None:
+        texts = lines_of(cells)
+        assert all(count <= 1 for _, count in texts), texts  # "" has no line
+        heights = table.locator("[role=gridcell]").evaluate_all("cells => cells.map(c => c.getBoundingClientRect().height)")
+        assert max(heights) < 80, heights  # a couple of lines at most, whatever a cell holds
+        assert box(page, "#main-column")["width"] <= width  # the table scrolls in its box, not the page
+
+    readable(PHONE["width"])
+    scroller = table.locator(".upload-container")
+    assert scroller.evaluate("e => e.scrollWidth > e.clientWidth + 100")  # sideways, inside the table's box
+    page.set_viewport_size(LAPTOP)
+    expect(table.locator("th span.header").first).to_be_visible()
+    readable(LAPTOP["width"])
+    assert scroller.evaluate("e => e.scrollWidth <= e.clientWidth + 1")  # all of it in view
+    assert lines_of(table.locator('th[title="Turn"] span.header')) == [["Turn", 1]]

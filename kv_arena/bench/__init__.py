@@ -6,5 +6,7 @@
 * :mod:`.mpic` (``--mode mpic``): TTFT of media reuse against the number of images.
 * :mod:`.accuracy` (``--mode accuracy``): answers right against the realised KV fraction (the scenes,
   or a public data set: :mod:`.datasets_items`, :mod:`.metrics`).
+* :mod:`.capacity` (``--mode capacity``): what each method's cache fits beside the weights on a card
+  (visual tokens, frames, pictures, conversations), from bytes per token measured on a short run.
 * :mod:`.gpu_check` (``--mode gpu-check``): what a lent GPU runs, in at most 10 minutes (docs/gpu.md).
 """

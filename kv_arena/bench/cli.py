@@ -9,7 +9,7 @@ import sys
 # modes with their own CLI; imported only when chosen (the accuracy bench pulls in plotly)
 MODES = {"mpic": "kv_arena.bench.mpic", "prefill": "kv_arena.bench.prefill", "accuracy": "kv_arena.bench.accuracy",
          "decode": "kv_arena.bench.decode", "stream": "kv_arena.bench.stream",
-         "gpu-check": "kv_arena.bench.gpu_check"}
+         "gpu-check": "kv_arena.bench.gpu_check", "capacity": "kv_arena.bench.capacity"}
 
 
 def main(argv=None) -> int:

@@ -18,7 +18,8 @@ Three checks, in this order (the costliest last, so a slow machine still reports
 3. The offline model (tiny-arena-vl) answers its held-out scenes on the device as on the CPU, in
    float32 and in the run's dtype.
 
-A stage that would start past the deadline is skipped and named in ``skipped``. ``--smoke`` runs the
+A stage that would start past the deadline is skipped and named in ``skipped``. The page it writes
+keeps the capacity tables (``## Capacity`` on, :func:`kept_sections`). ``--smoke`` runs the
 same code on the tiny models (tiny-qwen2-vl, 64 visual tokens) on the CPU, so the command cannot rot.
 """
 
@@ -208,6 +209,14 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def kept_sections(path: Path) -> str:
+    """The page's part from its ``## Capacity`` heading on (``--mode capacity``'s tables, written by
+    those runs, not by this check): kept when the check writes the page anew."""
+    text = path.read_text() if path.exists() else ""
+    at = text.find("\n## Capacity")
+    return "" if at < 0 else text[at:]
+
+
 def page(report: dict, json_name: str) -> str:
     return ("# The GPU check\n\nWritten by `python -m kv_arena.bench --mode gpu-check` (what it measures: "
             "[kv_arena/bench/gpu_check.py](../kv_arena/bench/gpu_check.py)); every row as JSON in "
@@ -226,7 +235,7 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else None if args.smoke else DOCS / "gpu.md"
     if out is not None:
         out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-        out.write_text(page(report, out.with_suffix(".json").name))
+        out.write_text(page(report, out.with_suffix(".json").name) + kept_sections(out))
     print(json.dumps(report, indent=2) if args.json else markdown(report))
     return 0
 

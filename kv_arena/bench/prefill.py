@@ -127,6 +127,7 @@ def build_decoder(name: str, num_layers: int | None, device: torch.device, dtype
     if num_layers and spec.source != "random":
         text.num_hidden_layers = num_layers
     text.vocab_size = 256  # inputs arrive as embeddings
+    text.pad_token_id = None  # a padding id past the cut vocabulary (tiny LLaVA's 260) embeds nothing here
     model = random_model(MODEL_MAPPING[type(text)], text, device, dtype, seed).eval()
     model.set_attn_implementation(ATTENTION_NAME)
     rope_dims = 3 if "mrope_section" in (getattr(text, "rope_parameters", None) or {}) else 1

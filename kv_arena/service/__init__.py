@@ -29,7 +29,8 @@ tensor and never imports torch. The app imports this package only; its modules, 
 * :mod:`.view_types`: what the facade hands the UI, typed (frozen dataclasses of plain values and
   numpy arrays, no torch): :class:`ChatView`, :class:`CompareView` and their parts.
 * :mod:`.views`: the figures the panels draw; :mod:`.at_scale`: what a KV fraction means on the
-  real architectures.
+  real architectures; :mod:`.capacity`: what it leaves room for on the Space's card (frames of
+  this video, pictures, tokens).
 * :mod:`.store` and :mod:`.mpic`: MPIC's media KV store is one per application, under
   ``KV_ARENA_KV_STORE`` (default: ``kv-arena-mpic`` in the temp directory); each session's entries
   live in a namespace named by the server-side :attr:`Session.id` (never by anything a client
@@ -54,7 +55,7 @@ from ..runtime.models import ARENA
 from .app_state import AppState
 from .current import current_app, open_app, using_app
 from .inputs import (DEFAULT_FRAMES, MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, Settings, checked_text, default_frames,
-                     prepare)
+                     first_frame, is_video, prepare)
 from .model_picker import check_model_allowed, default_model, has_random_weights, is_trained_here, model_choices, model_description
 from .model_pool import get_model
 from .plan import Plan, plan_turn
@@ -96,7 +97,7 @@ from .views import kept_visuals
 
 __all__ = [
     "AppState", "current_app", "open_app", "using_app",
-    "ARENA", "arena_examples", "MAX_COMPARE", "DEFAULT_FRAMES", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Plan", "Prepared", "Scene", "Session", "Settings",
+    "ARENA", "arena_examples", "first_frame", "is_video", "MAX_COMPARE", "DEFAULT_FRAMES", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Plan", "Prepared", "Scene", "Session", "Settings",
     "ChatView", "SwitchNote", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters", "ProgressNote",
     "ReferenceView", "ReuseSummary", "StreamView", "TtftView",
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",

@@ -9,6 +9,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+from PIL import Image
+
 from kv_arena import backends
 from kv_arena.backends.params import BUDGET
 
@@ -146,6 +149,14 @@ def prepare(text: str, files: list, num_frames: int = DEFAULT_FRAMES, progress: 
 
 def is_video(path: str) -> bool:
     return Path(path).suffix.lower() in VIDEO_SUFFIXES
+
+
+def first_frame(path: str, side: int = 160) -> Image.Image:
+    """A video's first frame, at most ``side`` px a side: its still preview (a browser that loads
+    no video until it is played shows nothing); a UserError as for any video that does not decode."""
+    frame = Image.fromarray(np.asarray(load_video(path, num_frames=1).frames[0], np.uint8))
+    frame.thumbnail((side, side))
+    return frame
 
 
 def request_seconds(settings: Settings, prepared: Prepared, runs: int = 1) -> float:

@@ -29,6 +29,7 @@ from ..tiny import generations
 from .current import current_app
 from .inputs import Prepared
 from .model_picker import is_trained_here
+from .scene_style import in_scene_style, message_pictures
 from .scene_truth import SceneObject, judge, objects_of
 from .uploads import ASSETS, cap_folders, file_hash, make_public, note_private, session_folder, trim_folder
 
@@ -197,14 +198,20 @@ def is_right(answer: str, truth: str | None) -> bool | None:
 def media_hint(model: str, messages: list[Prepared]) -> str:
     """A line beside the answer when a model trained here gets what it was not made for: no media
     at all, or media that are not one of its scenes (an upload, a photo), with what the served
-    generation can and cannot read."""
+    generation can and cannot read; a picture drawn in its scenes' style (:mod:`.scene_style`) is
+    said to be its kind, its answers unmarked."""
     if not is_trained_here(model):
         return ""
-    media = next((p.media for p in reversed(messages) if p.media), "")
-    if not media:
+    latest = next((p for p in reversed(messages) if p.media), None)
+    if latest is None:
         return (f"Hint: {model} only answers questions about its kind of scenes, a picture, several or a "
                 f"short video (see the Examples); without one its answer means nothing. {generations.of().reads}")
-    if scene_of(media) is None:
-        return (f"Note: {model} reads only its own kind of scenes (the coloured shapes of the Examples and New "
-                f"scene); this is not one of them. {generations.of().reads}")
-    return ""
+    if scene_of(latest.media) is not None:
+        return ""
+    # a picture a visitor drew in the scenes' style is the model's kind: said so, not turned away
+    if in_scene_style(message_pictures(latest.message)):
+        return (f"Note: drawn like {model}'s scenes (coloured shapes on a plain background), which it was trained "
+                "on, so it may read it; its answers are not marked right or wrong (only the app's own scenes, the "
+                "Examples and New scene, have known answers).")
+    return (f"Note: {model} reads only its own kind of scenes (coloured shapes on a plain background, as the "
+            f"Examples and New scene draw them), and this does not look like one. {generations.of().reads}")

@@ -49,6 +49,8 @@ class KeptVisual:
     meaning: str  # what a clear cell means: "kept", MPIC's "reused", ZipVL's high-precision...
     pictures: list[np.ndarray]  # what the model saw: the image, or one frame per temporal token
     keep: np.ndarray  # (layers, t, h, w) shares in [0, 1]
+    tokens: int = 0  # its visual tokens in the prompt
+    frames: int = 0  # the frames they stand for (a picture: 1)
 
 
 @dataclass(frozen=True)

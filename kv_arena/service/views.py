@@ -57,7 +57,7 @@ def kept_visuals(conv: Conversation, history: list[Prepared], highlight: list | 
             label = f"{kind} {n}" + (f", turn {turn}" if len(history) > 1 else "")  # short: a one-line caption
             label += f", {len(drawn)} of {t} frames drawn" if len(drawn) < t else ""
             out.append(KeptVisual(label, kind, meaning, _pictures(source, drawn, t, conv.adapter.image_processor),
-                                  keep[:, drawn]))
+                                  keep[:, drawn], visual.length, 1 if kind == "image" else len(source.frames)))
     return out
 
 
