@@ -94,6 +94,11 @@ def test_the_apps_sentence_says_frames_of_this_video_on_an_a10g():
     assert "with SnapKV" in both and "with KIVI, instead of" in both
     with pytest.raises(ValueError, match="holds no cache"):
         room.room_sentence(1000, {"SnapKV": 0.25}, 24 * capacity.GIB)
+    # more than one conversation reaches: the room is for several at once, and the sentence says so
+    long = room.room_sentence(1000, {"SnapKV": 0.25}, 4 * capacity.GIB, tokens_per_frame=100, context=32_768)
+    assert long.endswith("with the full cache (in several conversations at once: one stops at the model's "
+                         "32,768-token context).")
+    assert "several" not in room.room_sentence(1000, {"SnapKV": 0.25}, 4 * capacity.GIB, context=10**9)
 
 
 def test_the_gpu_check_keeps_the_capacity_tables_when_it_writes_its_page(tmp_path):

@@ -43,6 +43,7 @@ class Architecture:
     intermediate: int = 0
     vocab: int = 0
     heads: int = 0
+    context: int = 0  # max_position_embeddings: the tokens one conversation can reach
 
     @property
     def bytes_per_token(self) -> int:
@@ -62,7 +63,8 @@ def architecture(name: str, config: dict) -> Architecture:
     head_dim = text.get("head_dim") or text["hidden_size"] // heads
     return Architecture(name, config.get("model_type", ""), text["num_hidden_layers"],
                         text.get("num_key_value_heads") or heads, head_dim, text["hidden_size"],
-                        text.get("intermediate_size", 4 * text["hidden_size"]), text.get("vocab_size", 0), heads)
+                        text.get("intermediate_size", 4 * text["hidden_size"]), text.get("vocab_size", 0), heads,
+                        text.get("max_position_embeddings") or config.get("max_position_embeddings") or 0)
 
 
 @lru_cache(maxsize=1)

@@ -19,10 +19,13 @@ ARCHITECTURE = "Qwen/Qwen2-VL-2B-Instruct"  # what the app serves on a GPU (mode
 def room_sentence(full_bytes_per_token: float, fractions: dict[str, float], weight_bytes: int,
                   tokens_per_frame: float | None = None, tokens_per_picture: float | None = None,
                   card: capacity.Card = capacity.SPACE_CARD, model: str = "",
-                  reserve_bytes: float = capacity.RESERVE_GIB * capacity.GIB) -> str:
+                  reserve_bytes: float = capacity.RESERVE_GIB * capacity.GIB, context: int = 0) -> str:
     """Markdown: what ``card`` holds beside ``weight_bytes`` with each method (name -> fraction of
     the full cache's bytes it held) and with the full cache, in frames of this video at
-    ``tokens_per_frame``, else pictures at ``tokens_per_picture``, else tokens. Pure arithmetic."""
+    ``tokens_per_frame``, else pictures at ``tokens_per_picture``, else tokens. Pure arithmetic.
+    Where the full cache already holds more than one conversation reaches (``context`` tokens, the
+    model's positions), the room is said to be for several conversations at once: one user's chat
+    gains no room from a smaller cache there."""
     room = capacity.room(card.memory_bytes, weight_bytes, reserve_bytes)
     per_item, what = ((tokens_per_frame, f"frames of this video ({tokens_per_frame:g} tokens a frame, as here)")
                       if tokens_per_frame else
@@ -34,16 +37,18 @@ def room_sentence(full_bytes_per_token: float, fractions: dict[str, float], weig
         n = capacity.fits(room, full_bytes_per_token * fraction * per_item)
         return "any number of" if n is None else f"about {n:,}"
 
+    several = (f" (in several conversations at once: one stops at the model's {context:,}-token context)"
+               if context and full * per_item > context else "")
     beside = f"beside {model}'s weights ({weight_bytes / capacity.GIB:.1f} GiB)" if model else "beside the weights"
     where = f"*Computed, not measured:* on an {card.label} {beside}"
     if len(fractions) == 1:
         (fraction,) = fractions.values()
         if capacity.fits(room, full_bytes_per_token * fraction * per_item) == full:
             return f"{where}, this cache holds about {full:,} {what}, as the full cache does."
-        return f"{where}, this budget holds {held(fraction)} {what} instead of {full:,} with the full cache."
+        return f"{where}, this budget holds {held(fraction)} {what} instead of {full:,} with the full cache{several}."
     (first, f0), *rest = fractions.items()
     each = "".join(f", {held(f).removeprefix('about ')} with {name}" for name, f in rest)
-    return f"{where}, these budgets hold {held(f0)} {what} with {first}{each}, instead of {full:,} with the full cache."
+    return f"{where}, these budgets hold {held(f0)} {what} with {first}{each}, instead of {full:,} with the full cache{several}."
 
 
 def media_of(visuals: list[KeptVisual] | None) -> tuple[float | None, float | None]:
@@ -63,4 +68,4 @@ def space_room(fractions: dict[str, float], visuals: list[KeptVisual] | None = N
     weights = capacity.weight_bytes(parameter_count("random:" + ARCHITECTURE), DTYPE_BYTES)
     per_frame, per_picture = media_of(visuals)
     return room_sentence(arch.bytes_per_token, fractions, weights, per_frame, per_picture,
-                         model=ARCHITECTURE.split("/")[-1].removesuffix("-Instruct"))
+                         model=ARCHITECTURE.split("/")[-1].removesuffix("-Instruct"), context=arch.context)
