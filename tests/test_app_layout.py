@@ -10,40 +10,15 @@ Chromium; one app and one browser for the module.
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 
-# its skips too: without Playwright or Chromium this module is skipped with the same words
-from tests.test_app_browser import CHROMIUM, FLAGS, expect, sync_api
+# its skips too: without Playwright or Chromium this module is skipped with the same words; its
+# fixtures too, one app and one browser for this module (pytest finds a fixture imported here)
+from tests.test_app_browser import browser, expect, url  # noqa: F401
 
 TABS = ("Chat", "Compare", "Can you tell?", "Leaderboard", "About")
 PHONE = {"width": 390, "height": 844}
 LAPTOP = {"width": 1280, "height": 800}
-
-
-@pytest.fixture(scope="module")
-def url():
-    from app import build_demo, launch_options
-
-    os.environ.pop("KV_ARENA_MODEL", None)  # what a new user gets: the default model
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo = build_demo()
-    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                                  **launch_options())
-    yield local_url
-    demo.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture
