@@ -65,8 +65,8 @@ class RandomEviction(KVBackend):
     title = "Random eviction"
     does = "drops"
     paper = "https://arxiv.org/abs/2511.02650"
-    summary = ("Keeps the text and visual tokens drawn uniformly at random (per layer and KV head, seeded so a run "
-               "repeats) up to the budget: the baseline a method that chooses its tokens must beat.")
+    summary = ("Keeps all the text and, up to the budget, visual tokens drawn uniformly at random (per layer and KV "
+               "head, seeded so a run repeats): the baseline a method that chooses its tokens must beat.")
     seed: int = param(0, "Seed of the draw (with the layer and where the prompt sits): the same conversation keeps the "
                       "same tokens, run after run.", 0, 9999, 1)
 
