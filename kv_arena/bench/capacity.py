@@ -52,7 +52,7 @@ from kv_arena.backends.layout import PromptLayout, VisualSpan
 
 from ..errors import UserError
 from ..runtime import capacity
-from ..runtime.models import model_class, model_config, model_spec, parameter_count, pick_device, pick_dtype
+from ..runtime.models import model_config, parameter_count, pick_device, pick_dtype
 from .common import REFERENCE, aligned, run_main
 from .decode import acts_before_decoder
 from .methods import method_params
@@ -96,13 +96,10 @@ def memory_sizes(text: str) -> list[float]:
 
 def parameters(name: str) -> int:
     """Every parameter of the model (vision tower included), counted on the meta device."""
-    spec = model_spec(name)
-    if spec.source == "random":
+    try:
         return parameter_count(name)
-    if spec.source != "builtin":
-        raise UserError(f"--mode capacity builds random weights: use random:<repo> or a tiny model, not '{name}'")
-    with torch.device("meta"):
-        return sum(p.numel() for p in model_class(spec.family)(model_config(name)).parameters())
+    except ValueError:
+        raise UserError(f"--mode capacity builds random weights: use random:<repo> or a tiny model, not '{name}'") from None
 
 
 def prompt(kind: str, visual: int, rope_dims: int, hidden: int, device, dtype, seed: int):

@@ -407,13 +407,13 @@ def _load_hub(spec: ModelSpec, cls, dev, torch_dtype, quantization):
 
 @functools.lru_cache(maxsize=32)
 def parameter_count(name: str) -> int:
-    """The parameters of a ``random:`` architecture, counted on the meta device: no memory is
-    allocated, so a 30B model costs nothing to measure."""
+    """The parameters of a ``random:`` architecture or a built-in tiny model (vision tower included),
+    counted on the meta device: no memory is allocated, so a 30B model costs nothing to measure."""
     spec = model_spec(name)
-    if spec.source != "random":
-        raise ValueError(f"parameter_count measures random: architectures only, not '{name}'")
+    if spec.source not in ("random", "builtin"):
+        raise ValueError(f"parameter_count measures random: architectures and built-in tiny models only, not '{name}'")
     with torch.device("meta"):
-        model = model_class(spec.family)(shipped_config(spec.repo))
+        model = model_class(spec.family)(model_config(name))
     return sum(p.numel() for p in model.parameters())
 
 
