@@ -197,7 +197,8 @@ def test_a_fresh_page_compares_an_example_conversation_with_marks(url, browser):
 def test_can_you_tell_votes_once_and_sees_the_reveal(url, browser, tmp_path, monkeypatch):
     """The "Can you tell?" tab at 1280 x 800: an example asked, two answers shown as A and B and
     nothing else, one vote, then the reveal (which was the full cache, the method, its budget, the
-    KV each held, the time each took) and the leaderboard with the vote."""
+    KV each held, the time each took), a follow-up's answers shown with no vote ticked, and the leaderboard
+    with the vote."""
     from kv_arena import service
 
     monkeypatch.setenv("KV_ARENA_DATA_DIR", str(tmp_path / "data"))  # the salt, and the SQLite file below
@@ -221,6 +222,12 @@ def test_can_you_tell_votes_once_and_sees_the_reveal(url, browser, tmp_path, mon
     assert "time for the answer" in reveal.inner_text()
     page.locator("#blind-status").get_by_text("Vote recorded").wait_for()
     save(page, "app_blind.png")
+    # the next answers (a follow-up: nothing else touches the vote control) come with nothing ticked
+    assert page.locator("#blind-choice input:checked").count() == 1
+    page.locator("#blind-input textarea").fill(scene.questions[-1])
+    page.locator("#blind-ask").click()
+    page.locator("#blind-status").get_by_text("Turn 2: which answer is better").wait_for()
+    assert page.locator("#blind-choice input:checked").count() == 0
     page.get_by_role("tab", name="Leaderboard").click()
     expect(page.locator("#blind-board")).to_contain_text("tiny-arena-vl")
     page.close()
