@@ -154,3 +154,55 @@ def test_v31_starts_from_the_bundle_and_resumes(tmp_path, capsys):
                               "photo", "unknown", "glimpse", "long_moving"}
     args = v31.parse_args([])
     assert v31.lr_from(6250, args) < v31.lr_from(6250 + args.warmup, args) <= args.lr == 2e-4
+
+
+def test_stage_one_draws_the_variations_only_when_asked():
+    """Stage 1's pictures and clips: v3's drawings without --varied-share (its runs replay), v3.1's
+    variations with it."""
+    eyes = training_module("train_arena_v3_eyes")
+    adapter = training_module("checkpoints").build_v3(0)[1]
+    processor = eyes.arena_v3_model.image_processor()
+    plain = eyes.parse_args(["--pictures", "6", "--video-share", "0.5"])
+    varied = eyes.parse_args(["--pictures", "6", "--video-share", "0.5", "--varied-share", "1"])
+    things = lambda samples: [t for s in samples for t, _, _ in s.objects]  # noqa: E731
+    assert all(t.angle == 0 and t.stroke == 1 and t.outline is None and t.rgb is None
+               for step in range(3) for t in things(eyes.draw_step(step, plain, adapter, processor)))
+    drawn = [t for step in range(3) for t in things(eyes.draw_step(step, varied, adapter, processor))]
+    assert any(t.angle for t in drawn) and any(t.stroke > 1 for t in drawn) and any(t.rgb for t in drawn)
+
+
+def test_v31_goes_on_with_a_tower_continued_on_the_variations(tmp_path, capsys):
+    """Stage 1 continued with --varied-share evaluates the varied pictures and clips too; the v3.1
+    run resumed with --new-eyes goes on with that tower, saved with it, and its curve names the
+    tower, so the first evaluations of the new tower are not held against the old one's best."""
+    import json
+
+    from safetensors.torch import load_file
+
+    eyes = training_module("train_arena_v3_eyes")
+    v31 = training_module("train_arena_v31")
+    small = ["--pictures", "1", "--cells", "8", "10", "--objects", "2", "3", "--eval-items", "5", "--threads", "1"]
+    more = tmp_path / "v31-eyes"
+    assert eyes.main(small + ["--out", str(more), "--start-from", "training/stage1", "--steps", "8001",
+                              "--varied-share", "1"]) == 0
+    assert {"varied_shape", "varied_clips_motion"} <= set(json.loads((more / "training_curve.json").read_text())[-1])
+    run = tmp_path / "run"
+    stage2 = ["--out", str(run), "--tokens", "300", "--max-batch", "2", "--eval-items", "1", "--long-eval-items", "1",
+              "--threads", "1", "--workers", "1", "--eval-every", "9", "--steps", "6252", "--no-eval-first"]
+    assert v31.main(stage2 + ["--stop-at", "6251"]) == 0
+    assert v31.main(stage2 + ["--new-eyes", str(more)]) == 0
+    assert "replaces the run's from step 6251" in capsys.readouterr().out
+    curve = json.loads((run / "training_curve.json").read_text())
+    assert [(p["step"], p["tower"]) for p in curve] == [(6251, "stage1"), (6252, "v31-eyes")]
+    saved = load_file(str(run / "model.safetensors"))
+    visual = {k.split("visual.", 1)[1]: v for k, v in saved.items() if k.startswith(("visual.", "model.visual."))}
+    continued = eyes.load_eyes(more)[0]
+    assert visual and all(torch.equal(visual[k], continued[k]) for k in continued)
+
+    args = v31.parse_args([])
+    best = {"colour": 1.0}
+    old = [{"step": s, "lr_factor": 1.0, "tower": "stage1", **best} for s in (1, 2)]
+    low = {"colour": 0.5}
+    new = old + [{"step": 3, "lr_factor": 1.0, "tower": "v31-eyes", **low}]
+    assert v31.watch(new, low, 4, args, 1.0, "v31-eyes") == 1.0  # the old tower's best is not the bar
+    assert v31.watch(old + [{"step": 3, "lr_factor": 1.0, "tower": "stage1", **low}], low, 4, args, 1.0) == 0.5

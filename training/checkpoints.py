@@ -98,7 +98,7 @@ def record(model, out: Path, curve: list, optimizer, step: int, seen_loss: list,
     ``seen_loss``."""
     point = {"step": step, "loss": float(np.mean(seen_loss)) if seen_loss else None,
              "minutes": round((time.time() - t0) / 60, 2),
-             **{k: round(v, 3) for k, v in acc.items()}}
+             **{k: round(v, 3) if isinstance(v, float) else v for k, v in acc.items()}}  # and names (the tower)
     curve.append(point)
     seen_loss.clear()
     print(json.dumps(point), flush=True)

@@ -152,13 +152,14 @@ def visual_features(model, seqs: list[Sequence]) -> tuple[torch.Tensor | None, t
     return images, videos
 
 
-def forward(model, seqs: list[Sequence], pad: int, *points: Pointing):
+def forward(model, seqs: list[Sequence], pad: int, *points: Pointing, logits: bool = False):
     """Loss, and per sequence and turn whether every answer token and the end of turn is the argmax
-    (teacher forced: the same as greedy decoding getting the whole answer right). With ``points``
-    (pointer_loss.py), the attention weights they ask for are collected on the way."""
+    (teacher forced: the same as greedy decoding getting the whole answer right); with ``logits``
+    also the logits at every answered position. With ``points`` (pointer_loss.py), the attention
+    weights they ask for are collected on the way."""
     if points:
         with pointing(*points):
-            return forward(model, seqs, pad)
+            return forward(model, seqs, pad, logits=logits)
     ids, pos, labels = (t.to(model.device) for t in padded(seqs, [s.positions for s in seqs], pad))
     mask = hidden_mask(seqs, ids.shape[1])
     cfg = model.config
@@ -168,7 +169,8 @@ def forward(model, seqs: list[Sequence], pad: int, *points: Pointing):
         embeds = embeds.masked_scatter((ids == cfg.image_token_id)[..., None], images.to(embeds.dtype))
     if videos is not None:
         embeds = embeds.masked_scatter((ids == cfg.video_token_id)[..., None], videos.to(embeds.dtype))
-    return answer_loss(model, seqs, embeds, pos, labels, None if mask is None else mask.to(model.device))[:2]
+    out = answer_loss(model, seqs, embeds, pos, labels, None if mask is None else mask.to(model.device))
+    return out if logits else out[:2]
 
 
 @dataclass

@@ -14,6 +14,11 @@ run's own checkpoint. What is new, mixed into v3's own chats (kept as rehearsal 
 - out-of-scope chats (``--odd-share``), ``--photo-share`` of them photo-like (photo_like.py).
 A small rate (a tenth of v3's), a short warm-up, a cosine to a tenth of it at ``--steps``.
 
+When the frozen tower cannot show a variation, stage 1 is continued on the variations
+(train_arena_v3_eyes.py ``--varied-share``) and the run goes on with that tower, kept frozen, as v3's
+stage 2 did at step 5,750: rerun once with ``--new-eyes runs/tiny-arena-vl-v3.1-eyes``; the curve
+names each point's tower.
+
 Every evaluation (``--eval-every``; also once before the first step, the bundle's own baseline)
 prints and writes to training_curve.json: v3's probes (first question, follow-up, needed only, and
 "unknown"), ``before_<type>`` (apart), ``varied_<type>``, ``photo``, and the long types (apart). When
@@ -42,10 +47,12 @@ from . import train_arena_v3 as v3
 from .checkpoints import lr_at, record, resume, update
 from .curriculum import hide_for_training
 from .object_loss import save_heads, setup_heads
+from .train_arena_v3_eyes import load_eyes
 
 ROOT = Path(__file__).resolve().parent.parent
 V3_BAR = {"first": 0.95, "follow": 0.95, "unknown": 0.98}  # v3's held-out numbers, to hold
 V31_BAR = 0.90  # the issue's: "before the question", drawings by others, photos
+STAGE1 = "stage1"  # the tower v3 shipped with (training/stage1), as the curve names it
 
 
 def parse_args(argv=None):
@@ -161,10 +168,11 @@ def watched(acc: dict) -> list[str]:
     return [k for k in acc if k.split("_")[0] in scenes.QUESTION_TYPES + ("unknown",)]
 
 
-def watch(curve: list, acc: dict, step: int, args, factor: float) -> float:
+def watch(curve: list, acc: dict, step: int, args, factor: float, tower: str = STAGE1) -> float:
     """The rate's factor from now on: halved (at most three times) when a watched number has been
-    more than --fall under its best since the last change at two evaluations in a row."""
-    since = [p for p in curve if p.get("lr_factor", 1.0) == factor]
+    more than --fall under its best since the last change (of the rate, or of the tower: a new
+    tower's first evaluations are not measured against the old one's) at two evaluations in a row."""
+    since = [p for p in curve if p.get("lr_factor", 1.0) == factor and p.get("tower", STAGE1) == tower]
     if factor <= 1 / 8 or not since:
         return factor
 
@@ -208,6 +216,11 @@ def main(argv=None) -> int:
     step0, curve, t0 = start(model, optimizer, args)
     model.to(args.device)
     factor = curve[-1].get("lr_factor", 1.0) if curve else 1.0
+    tower = curve[-1].get("tower", STAGE1) if curve else STAGE1
+    if args.new_eyes and curve:  # stage 1 continued (--varied-share): the run goes on with its tower
+        model.model.visual.load_state_dict(load_eyes(Path(args.new_eyes))[0])
+        tower = Path(args.new_eyes).name
+        print(f"the tower of {args.new_eyes} replaces the run's from step {step0}", flush=True)
     pad = adapter.tokenizer.pad_token_id
     aux = v3.Auxiliary()
     if args.object_weight:
@@ -216,7 +229,7 @@ def main(argv=None) -> int:
     if not curve and not args.no_eval_first:  # the bundle's own numbers on every probe: the baseline
         acc = evaluate(model, adapter, args)
         print(bar_line(acc), flush=True)
-        record(model, out, curve, optimizer, step0, [], t0, {**acc, "lr_factor": factor})
+        record(model, out, curve, optimizer, step0, [], t0, {**acc, "lr_factor": factor, "tower": tower})
         if aux.heads is not None:
             save_heads(aux.heads, aux.heads_optimizer, out)
     end = min(args.steps, args.stop_at or args.steps)
@@ -248,8 +261,8 @@ def main(argv=None) -> int:
         if done % args.eval_every == 0 or done in (args.steps, args.stop_at) or out_of_time:
             acc = evaluate(model, adapter, args)
             print(bar_line(acc), flush=True)
-            factor = watch(curve, acc, done, args, factor)
-            record(model, out, curve, optimizer, done, seen_loss, t0, {**acc, "lr_factor": factor})
+            factor = watch(curve, acc, done, args, factor, tower)
+            record(model, out, curve, optimizer, done, seen_loss, t0, {**acc, "lr_factor": factor, "tower": tower})
             if aux.heads is not None:
                 save_heads(aux.heads, aux.heads_optimizer, out)
         if out_of_time:

@@ -20,11 +20,20 @@ colour accuracy on the pictures of drawn_scenes' own held-out ``objects`` items 
 pictures, by object size, and the moving object's motion bit on held-out clips; written to the log
 and to training_curve.json. Seeded and resumable exactly (every batch is drawn from (--seed, step)).
 Stage 2 (training/train_arena_v3.py --eyes DIR) starts from this run's tower.
+
+v3.1 (issue #57) continues it with ``--varied-share`` of the pictures and clips drawn with
+scene_variations.py's variations (turned, thick, outlined, shaded), which v3's tower shows a linear
+read-out at 0.79 (turned) and 0.82 (thick) per object (``python -m training.probe_v31 --tower``);
+the held-out sets then add ``varied`` (the pictures of v3.1's varied chats) and ``varied_clips``:
+
+    python -m training.train_arena_v3_eyes --start-from training/stage1 --out runs/tiny-arena-vl-v3.1-eyes \
+        --steps 10000 --varied-share 0.5 --video-share 0.4 --lr 5e-4 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -39,6 +48,7 @@ from kv_arena.runtime.inputs import QwenVLAdapter
 from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME
 from kv_arena.tiny import arena_v3_model
 from kv_arena.tiny import drawn_scenes as scenes
+from kv_arena.tiny.scene_variations import VARIED, varied_item
 from . import checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,15 +118,17 @@ def token_targets(p: scenes.Picture, frames: list[list[scenes.Thing]]) -> tuple[
 
 
 # --- drawing --------------------------------------------------------------------------------------
-def dense_picture(rng, cells: tuple[int, int], count: tuple[int, int]) -> scenes.Picture:
-    """A picture of cols x rows cells in ``cells`` with ``count`` objects of any shape and colour."""
+def dense_picture(rng, cells: tuple[int, int], count: tuple[int, int], vary=None) -> scenes.Picture:
+    """A picture of cols x rows cells in ``cells`` with ``count`` objects of any shape and colour;
+    ``vary``: v3.1's drawing variations (scene_variations.Variations), None for v3's drawings."""
     cols, rows = (int(v) for v in rng.integers(cells[0], cells[1] + 1, 2))
-    p = scenes.Picture(cols, rows, scenes.background(rng), [], scenes.rendering(rng, cols, rows))
+    p = scenes.Picture(cols, rows, (vary.background if vary else scenes.background)(rng), [],
+                       scenes.rendering(rng, cols, rows))
     for _ in range(int(rng.integers(count[0], count[1] + 1))):
         t = scenes.place(rng, p, SHAPES[int(rng.integers(len(SHAPES)))], COLOURS[int(rng.integers(len(COLOURS)))],
                          tries=30)
         if t is not None:
-            p.things.append(t)
+            p.things.append(t if vary is None else vary.thing(rng, t))
     return p
 
 
@@ -128,10 +140,10 @@ def still_sample(p: scenes.Picture, processor) -> Sample:
     return Sample(out["pixel_values"], (t, h, w), targets, objects, p.rows)
 
 
-def clip_sample(rng, adapter: QwenVLAdapter, cells=(10, 16), count=(4, 10)) -> Sample:
+def clip_sample(rng, adapter: QwenVLAdapter, cells=(10, 16), count=(4, 10), vary=None) -> Sample:
     """Two video frames (one temporal patch): still objects, and one to three that move 0.6-1.3
     cells in any direction, drawn as the scenes' videos are (no resize, sometimes JPEG)."""
-    p = dense_picture(rng, cells, count)
+    p = dense_picture(rng, cells, count, vary)
     movers = set(int(i) for i in rng.choice(len(p.things), size=min(len(p.things), int(rng.integers(1, 4))),
                                             replace=False)) if p.things else set()
     second = []
@@ -139,7 +151,7 @@ def clip_sample(rng, adapter: QwenVLAdapter, cells=(10, 16), count=(4, 10)) -> S
         if i in movers:
             angle, step = rng.uniform(0, 2 * np.pi), rng.uniform(0.6, 1.3) / p.rows
             x = float(np.clip(t.x + step * np.cos(angle) * p.rows / p.cols, 0, 1))
-            t = scenes.Thing(t.shape, t.colour, x, float(np.clip(t.y + step * np.sin(angle), 0, 1)), t.size)
+            t = dataclasses.replace(t, x=x, y=float(np.clip(t.y + step * np.sin(angle), 0, 1)))
         second.append(t)
     render = {"colour_jitter": 25, "jpeg": int(rng.integers(40, 95)) if rng.random() < 0.4 else 0}
     pics = [scenes.Picture(p.cols, p.rows, p.background, things, render) for things in (p.things, second)]
@@ -153,22 +165,35 @@ def draw_step(step: int, args, adapter, processor) -> list[Sample]:
     rng = np.random.default_rng([args.seed, step])
     out = []
     for _ in range(args.pictures):
+        # no draw at all without variations: v3's runs replay batch for batch
+        vary = VARIED if args.varied_share and rng.random() < args.varied_share else None
         if rng.random() < args.video_share:
-            out.append(clip_sample(rng, adapter))
+            out.append(clip_sample(rng, adapter, vary=vary))
         else:
-            out.append(still_sample(dense_picture(rng, tuple(args.cells), tuple(args.objects)), processor))
+            out.append(still_sample(dense_picture(rng, tuple(args.cells), tuple(args.objects), vary), processor))
     return out
 
 
-def held_out_samples(adapter, processor, count: int) -> dict[str, list[Sample]]:
+def held_out_samples(adapter, processor, count: int, varied: bool = False) -> dict[str, list[Sample]]:
     """The evaluation sets: the pictures of drawn_scenes' held-out ``objects`` items (the scenes the
-    questions are asked about), dense pictures and clips from seeds no training step draws."""
+    questions are asked about), dense pictures and clips from seeds no training step draws; with
+    ``varied``, the pictures of v3.1's held-out varied chats of every picture type and varied clips."""
     items = scenes.held_out("objects", count)
     scene_pictures = [still_sample(p, processor) for it in items for p in it.pictures]
     rng = np.random.default_rng([10_000_000, 7])
     dense = [still_sample(dense_picture(rng, (14, 24), (8, 20)), processor) for _ in range(count // 3)]
     clips = [clip_sample(rng, adapter) for _ in range(count // 3)]
-    return {"scenes": scene_pictures, "dense": dense, "clips": clips}
+    sets = {"scenes": scene_pictures, "dense": dense, "clips": clips}
+    if varied:
+        sets["varied"] = [still_sample(p, processor) for p in varied_pictures(count, 10_000_000)]
+        sets["varied_clips"] = [clip_sample(rng, adapter, vary=VARIED) for _ in range(count // 3)]
+    return sets
+
+
+def varied_pictures(count: int, offset: int) -> list[scenes.Picture]:
+    """The pictures of ``count`` v3.1 varied chats (one turn), the picture types in turn, from seed ``offset``."""
+    kinds = [k for k in scenes.QUESTION_TYPES if k != "moving"]
+    return [p for i in range(count) for p in varied_item(offset + i, kinds[i % len(kinds)]).pictures]
 
 
 # --- training -------------------------------------------------------------------------------------
@@ -215,7 +240,7 @@ def evaluate(visual, heads: Heads, sets: dict[str, list[Sample]]) -> dict[str, f
                     ok_shape = shape == 1 + SHAPES.index(thing.shape)
                     right["shape"].append(ok_shape)
                     right["colour"].append(colour == 1 + COLOURS.index(thing.colour))
-                    if name == "clips":
+                    if name.endswith("clips"):
                         right["motion"].append(bool(pred["motion"][at].float().mean() > 0.5) == moves)
                     cells = thing.size * s.rows
                     by_size[next(label for lo, hi, label in SIZE_BINS if lo <= cells < hi)].append(ok_shape)
@@ -290,6 +315,8 @@ def parse_args(argv=None):
     p.add_argument("--cells", type=int, nargs=2, default=(14, 24), help="a picture's side in cells, low high")
     p.add_argument("--objects", type=int, nargs=2, default=(8, 20), help="objects per picture, low high")
     p.add_argument("--video-share", type=float, default=0.25, help="share of two-frame clips")
+    p.add_argument("--varied-share", type=float, default=0.0,
+                   help="share of pictures and clips drawn with v3.1's variations (scene_variations.py)")
     p.add_argument("--background-weight", type=float, default=0.3)
     p.add_argument("--eval-every", type=int, default=400)
     p.add_argument("--eval-items", type=int, default=60,
@@ -311,7 +338,7 @@ def main(argv=None) -> int:
     params = list(visual.parameters()) + list(heads.parameters())
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     start, curve, t0 = resume(out, visual, heads, optimizer, args.fresh, args.start_from)
-    sets = held_out_samples(adapter, processor, args.eval_items)
+    sets = held_out_samples(adapter, processor, args.eval_items, varied=args.varied_share > 0)
     visual.train()
     seen = []
     end = min(args.steps, args.stop_at or args.steps)
