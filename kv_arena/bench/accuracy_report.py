@@ -97,12 +97,26 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+# The floors a method must clear (docs/benchmarks.md's "How to read it"): black, dashed, so
+# no method's colour is taken for them
+FLOORS = {"random": ("#000000", "x"), "downsample": ("#000000", "cross")}
+
+
 def _marker(method: str, i: int) -> dict:
-    """The full cache a large star (methods that match it sit on top of it); past the palette's
-    first ten colours, whose next ones look alike, another symbol tells methods apart."""
+    """The full cache a large star (methods that match it sit on top of it); the floors their own
+    symbols; past the palette's first ten colours, whose next ones look alike, another symbol tells
+    methods apart."""
     if method == REFERENCE:
         return {"symbol": "star", "size": 15}
+    if method in FLOORS:
+        return {"symbol": FLOORS[method][1], "size": 10}
     return {"symbol": ("circle", "diamond", "square")[i // 10 % 3], "size": 9}
+
+
+def _line(method: str, i: int, palette: list[str]) -> dict:
+    if method in FLOORS:
+        return {"color": FLOORS[method][0], "dash": "dash"}
+    return {"color": palette[i % len(palette)]}
 
 
 def figure(report: dict, out: Path) -> list[str]:
@@ -130,7 +144,7 @@ def figure(report: dict, out: Path) -> list[str]:
                                      showlegend=col == 1, mode="lines+markers", text=[r[4] for r in rows],
                                      error_y={"type": "data", "symmetric": False, "array": [r[3] - r[1] for r in rows],
                                               "arrayminus": [r[1] - r[2] for r in rows]},
-                                     marker=_marker(method, i), line={"color": palette[i % len(palette)]}),
+                                     marker=_marker(method, i), line=_line(method, i, palette)),
                           row=1, col=col)
         fig.update_xaxes(type="log", title_text="realised KV fraction", row=1, col=col)
     fig.update_yaxes(title_text="whole answers right (all types)", range=[0, 1.02], row=1, col=1)
