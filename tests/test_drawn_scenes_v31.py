@@ -106,6 +106,34 @@ def test_long_videos_keep_their_grid_and_name_their_tokens(v3, kind):  # noqa: F
         assert 6 <= len(seen) <= 16 and seen == list(range(seen[0], seen[-1] + 1)) and seen[0] % 2 == 0
 
 
+@pytest.mark.parametrize("kind", long_videos.LONG_TYPES)
+def test_a_long_video_over_minutes_is_the_same_scene_further_apart_in_time(v3, kind):  # noqa: F811
+    """Spread over 10 minutes (as the app samples such a video) a long video keeps its frames and
+    questions; only its times change, and with them the time ids, about ten times further apart."""
+    fast, slow = long_videos.long_item(5, kind, 2), long_videos.long_item(5, kind, 2, minutes=10)
+    assert np.array_equal(fast.frames(), slow.frames()) and [q.answer for q in fast.turns] == [q.answer for q in slow.turns]
+    assert slow.fps == pytest.approx(len(slow.pictures) / 600)
+    ids = [v3.adapter.encode_turn(Message(it.question.text, **it.media()), 0, 0, DEFAULT_SYSTEM).rope_ids[0].max()
+           for it in (fast, slow)]
+    assert ids[1] > 5 * ids[0]
+    with pytest.raises(ValueError, match="positive"):
+        long_videos.long_item(5, kind, minutes=0)
+
+
+def test_the_long_video_demo_is_sampled_back_to_the_drawn_frames(tmp_path):
+    """tools.long_video --question glimpse: a 5-minute video at 1 fps whose drawn frames the app's
+    sampling (kv_arena.media.load_video, asked for as many) gives back one for one."""
+    from kv_arena.media import load_video
+    from tools.long_video import draw_video
+
+    question, answer, written, asked = draw_video(tmp_path / "v.avi", 5, 1, 0, "glimpse")
+    item = long_videos.held_out_long("glimpse", 1, turns=1, minutes=5)[0]
+    assert (question, answer, written, asked) == (item.question.text, item.question.answer, 300, len(item.pictures))
+    clip = load_video(str(tmp_path / "v.avi"), asked)
+    assert np.abs(clip.frames.astype(int) - item.frames().astype(int)).max() <= 2  # uncompressed, each a drawn frame
+    assert clip.sample_fps == pytest.approx(item.fps, rel=0.1)
+
+
 @pytest.mark.parametrize("kind", ["moving", "colour"])
 def test_a_chat_asked_apart_is_what_a_conversation_feeds_before_the_question(v3, kind, monkeypatch):  # noqa: F811
     """The media prefilled in a part of their own, then the question (Conversation.feed, then ask):
@@ -151,7 +179,7 @@ def test_v31_starts_from_the_bundle_and_resumes(tmp_path, capsys):
     curve = json.loads((tmp_path / "training_curve.json").read_text())
     assert [p["step"] for p in curve] == [6250, 6251, 6252, 6253] and curve[0]["loss"] is None
     assert set(curve[-1]) >= {"colour", "colour_follow", "moving_needed_only", "before_moving", "varied_shape",
-                              "photo", "unknown", "glimpse", "long_moving"}
+                              "photo", "unknown", "glimpse", "long_moving", "glimpse_10min", "long_moving_10min"}
     args = v31.parse_args([])
     assert v31.lr_from(6250, args) < v31.lr_from(6250 + args.warmup, args) <= args.lr == 2e-4
 

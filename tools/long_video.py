@@ -14,6 +14,13 @@ at ``--fps`` as an uncompressed AVI (``kv_arena.media.write_avi``); the app samp
 ``--minutes`` frames from it (every frame), streams them 8 a chunk, and each method answers in a
 new session. The full cache streams without a cap (the reference: its KV grows with the video).
 
+``--question glimpse`` or ``long_moving`` draws v3.1's long videos instead (kv_arena/tiny/long_videos.py:
+"What colour is the star?" about an object in view for a short stretch, or "Which shape moves?" with
+motion all through), 40-72 frames spread over ``--minutes``; the app is asked for that many frames,
+which it samples evenly from the whole video: exactly the drawn ones, each a different moment.
+
+    python -m tools.long_video --question glimpse --methods full,infinipot_v,streamingllm,snapkv
+
 Memory is the app server's own (a separate process, ``/proc/PID/status``): its resident set before
 the call and its peak during it (``VmHWM``, reset before each call through ``/proc/PID/clear_refs``
 on Linux). For scale, the tool also decodes the clip whole in its own process, as the app did before
@@ -32,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kv_arena.tiny.long_videos import LONG_TYPES, held_out_long
 from tools.app_cost import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,25 +60,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cap-mb", type=float, default=1.0, help="the app's 'Stream videos under a KV cap' (MB)")
     p.add_argument("--methods", default="full,infinipot_v", help="comma-separated; full streams without a cap")
     p.add_argument("--model", default="tiny-arena-vl")
-    p.add_argument("--seed", type=int, default=0, help="which held-out moving scene")
+    p.add_argument("--seed", type=int, default=0, help="which held-out scene")
+    p.add_argument("--question", default="moving", choices=("moving",) + LONG_TYPES,
+                   help="moving: v3's scene slowed down, every frame streamed; glimpse, long_moving: v3.1's "
+                        "long videos, their drawn frames sampled back from the whole video")
     p.add_argument("--out", default=None, help="folder to keep the video and the app's logs in (default: a "
                    "temporary one, removed at the end)")
     return p.parse_args(argv)
 
 
-def draw_video(path: Path, minutes: float, fps: int, seed: int) -> tuple[str, str, int]:
-    """The bundled model's held-out moving scene slowed to ``minutes``: (question, answer, frames)."""
+def draw_video(path: Path, minutes: float, fps: int, seed: int, question: str = "moving") -> tuple[str, str, int, int]:
+    """A held-out scene of type ``question`` lasting ``minutes``: (question, answer, frames written,
+    frames to ask the app for: every one for v3's moving scene, the drawn ones for a long video)."""
     import numpy as np
 
     from kv_arena.media import write_avi
     from kv_arena.tiny import generations
 
-    item = generations.of().scenes.held_out("moving", seed + 1)[seed]
+    if question == "moving":
+        item = generations.of().scenes.held_out("moving", seed + 1)[seed]
+    else:
+        item = held_out_long(question, seed + 1, turns=1, minutes=minutes)[seed]
     drawn = item.frames()
     count = round(minutes * 60 * fps)
+    if count < len(drawn):
+        raise SystemExit(f"error: {minutes:g} min at {fps} fps is {count} frames, fewer than the {len(drawn)} drawn")
     frames = drawn[np.arange(count) * len(drawn) // count]  # each drawn frame held an equal share of the time
     write_avi(path, frames, fps=fps)
-    return item.question.text, item.question.answer, count
+    return item.question.text, item.question.answer, count, count if question == "moving" else len(drawn)
 
 
 def resident(pid: int, field: str) -> int:
@@ -158,10 +175,11 @@ def measure(args, methods: list[str], folder: Path) -> int:
     from kv_arena.bench.accuracy import is_right
 
     video = folder / "long_video.avi"
-    question, truth, frames = draw_video(video, args.minutes, args.fps, args.seed)
+    question, truth, written, frames = draw_video(video, args.minutes, args.fps, args.seed, args.question)
     size, grown = decoded_whole(video, frames)
-    print(f"{video}: {args.minutes:g} min at {args.fps} fps, {frames} frames, {video.stat().st_size / MB:.1f} MB; "
-          f"decoded whole: {size / MB:.1f} MB of frames, this process grew by {grown / MB:.1f} MB")
+    print(f"{video}: {args.minutes:g} min at {args.fps} fps, {written} frames, {video.stat().st_size / MB:.1f} MB, "
+          f"{frames} of them asked for; decoded whole: {size / MB:.1f} MB of frames, this process grew by "
+          f"{grown / MB:.1f} MB")
     print(f"'{question}' (true answer: {truth}); model {args.model}; cap {args.cap_mb:g} MB", flush=True)
     rows = []
     for method in methods:  # a fresh app for each: its memory is that method's alone

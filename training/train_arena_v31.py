@@ -10,7 +10,8 @@ run's own checkpoint. What is new, mixed into v3's own chats (kept as rehearsal 
   in a part of their own and the question after (train_arena_v3.encode's ``apart``): "before the
   question", where v3 read "Which shape moves?" 0.74-0.76;
 - ``--varied-share`` drawn with scene_variations.py (turned, thick, outlined, shaded, one object);
-- ``--long-share`` long videos of long_videos.py (40-72 frames at 1 fps), mostly apart, as streamed;
+- ``--long-share`` long videos of long_videos.py (40-72 frames at 1 fps, or ``--slow-share`` of them
+  spread over 5-10 minutes, as the app samples such a video), mostly apart, as streamed;
 - out-of-scope chats (``--odd-share``), ``--photo-share`` of them photo-like (photo_like.py).
 A small rate (a tenth of v3's), a short warm-up, a cosine to a tenth of it at ``--steps``.
 
@@ -21,7 +22,8 @@ names each point's tower.
 
 Every evaluation (``--eval-every``; also once before the first step, the bundle's own baseline)
 prints and writes to training_curve.json: v3's probes (first question, follow-up, needed only, and
-"unknown"), ``before_<type>`` (apart), ``varied_<type>``, ``photo``, and the long types (apart). When
+"unknown"), ``before_<type>`` (apart), ``varied_<type>``, ``photo``, and the long types (apart; and
+``<type>_10min``, their frames over 10 minutes). When
 any of v3's bar numbers falls more than ``--fall`` under its best at two evaluations in a row the
 rate is halved (at most three times; the factor is kept in the curve).
 """
@@ -52,6 +54,7 @@ from .train_arena_v3_eyes import load_eyes
 ROOT = Path(__file__).resolve().parent.parent
 V3_BAR = {"first": 0.95, "follow": 0.95, "unknown": 0.98}  # v3's held-out numbers, to hold
 V31_BAR = 0.90  # the issue's: "before the question", drawings by others, photos
+SLOW_MINUTES = (5.0, 10.0)  # a long video's length when its frames are spread out (--slow-share)
 STAGE1 = "stage1"  # the tower v3 shipped with (training/stage1), as the curve names it
 
 
@@ -66,6 +69,8 @@ def parse_args(argv=None):
     p.add_argument("--varied-share", type=float, default=0.35, help="share of scene chats drawn with variations")
     p.add_argument("--long-share", type=float, default=0.06, help="share of chats about a long video")
     p.add_argument("--long-apart-share", type=float, default=0.75, help="share of long-video chats asked apart")
+    p.add_argument("--slow-share", type=float, default=0.5,
+                   help="share of long-video chats whose frames span 5-10 minutes (as the app samples such a video)")
     p.add_argument("--photo-share", type=float, default=0.5, help="share of the out-of-scope chats photo-like")
     p.add_argument("--long-eval-items", type=int, default=20, help="held-out chats per long-video type")
     p.add_argument("--no-eval-first", action="store_true", help="skip the evaluation of --init before step one")
@@ -91,7 +96,8 @@ def draw(step: int, args, adapter) -> list[v3.Sequence]:
         if roll < args.odd_share:
             it = photo_item(seed, turns) if rng.random() < args.photo_share else scenes.out_of_scope(seed, turns)
         elif roll < args.odd_share + args.long_share:
-            it = long_item(seed, LONG_TYPES[(step + i) % len(LONG_TYPES)], turns)
+            minutes = float(rng.uniform(*SLOW_MINUTES)) if rng.random() < args.slow_share else None
+            it = long_item(seed, LONG_TYPES[(step + i) % len(LONG_TYPES)], turns, minutes=minutes)
             apart = rng.random() < args.long_apart_share
         else:
             kind = scenes.QUESTION_TYPES[(step + i) % len(scenes.QUESTION_TYPES)]
@@ -116,6 +122,7 @@ def held_out_sets(per_type: int, long_items: int) -> dict[str, tuple[list, bool]
     sets["photo"] = (held_out_photos(per_type), False)
     for kind in LONG_TYPES:
         sets[kind] = (held_out_long(kind, long_items), True)
+        sets[f"{kind}_10min"] = (held_out_long(kind, long_items, minutes=10), True)
     return sets
 
 

@@ -10,6 +10,11 @@ Two question types (LONG_TYPES):
 Follow-ups ask about objects in view all through. A video sent whole shares one image's budget of
 2,304 tokens (48 x 48 cells) among its tokens, so 72 frames of 8 x 8 cells is the longest that keeps
 its grid; the app streams a longer one at a fixed size a frame, which these do not reach.
+
+``minutes``: the same frames spread over a video of that length, as the app samples a 5-10 minute
+video to its frame count (kv_arena.media.load_video: evenly over the whole video, the clip's fps
+from their times). Only the times change, and with them the video's M-RoPE time ids (Qwen2.5-VL
+spaces them by seconds): about ten times further apart than at 1 frame a second.
 """
 
 from __future__ import annotations
@@ -24,16 +29,20 @@ LONG_SIZES = ((8, 8), (40, 72))  # (cells a side, frames) at full size
 LONG_FPS = 1.0
 
 
-def long_item(seed: int, kind: str, turns: int = 1, scale: float = 1.0) -> Item:
-    """One conversation about a long video of type ``kind`` (LONG_TYPES); seeded on a stream of its own."""
+def long_item(seed: int, kind: str, turns: int = 1, scale: float = 1.0, minutes: float | None = None) -> Item:
+    """One conversation about a long video of type ``kind`` (LONG_TYPES), at 1 frame a second or
+    its frames spread over ``minutes``; seeded on a stream of its own (the same scene either way)."""
     if kind not in LONG_TYPES:
         raise ValueError(f"unknown long-video type '{kind}'; choose from: {', '.join(LONG_TYPES)}")
+    if minutes is not None and minutes <= 0:
+        raise ValueError("minutes must be positive")
     rng = np.random.default_rng([seed, 60 + LONG_TYPES.index(kind), turns, round(scale * 1000)])
     if kind == "long_moving":
         it = scenes._moving_item(rng, turns, scale, sizes=LONG_SIZES)
-        it.fps = LONG_FPS
-        return it
-    return _glimpse_item(rng, turns, scale)
+    else:
+        it = _glimpse_item(rng, turns, scale)
+    it.fps = LONG_FPS if minutes is None else len(it.pictures) / (60 * minutes)
+    return it
 
 
 def _glimpse_item(rng, turns: int, scale: float) -> Item:
@@ -69,5 +78,6 @@ def _glimpse_item(rng, turns: int, scale: float) -> Item:
                 informative=tuple(sorted({k for o in named for k in o[2]})), fps=LONG_FPS)
 
 
-def held_out_long(kind: str, count: int, turns: int = 2, offset: int = 10_000_000) -> list[Item]:
-    return [long_item(offset + i, kind, turns) for i in range(count)]
+def held_out_long(kind: str, count: int, turns: int = 2, offset: int = 10_000_000,
+                  minutes: float | None = None) -> list[Item]:
+    return [long_item(offset + i, kind, turns, minutes=minutes) for i in range(count)]
