@@ -234,3 +234,18 @@ def test_v31_goes_on_with_a_tower_continued_on_the_variations(tmp_path, capsys):
     new = old + [{"step": 3, "lr_factor": 1.0, "tower": "v31-eyes", **low}]
     assert v31.watch(new, low, 4, args, 1.0, "v31-eyes") == 1.0  # the old tower's best is not the bar
     assert v31.watch(old + [{"step": 3, "lr_factor": 1.0, "tower": "stage1", **low}], low, 4, args, 1.0) == 0.5
+
+
+def test_the_v31_probe_counts_right_answers_by_variation(capsys):
+    """probe_v31 on the bundle: every varied type's first questions, right/asked by the variations
+    their objects carry (each chat under "plain" or its variations); a run is needed."""
+    probe = training_module("probe_v31")
+    for it in scene_variations.held_out_varied("shape", 8, turns=1):
+        tags = probe.tags_of(it)
+        assert tags and tags <= set(probe.TAGS) and ("plain" not in tags or tags == {"plain"})
+    assert probe.main(["assets/tiny-arena-vl", "--items", "3", "--threads", "1"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
+    assert [line.split(" (")[0] for line in lines] == list(scenes.QUESTION_TYPES)
+    assert all(f"/{3})" in line.split(":")[0] for line in lines)
+    with pytest.raises(SystemExit):
+        probe.main(["--items", "3"])

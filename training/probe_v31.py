@@ -8,8 +8,9 @@ answers beside the true ones.
 A variation that fails where the plain objects of the same chats do not is one the decoder has not
 learnt to read, or one the frozen tower cannot show. ``--tower`` tells the two apart: per object of
 held-out varied pictures, the shape that a stage-1 run's own read-out gives (``--eyes``; v3's was
-trained on v3's drawings only), and the shape a fresh linear read-out gives after training on the tower's output for other
-varied pictures (``--items`` of them). What a linear read-out can learn, the decoder can.
+trained on v3's drawings only), and the shape a fresh linear read-out gives after training on the
+tower's output for other varied pictures (``--items`` of them). What a linear read-out can learn,
+the decoder can.
 """
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ from .probe_v3 import load_run, named_things
 TAGS = ("plain", "turned", "turned > 20°", "thick", "outlined", "shaded", "one object")
 
 
+def object_tags(t) -> set[str]:
+    """The variations one object carries (none: drawn as v3 draws it)."""
+    return {tag for tag, on in (("turned", t.angle != 0), ("turned > 20°", abs(t.angle) > 20), ("thick", t.stroke > 1),
+                                ("outlined", t.outline is not None), ("shaded", t.rgb is not None)) if on}
+
+
 def tags_of(it) -> set[str]:
     """The variations the first question's named objects carry ("plain": none of them any)."""
-    named = named_things(it)
-    tags = set()
-    for t in named:
-        tags |= {tag for tag, on in (("turned", t.angle != 0), ("turned > 20°", abs(t.angle) > 20),
-                                     ("thick", t.stroke > 1), ("outlined", t.outline is not None),
-                                     ("shaded", t.rgb is not None)) if on}
+    tags = set().union(*(object_tags(t) for t in named_things(it)))
     if sum(len(p.things) for p in it.pictures[:1 if it.video else None]) == 1:
         tags.add("one object")
     return tags or {"plain"}
@@ -87,12 +89,6 @@ def by_variation(model, adapter, items: int) -> dict[str, dict[str, tuple[int, i
     return out
 
 
-def object_tags(t, alone: bool) -> set[str]:
-    tags = {tag for tag, on in (("turned", t.angle != 0), ("turned > 20°", abs(t.angle) > 20), ("thick", t.stroke > 1),
-                                ("outlined", t.outline is not None), ("shaded", t.rgb is not None)) if on}
-    return (tags | ({"one object"} if alone else set())) or {"plain"}
-
-
 @torch.no_grad()
 def shapes_read(heads, feats: list, samples: list) -> dict[str, list[int]]:
     """Per variation tag: [right, asked] of the objects' shapes (each the majority of its tokens)."""
@@ -102,7 +98,7 @@ def shapes_read(heads, feats: list, samples: list) -> dict[str, list[int]]:
         for thing, tokens, _ in s.objects:
             votes = pred[torch.tensor(tokens)].bincount(minlength=1 + len(eyes.SHAPES))[1:]
             ok = int(votes.argmax()) == eyes.SHAPES.index(thing.shape)
-            for tag in object_tags(thing, len(s.objects) == 1):
+            for tag in (object_tags(thing) | ({"one object"} if len(s.objects) == 1 else set())) or {"plain"}:
                 cells[tag][0] += ok
                 cells[tag][1] += 1
     return cells
