@@ -17,8 +17,8 @@ A small rate (a tenth of v3's), a short warm-up, a cosine to a tenth of it at ``
 
 When the frozen tower cannot show a variation, stage 1 is continued on the variations
 (train_arena_v3_eyes.py ``--varied-share``) and the run goes on with that tower, kept frozen, as v3's
-stage 2 did at step 5,750: rerun once with ``--new-eyes runs/tiny-arena-vl-v3.1-eyes``; the curve
-names each point's tower.
+stage 2 did at step 5,750: rerun once with ``--new-eyes runs/tiny-arena-vl-v3.1-eyes-2`` (done at
+step 7,500: docs/offline-model.md); the curve names each point's tower.
 
 Every evaluation (``--eval-every``; also once before the first step, the bundle's own baseline)
 prints and writes to training_curve.json: v3's probes (first question, follow-up, needed only, and

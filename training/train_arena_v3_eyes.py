@@ -24,10 +24,11 @@ Stage 2 (training/train_arena_v3.py --eyes DIR) starts from this run's tower.
 v3.1 (issue #57) continues it with ``--varied-share`` of the pictures and clips drawn with
 scene_variations.py's variations (turned, thick, outlined, shaded), which v3's tower shows a linear
 read-out at 0.79 (turned) and 0.82 (thick) per object (``python -m training.probe_v31 --tower``);
-the held-out sets then add ``varied`` (the pictures of v3.1's varied chats) and ``varied_clips``:
+the held-out sets then add ``varied`` (the pictures of v3.1's varied chats) and ``varied_clips``
+(the commands, and what the tower shows after them: docs/offline-model.md, "Step 7,500"):
 
     python -m training.train_arena_v3_eyes --start-from training/stage1 --out runs/tiny-arena-vl-v3.1-eyes \
-        --steps 10000 --varied-share 0.5 --video-share 0.4 --lr 5e-4 --threads 1
+        --steps 12000 --varied-share 0.5 --video-share 0.4 --lr 5e-4 --threads 1
 """
 
 from __future__ import annotations
