@@ -181,6 +181,7 @@ def test_v31_starts_from_the_bundle_and_resumes(tmp_path, capsys):
     assert set(curve[-1]) >= {"colour", "colour_follow", "moving_needed_only", "before_moving", "varied_shape",
                               "photo", "unknown", "glimpse", "long_moving", "glimpse_10min", "long_moving_10min"}
     args = v31.parse_args([])
+    assert (curve[-1]["long_share"], curve[-1]["slow_share"]) == (args.long_share, args.slow_share)
     assert v31.lr_from(6250, args) < v31.lr_from(6250 + args.warmup, args) <= args.lr == 2e-4
 
 
@@ -249,3 +250,17 @@ def test_the_v31_probe_counts_right_answers_by_variation(capsys):
     assert all(f"/{3})" in line.split(":")[0] for line in lines)
     with pytest.raises(SystemExit):
         probe.main(["--items", "3"])
+
+
+def test_the_v31_bar_prints_the_model_cards_tables(capsys):
+    """probe_v31 --bar: a row per type (first / follow-up, only its objects, before the question,
+    varied), "unknown" and photo-like rows, the long videos at 1 frame a second and over 10 minutes,
+    and the bar's line; the exit code says whether the bar is met."""
+    probe = training_module("probe_v31")
+    code = probe.main(["assets/tiny-arena-vl", "--bar", "--items", "1", "--long-items", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    rows = [line.split(" | ")[0].lstrip("| ") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == ["type", *scenes.QUESTION_TYPES, "unknown (out-of-scope pictures)", "unknown (photo-like pictures)",
+                    "long video, asked after it (first / follow-up)", *long_videos.LONG_TYPES]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("v3's bar: ") and code == (1 if "under" in last else 0)

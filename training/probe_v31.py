@@ -4,6 +4,7 @@ answers beside the true ones.
 
     python -m training.probe_v31 runs/tiny-arena-vl-v3.1 --items 80
     python -m training.probe_v31 --tower --items 300   # what the frozen tower shows of each variation
+    python -m training.probe_v31 RUN --bar --items 200  # the shipping bar and the model card's table (exit 1 below it)
 
 A variation that fails where the plain objects of the same chats do not is one the decoder has not
 learnt to read, or one the frozen tower cannot show. ``--tower`` tells the two apart: per object of
@@ -25,11 +26,13 @@ import torch
 from kv_arena.runtime.vision_attention import VISION_ATTENTION_NAME
 from kv_arena.tiny import arena_v3_model
 from kv_arena.tiny import drawn_scenes as scenes
+from kv_arena.tiny.long_videos import LONG_TYPES
 from kv_arena.tiny.scene_variations import held_out_varied
 
 from . import checkpoints
 from . import train_arena_v3 as train
 from . import train_arena_v3_eyes as eyes
+from . import train_arena_v31 as v31
 from .probe_v3 import load_run, named_things
 
 TAGS = ("plain", "turned", "turned > 20°", "thick", "outlined", "shaded", "one object")
@@ -136,6 +139,30 @@ def tower(items: int, threads: int | None, folder: Path) -> dict[str, dict[str, 
     return out
 
 
+def bar(model, adapter, items: int, long_items: int) -> bool:
+    """v3.1's shipping bar on ``items`` held-out two-turn chats a type (``long_items`` a long type),
+    train_arena_v31.evaluate's numbers: v3's bar held (V3_BAR) and v3.1's reached (V31_BAR: before the
+    question, varied drawings, photo-like pictures). Prints the model card's table; the long videos
+    are shown, not barred (a 10-minute video's frames are 9 s apart: docs/offline-model.md)."""
+    acc = v31.evaluate(model, adapter, argparse.Namespace(eval_items=items, long_eval_items=long_items))
+    pair = lambda k: f"{acc[k]:.2f} / {acc[k + '_follow']:.2f}"  # noqa: E731
+    print(f"| type | first / follow-up | only its objects in view | before the question | varied drawings |"
+          f"  ({items} held-out chats a type, {long_items} a long type)")
+    print("|---|---|---|---|---|")
+    for kind in scenes.QUESTION_TYPES:
+        print(f"| {kind} | {pair(kind)} | {acc[kind + '_needed_only']:.2f} | {pair('before_' + kind)} | "
+              f"{pair('varied_' + kind)} |")
+    print(f"| unknown (out-of-scope pictures) | {acc['unknown']:.2f} | | | |")
+    print(f"| unknown (photo-like pictures) | {acc['photo']:.2f} | | | |")
+    print("\n| long video, asked after it (first / follow-up) | 40-72 s, 1 frame a second | the same frames over 10 minutes |")
+    print("|---|---|---|")
+    for kind in LONG_TYPES:
+        print(f"| {kind} | {pair(kind)} | {pair(kind + '_10min')} |")
+    line = v31.bar_line(acc)
+    print(line)
+    return "under" not in line
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", nargs="?", help="a v3.1 run's folder (model.safetensors, config.json)")
@@ -143,6 +170,9 @@ def main(argv=None) -> int:
                    help="held-out varied chats per type; with --tower, varied pictures to train the read-out on")
     p.add_argument("--tower", action="store_true", help="instead: what the frozen tower shows of each variation")
     p.add_argument("--eyes", default=str(train.ROOT / "training" / "stage1"), help="with --tower: the stage-1 run")
+    p.add_argument("--bar", action="store_true", help="instead: v3.1's shipping bar and the model card's table "
+                                                      "(exits 1 below it)")
+    p.add_argument("--long-items", type=int, default=40, help="with --bar: held-out chats per long-video type")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
     if args.tower:
@@ -153,6 +183,8 @@ def main(argv=None) -> int:
     loaded = load_run(args.run, args.threads)
     if loaded is None:
         return 2
+    if args.bar:
+        return 0 if bar(*loaded, args.items, args.long_items) else 1
     by_variation(*loaded, args.items)
     return 0
 

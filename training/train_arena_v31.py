@@ -18,7 +18,9 @@ A small rate (a tenth of v3's), a short warm-up, a cosine to a tenth of it at ``
 When the frozen tower cannot show a variation, stage 1 is continued on the variations
 (train_arena_v3_eyes.py ``--varied-share``) and the run goes on with that tower, kept frozen, as v3's
 stage 2 did at step 5,750: rerun once with ``--new-eyes runs/tiny-arena-vl-v3.1-eyes-2`` (done at
-step 7,500: docs/offline-model.md); the curve names each point's tower.
+step 7,500: docs/offline-model.md); the curve names each point's tower. From step 8,000 the run goes
+on with ``--long-share 0.12 --slow-share 0.75`` (three times the videos over minutes, which stood at
+0.45-0.50 after 500 steps at 3% of the chats); each point of the curve records both shares.
 
 Every evaluation (``--eval-every``; also once before the first step, the bundle's own baseline)
 prints and writes to training_curve.json: v3's probes (first question, follow-up, needed only, and
@@ -204,6 +206,12 @@ def start(model, optimizer, args) -> tuple[int, list, float]:
     return args.init_step, [], time.time()
 
 
+def _mix(args, factor: float, tower: str) -> dict:
+    """What a curve point trained under beyond the schedule: the rate's factor, the tower, and the
+    long-video shares (raised from step 8,000, docs/offline-model.md)."""
+    return {"lr_factor": factor, "tower": tower, "long_share": args.long_share, "slow_share": args.slow_share}
+
+
 _worker: dict = {}
 
 
@@ -236,7 +244,7 @@ def main(argv=None) -> int:
     if not curve and not args.no_eval_first:  # the bundle's own numbers on every probe: the baseline
         acc = evaluate(model, adapter, args)
         print(bar_line(acc), flush=True)
-        record(model, out, curve, optimizer, step0, [], t0, {**acc, "lr_factor": factor, "tower": tower})
+        record(model, out, curve, optimizer, step0, [], t0, {**acc, **_mix(args, factor, tower)})
         if aux.heads is not None:
             save_heads(aux.heads, aux.heads_optimizer, out)
     end = min(args.steps, args.stop_at or args.steps)
@@ -269,7 +277,7 @@ def main(argv=None) -> int:
             acc = evaluate(model, adapter, args)
             print(bar_line(acc), flush=True)
             factor = watch(curve, acc, done, args, factor, tower)
-            record(model, out, curve, optimizer, done, seen_loss, t0, {**acc, "lr_factor": factor, "tower": tower})
+            record(model, out, curve, optimizer, done, seen_loss, t0, {**acc, **_mix(args, factor, tower)})
             if aux.heads is not None:
                 save_heads(aux.heads, aux.heads_optimizer, out)
         if out_of_time:

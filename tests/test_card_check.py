@@ -1,0 +1,42 @@
+"""training/card_check.py: the model card's scenes drawn by code of their own, asked the app's way."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.support import training_module
+
+card = training_module("card_check")
+
+
+def test_a_drawn_scene_holds_its_objects_in_their_colours():
+    """Every object is drawn (its colour's pixels are there) and each shape and colour is used once."""
+    rng = np.random.default_rng(0)
+    for style in card.STYLES:
+        image, objects = card.scene(rng, style, 1 if style == "one object" else 5)
+        assert image.width % card.CELL == 0 and 24 * card.CELL <= image.height <= 30 * card.CELL
+        assert len({s for s, _ in objects}) == len({c for _, c in objects}) == len(objects)
+        pixels = {tuple(p) for p in np.asarray(image).reshape(-1, 3)}
+        palette = card.WEB if style == "web colours" else card.PAINT
+        assert all(palette[c] in pixels for _, c in objects)
+
+
+def test_the_questions_answer_from_the_objects():
+    rng = np.random.default_rng(0)
+    objects = [("ring", "orange"), ("cross", "red"), ("square", "blue")]
+    assert card.chat_of(rng, "objects", objects)[0] == ("What is in the picture?", "red cross blue square orange ring")
+    assert card.chat_of(rng, "pair", objects)[0] == ("What colours are the ring and the cross?", "orange red")
+    assert card.chat_of(rng, "colour", objects[:1]) == [("What colour is the ring?", "orange"),
+                                                        ("Which shape is orange?", "ring")]
+    frames, moving = card.clip(rng)
+    assert frames.ndim == 4 and 16 <= len(frames) <= 32 and len(frames) % 2 == 0
+    assert not np.array_equal(frames[0], frames[1])  # the first object moves
+
+
+def test_the_check_runs_through_the_app_on_the_bundle(capsys):
+    """Every style, the video in its turn and before the question, and the sample photos get a row."""
+    assert card.photos(), "gradio's sample photos are installed with gradio"
+    assert card.main(["--items", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "/" in line]
+    drawn = {line.split(" | ")[0].lstrip("| ") for line in rows}
+    assert drawn == {*card.STYLES, "moving video", "photo"}
