@@ -19,7 +19,7 @@ new session. The full cache streams without a cap (the reference: its KV grows w
 motion all through), 40-72 frames spread over ``--minutes``; the app is asked for that many frames,
 which it samples evenly from the whole video: exactly the drawn ones, each a different moment.
 
-    python -m tools.long_video --question glimpse --methods full,infinipot_v,streamingllm,snapkv
+    python -m tools.long_video --question glimpse --methods full,infinipot_v,streamingllm,snapkv --videos 8
 
 Memory is the app server's own (a separate process, ``/proc/PID/status``): its resident set before
 the call and its peak during it (``VmHWM``, reset before each call through ``/proc/PID/clear_refs``
@@ -60,7 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cap-mb", type=float, default=1.0, help="the app's 'Stream videos under a KV cap' (MB)")
     p.add_argument("--methods", default="full,infinipot_v", help="comma-separated; full streams without a cap")
     p.add_argument("--model", default="tiny-arena-vl")
-    p.add_argument("--seed", type=int, default=0, help="which held-out scene")
+    p.add_argument("--seed", type=int, default=0, help="which held-out scene (the first, with --videos)")
+    p.add_argument("--videos", type=int, default=1, help="held-out scenes asked one after another (--seed on), "
+                   "each in a new session of the same app; the table ends with each method's right answers")
     p.add_argument("--question", default="moving", choices=("moving",) + LONG_TYPES,
                    help="moving: v3's scene slowed down, every frame streamed; glimpse, long_moving: v3.1's "
                         "long videos, their drawn frames sampled back from the whole video")
@@ -161,8 +163,9 @@ def decoded_whole(video: Path, frames: int) -> tuple[int, int]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if args.minutes <= 0 or args.fps < 1 or args.cap_mb <= 0 or not methods:
-        print("error: --minutes and --cap-mb must be positive, --fps at least 1, --methods not empty", file=sys.stderr)
+    if args.minutes <= 0 or args.fps < 1 or args.cap_mb <= 0 or args.videos < 1 or not methods:
+        print("error: --minutes and --cap-mb must be positive, --fps and --videos at least 1, --methods not empty",
+              file=sys.stderr)
         return 2
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -174,19 +177,24 @@ def main(argv=None) -> int:
 def measure(args, methods: list[str], folder: Path) -> int:
     from kv_arena.bench.accuracy import is_right
 
-    video = folder / "long_video.avi"
-    question, truth, written, frames = draw_video(video, args.minutes, args.fps, args.seed, args.question)
-    size, grown = decoded_whole(video, frames)
-    print(f"{video}: {args.minutes:g} min at {args.fps} fps, {written} frames, {video.stat().st_size / MB:.1f} MB, "
-          f"{frames} of them asked for; decoded whole: {size / MB:.1f} MB of frames, this process grew by "
-          f"{grown / MB:.1f} MB")
-    print(f"'{question}' (true answer: {truth}); model {args.model}; cap {args.cap_mb:g} MB", flush=True)
+    videos = []  # (path, question, true answer, frames asked for)
+    for seed in range(args.seed, args.seed + args.videos):
+        video = folder / f"long_video_{seed}.avi"
+        question, truth, written, frames = draw_video(video, args.minutes, args.fps, seed, args.question)
+        videos.append((video, question, truth, frames))
+        print(f"{video}: {args.minutes:g} min at {args.fps} fps, {written} frames, {video.stat().st_size / MB:.1f} MB, "
+              f"{frames} of them asked for; '{question}' (true answer: {truth})")
+    size, grown = decoded_whole(videos[0][0], videos[0][3])
+    print(f"the first decoded whole: {size / MB:.1f} MB of frames, this process grew by {grown / MB:.1f} MB; "
+          f"model {args.model}; cap {args.cap_mb:g} MB", flush=True)
     rows = []
     for method in methods:  # a fresh app for each: its memory is that method's alone
         log = folder / f"app-{method}.log"
         server, url = start_app(args.model, log)
         try:
-            rows.append(ask(url, server.pid, video, question, frames, args.model, method, args.cap_mb))
+            for k, (video, question, truth, frames) in enumerate(videos):
+                row = ask(url, server.pid, video, question, frames, args.model, method, args.cap_mb)
+                rows.append({**row, "video": args.seed + k, "right": is_right(row["answer"], truth)})
         except Exception as exc:  # noqa: BLE001 - the app's own failure: its log says why
             tail = "".join(log.read_text().splitlines(keepends=True)[-8:])
             print(f"error: {method}: {exc.__class__.__name__}: {str(exc)[:200]}; the app's log ends:\n{tail}",
@@ -195,18 +203,18 @@ def measure(args, methods: list[str], folder: Path) -> int:
         finally:
             server.terminate()
             server.wait(timeout=30)
-    cells = [["method", "frames", "chunks", "cap", "peak KV", "KV after the answer", "first token s", "call s",
+    cells = [["method", "video", "frames", "chunks", "cap", "peak KV", "KV after the answer", "first token s", "call s",
               "server RSS before MB", "server peak RSS MB", "answer"]]
     for r in rows:
-        mark = "right" if is_right(r["answer"], truth) else "wrong"
-        cells.append([r["method"], str(r["frames"]), str(r["chunks"]), r["cap"], r["peak_kv"], r["kv_end"],
-                      f"{r['first_token_s']:.1f}", f"{r['wall_s']:.1f}", f"{r['rss_before'] / MB:.0f}",
-                      f"{r['rss_peak'] / MB:.0f}", f"{r['answer']} ({mark})"])
+        cells.append([r["method"], str(r["video"]), str(r["frames"]), str(r["chunks"]), r["cap"], r["peak_kv"],
+                      r["kv_end"], f"{r['first_token_s']:.1f}", f"{r['wall_s']:.1f}", f"{r['rss_before'] / MB:.0f}",
+                      f"{r['rss_peak'] / MB:.0f}", f"{r['answer']} ({'right' if r['right'] else 'wrong'})"])
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+    print("right answers: " + ", ".join(f"{m} {sum(r['right'] for r in rows if r['method'] == m)}/{len(videos)}"
+                                        for m in methods))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
