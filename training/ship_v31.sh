@@ -18,6 +18,10 @@ OUT=runs/ship-v31
 THREADS=${THREADS:-2}
 export OMP_NUM_THREADS=$THREADS
 mkdir -p "$OUT"
+if pgrep -f "training.train_arena_v31" > /dev/null; then  # the bar and the copy must see the same weights
+    echo "v3.1's training is still running: ship its weights once it has stopped" >&2
+    exit 1
+fi
 
 step() {  # step NAME COMMAND...: run once, its output in $OUT/NAME.txt
     local name=$1
@@ -31,16 +35,17 @@ step() {  # step NAME COMMAND...: run once, its output in $OUT/NAME.txt
     date -u > "$OUT/$name.done"
 }
 
-# 1. the weights: the run's last checkpoint, its config (arena_version 3) and curve
+# 1. the shipping bar on the run's weights, and the model card's tables (nothing is copied below it)
+step bar python -m training.probe_v31 "$RUN" --bar --items 200 --long-items 40 --threads "$THREADS"
+
+# 2. the weights: the run's last checkpoint, its config (arena_version 3) and curve; then the card's
+#    scenes drawn by code of their own, asked through the app
 if [ ! -e "$OUT/weights.done" ]; then
     cp "$RUN/model.safetensors" "$RUN/config.json" "$RUN/training_curve.json" assets/tiny-arena-vl/
     python -c "import json; print('step', json.load(open('assets/tiny-arena-vl/training_curve.json'))[-1]['step'])" \
         > "$OUT/weights.txt"
     date -u > "$OUT/weights.done"
 fi
-
-# 2. the bar and the model card's tables; the card's scenes drawn by code of their own
-step bar python -m training.probe_v31 assets/tiny-arena-vl --bar --items 200 --long-items 40 --threads "$THREADS"
 step card python -m training.card_check --items 80 --threads "$THREADS"
 
 # 3. the accuracy table and figure (docs/benchmarks.md): the full cache and SnapKV, then each method
