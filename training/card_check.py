@@ -21,6 +21,7 @@ right or wrong. Prints right/asked per style and question, first question and fo
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 import sys
@@ -51,7 +52,10 @@ def photos() -> list[Path]:
     root = Path(gradio.__file__).parent
     found = sorted((root / "media_assets" / "images").glob("*.jp*g")) + sorted((root / "test_data").glob("*.jp*g"))
     found += [p for p in [root / "media_assets" / "images" / "bus.png"] if p.is_file()]
-    return found
+    unique: dict[str, Path] = {}  # gradio ships one cheetah twice
+    for path in found:
+        unique.setdefault(hashlib.sha256(path.read_bytes()).hexdigest(), path)
+    return list(unique.values())
 
 
 def _polygon(cx: float, cy: float, points: list[tuple[float, float]], angle: float) -> list[tuple[float, float]]:
