@@ -91,6 +91,22 @@ def test_photo_like_pictures_are_answered_unknown():
     assert len(kinds) >= 3
 
 
+def test_big_subject_photos_change_only_the_kind_of_picture():
+    """subject_share draws on a stream of its own: without it the held-out photos are what they were;
+    with it the same pictures (seed, size, saving) show one big subject instead."""
+    # the first held-out photo chat as every v3.1 evaluation before step 8,500 drew it
+    assert _digest(photo_like.held_out_photos(1)[0]) == "5fa331355144165875a1f87b41653c0bf2a047de"
+    for seed in range(6):
+        plain, subject = photo_like.photo_item(seed, 2), photo_like.photo_item(seed, 2, subject_share=1.0)
+        assert all(p.background["kind"] in photo_like.KINDS for p in plain.pictures)
+        assert all(p.background["kind"] == photo_like.SUBJECT for p in subject.pictures)
+        assert [(p.cols, p.rows, p.background["photo"], p.render) for p in plain.pictures] == \
+            [(p.cols, p.rows, p.background["photo"], p.render) for p in subject.pictures]
+        assert [q.text for q in plain.turns] == [q.text for q in subject.turns]
+        big = np.asarray(subject.images()[0], np.float32)
+        assert big.std() > 10  # a subject against its background, not a flat picture
+
+
 @pytest.mark.parametrize("kind", long_videos.LONG_TYPES)
 def test_long_videos_keep_their_grid_and_name_their_tokens(v3, kind):  # noqa: F811
     for seed in range(2):
@@ -182,6 +198,7 @@ def test_v31_starts_from_the_bundle_and_resumes(tmp_path, capsys):
                               "photo", "unknown", "glimpse", "long_moving", "glimpse_10min", "long_moving_10min"}
     args = v31.parse_args([])
     assert (curve[-1]["long_share"], curve[-1]["slow_share"]) == (args.long_share, args.slow_share)
+    assert curve[-1]["subject_share"] == args.subject_share == 0.0 and "photo_subject" in curve[-1]
     assert v31.lr_from(6250, args) < v31.lr_from(6250 + args.warmup, args) <= args.lr == 2e-4
 
 
@@ -261,6 +278,7 @@ def test_the_v31_bar_prints_the_model_cards_tables(capsys):
     out = capsys.readouterr().out
     rows = [line.split(" | ")[0].lstrip("| ") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows == ["type", *scenes.QUESTION_TYPES, "unknown (out-of-scope pictures)", "unknown (photo-like pictures)",
+                    "unknown (photo-like, one big subject)",
                     "long video, asked after it (first / follow-up)", *long_videos.LONG_TYPES]
     last = out.strip().splitlines()[-1]
     assert last.startswith("v3's bar: ") and code == (1 if "under" in last else 0)

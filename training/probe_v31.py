@@ -154,6 +154,7 @@ def bar(model, adapter, items: int, long_items: int) -> bool:
               f"{pair('varied_' + kind)} |")
     print(f"| unknown (out-of-scope pictures) | {acc['unknown']:.2f} | | | |")
     print(f"| unknown (photo-like pictures) | {acc['photo']:.2f} | | | |")
+    print(f"| unknown (photo-like, one big subject) | {acc['photo_subject']:.2f} | | | |")
     print("\n| long video, asked after it (first / follow-up) | 40-72 s, 1 frame a second | the same frames over 10 minutes |")
     print("|---|---|---|")
     for kind in LONG_TYPES:

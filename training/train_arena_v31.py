@@ -12,7 +12,8 @@ run's own checkpoint. What is new, mixed into v3's own chats (kept as rehearsal 
 - ``--varied-share`` drawn with scene_variations.py (turned, thick, outlined, shaded, one object);
 - ``--long-share`` long videos of long_videos.py (40-72 frames at 1 fps, or ``--slow-share`` of them
   spread over 5-10 minutes, as the app samples such a video), mostly apart, as streamed;
-- out-of-scope chats (``--odd-share``), ``--photo-share`` of them photo-like (photo_like.py).
+- out-of-scope chats (``--odd-share``), ``--photo-share`` of them photo-like (photo_like.py), and
+  ``--subject-share`` of those one big subject.
 A small rate (a tenth of v3's), a short warm-up, a cosine to a tenth of it at ``--steps``.
 
 When the frozen tower cannot show a variation, stage 1 is continued on the variations
@@ -20,7 +21,10 @@ When the frozen tower cannot show a variation, stage 1 is continued on the varia
 stage 2 did at step 5,750: rerun once with ``--new-eyes runs/tiny-arena-vl-v3.1-eyes-2`` (done at
 step 7,500: docs/offline-model.md); the curve names each point's tower. From step 8,000 the run goes
 on with ``--long-share 0.12 --slow-share 0.75`` (three times the videos over minutes, which stood at
-0.45-0.50 after 500 steps at 3% of the chats); each point of the curve records both shares.
+0.45-0.50 after 500 steps at 3% of the chats); each point of the curve records both shares. From
+step 8,500, ``--subject-share 0.3`` of the photo-like pictures show one big coloured subject (a
+tower, a vehicle, a flower: a real photo of the Eiffel tower was read as a yellow scene at step
+8,000); the curve adds ``photo_subject``.
 
 Every evaluation (``--eval-every``; also once before the first step, the bundle's own baseline)
 prints and writes to training_curve.json: v3's probes (first question, follow-up, needed only, and
@@ -74,6 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--slow-share", type=float, default=0.5,
                    help="share of long-video chats whose frames span 5-10 minutes (as the app samples such a video)")
     p.add_argument("--photo-share", type=float, default=0.5, help="share of the out-of-scope chats photo-like")
+    p.add_argument("--subject-share", type=float, default=0.0,
+                   help="share of the photo-like pictures showing one big coloured subject (photo_like.SUBJECT)")
     p.add_argument("--long-eval-items", type=int, default=20, help="held-out chats per long-video type")
     p.add_argument("--no-eval-first", action="store_true", help="skip the evaluation of --init before step one")
     p.set_defaults(out=str(ROOT / "runs" / "tiny-arena-vl-v3.1"), eyes=str(ROOT / "training" / "stage1"),
@@ -96,7 +102,8 @@ def draw(step: int, args, adapter) -> list[v3.Sequence]:
         turns = int(rng.integers(1, scenes.MAX_TURNS + 1))
         roll, apart, completion = rng.random(), False, False
         if roll < args.odd_share:
-            it = photo_item(seed, turns) if rng.random() < args.photo_share else scenes.out_of_scope(seed, turns)
+            photo = rng.random() < args.photo_share
+            it = photo_item(seed, turns, subject_share=args.subject_share) if photo else scenes.out_of_scope(seed, turns)
         elif roll < args.odd_share + args.long_share:
             minutes = float(rng.uniform(*SLOW_MINUTES)) if rng.random() < args.slow_share else None
             it = long_item(seed, LONG_TYPES[(step + i) % len(LONG_TYPES)], turns, minutes=minutes)
@@ -122,6 +129,7 @@ def held_out_sets(per_type: int, long_items: int) -> dict[str, tuple[list, bool]
         sets[f"varied_{kind}"] = (held_out_varied(kind, per_type), False)
     sets["unknown"] = (scenes.held_out("unknown", per_type, turns=2), False)
     sets["photo"] = (held_out_photos(per_type), False)
+    sets["photo_subject"] = (held_out_photos(per_type, subject_share=1.0), False)
     for kind in LONG_TYPES:
         sets[kind] = (held_out_long(kind, long_items), True)
         sets[f"{kind}_10min"] = (held_out_long(kind, long_items, minutes=10), True)
@@ -149,7 +157,7 @@ def evaluate(model, adapter, args) -> dict[str, float]:
             if name in scenes.QUESTION_TYPES:
                 alone += v3.forward(model, [v3.needed_only(s) for s in part], pad)[1]
         out[name] = float(np.mean([h[0] for h in hits]))
-        if name not in ("unknown", "photo"):
+        if name not in ("unknown", "photo", "photo_subject"):
             out[f"{name}_follow"] = float(np.mean([h[1] for h in hits if len(h) > 1]))
         if alone:
             out[f"{name}_needed_only"] = float(np.mean([h[0] for h in alone]))
@@ -208,8 +216,9 @@ def start(model, optimizer, args) -> tuple[int, list, float]:
 
 def _mix(args, factor: float, tower: str) -> dict:
     """What a curve point trained under beyond the schedule: the rate's factor, the tower, and the
-    long-video shares (raised from step 8,000, docs/offline-model.md)."""
-    return {"lr_factor": factor, "tower": tower, "long_share": args.long_share, "slow_share": args.slow_share}
+    long-video shares (raised from step 8,000) and the big-subject photos' (from 8,500; docs/offline-model.md)."""
+    return {"lr_factor": factor, "tower": tower, "long_share": args.long_share, "slow_share": args.slow_share,
+            "subject_share": args.subject_share}
 
 
 _worker: dict = {}

@@ -21,6 +21,7 @@ from . import drawn_scenes as scenes
 from .scene_items import Item, Question
 
 KINDS = ("texture", "street", "still_life", "close_up")
+SUBJECT = "subject"  # one big coloured thing: added at v3.1's step 8,500 (photo_item's subject_share)
 MATERIALS = (((120, 80, 40), (190, 140, 90)), ((90, 90, 90), (170, 165, 160)), ((40, 90, 30), (140, 180, 80)),
              ((180, 160, 120), (240, 225, 190)), ((60, 40, 30), (140, 100, 70)), ((30, 60, 110), (150, 190, 230)))
 
@@ -134,9 +135,66 @@ def _close_up(rng, w: int, h: int) -> Image.Image:
     return out.filter(ImageFilter.GaussianBlur(float(rng.uniform(1, 5))))
 
 
+def _silhouette(rng, w: int, h: int) -> Image.Image:
+    """The outline of a photo's one big subject, as a mask: a tower narrowing upwards, a vehicle, or
+    an irregular round thing (a flower, a balloon, a fruit), 35-90% of the picture's height."""
+    mask = Image.new("L", (w, h), 0)
+    d = ImageDraw.Draw(mask)
+    size = rng.uniform(0.35, 0.9) * h
+    cx, base = rng.uniform(0.3, 0.7) * w, h - rng.uniform(0, 0.2) * h
+    form = int(rng.integers(3))
+    if form == 0:  # a tower: tapering legs joined by platforms, open between them
+        half = rng.uniform(0.15, 0.35) * size
+        top = base - size
+        d.polygon([(cx - half, base), (cx - 0.04 * size, top), (cx + 0.04 * size, top), (cx + half, base)], fill=255)
+        d.ellipse((cx - 0.6 * half, base - 0.45 * size, cx + 0.6 * half, base + 0.3 * size), fill=0)  # the arch
+    elif form == 1:  # a vehicle: a body and a cabin
+        length, tall = size * rng.uniform(1.2, 1.8), size * rng.uniform(0.35, 0.5)
+        d.rounded_rectangle((cx - length / 2, base - tall, cx + length / 2, base - 0.15 * tall), radius=0.15 * tall, fill=255)
+        d.rounded_rectangle((cx - length / 4, base - 1.6 * tall, cx + length / 4, base - tall), radius=0.2 * tall, fill=255)
+    else:  # an irregular round thing: a radius that wanders around the circle
+        r, cy = size / 2, base - size / 2
+        radii = r * (1 + 0.25 * _noise(rng, 48, 1, 3)[0] - 0.12) * (1 + 0.15 * np.sin(np.arange(48) * rng.integers(3, 9) * 2 * np.pi / 48))
+        d.polygon([(cx + q * math.cos(t), cy + q * math.sin(t)) for q, t in zip(radii, np.linspace(0, 2 * math.pi, 48, endpoint=False))],
+                  fill=255)
+    return mask.filter(ImageFilter.GaussianBlur(1))
+
+
+def _subject(rng, w: int, h: int) -> Image.Image:
+    """One big, strongly coloured thing against the sky or a plain wall, as a photo frames a landmark,
+    a car or a flower: shaded across, with fine structure (girders, panels, petals) and branches in
+    front at times. Unlike a scene's objects it fills much of the picture and is never one flat colour."""
+    if rng.random() < 0.6:
+        top, low = np.array([rng.integers(20, 90), rng.integers(60, 140), rng.integers(150, 230)], np.float32), \
+            np.array([rng.integers(120, 200), rng.integers(160, 220), rng.integers(200, 255)], np.float32)
+        back = _between(top, low, np.broadcast_to(np.linspace(0, 1, h)[:, None], (h, w)))
+    else:
+        back = np.asarray(_texture(rng, w, h), np.float32) * rng.uniform(0.6, 1.0)
+    hue = rng.uniform(0, 1)
+    rgb = np.array(Image.new("HSV", (1, 1), (int(hue * 255), int(rng.integers(150, 256)), int(rng.integers(150, 256))))
+                   .convert("RGB").getpixel((0, 0)), np.float32)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    turn = rng.uniform(0, 2 * math.pi)
+    shade = 0.55 + 0.55 * ((xx / w) * math.cos(turn) + (yy / h) * math.sin(turn) + 1) / 2  # lit from one side
+    period = rng.uniform(4, 14)
+    grid = ((np.sin(xx / period + yy / (period * 1.7)) > 0.85) | (np.sin(yy / period) > 0.9)).astype(np.float32)
+    thing = rgb * shade[..., None] * (1 - 0.45 * grid[..., None]) * (0.8 + 0.4 * _noise(rng, w, h, 4)[..., None])
+    m = np.asarray(_silhouette(rng, w, h), np.float32)[..., None] / 255
+    img = Image.fromarray(np.clip(back * (1 - m) + thing * m, 0, 255).astype(np.uint8))
+    if rng.random() < 0.4:  # branches across a corner
+        d = ImageDraw.Draw(img)
+        x, y = (0, rng.uniform(0, 0.4) * h) if rng.random() < 0.5 else (w, rng.uniform(0, 0.4) * h)
+        for _ in range(int(rng.integers(3, 8))):
+            x2, y2 = x + rng.uniform(-0.3, 0.3) * w, y + rng.uniform(-0.1, 0.3) * h
+            d.line((x, y, x2, y2), fill=(30, 25, 20), width=int(rng.integers(1, 4)))
+            x, y = x2, y2
+    return img
+
+
 def photo_image(rng, w: int, h: int, kind: str | None = None) -> Image.Image:
     kind = kind or KINDS[int(rng.integers(len(KINDS)))]
-    return {"texture": _texture, "street": _street, "still_life": _still_life, "close_up": _close_up}[kind](rng, w, h)
+    return {"texture": _texture, "street": _street, "still_life": _still_life, "close_up": _close_up,
+            "subject": _subject}[kind](rng, w, h)
 
 
 class PhotoPicture(scenes.Picture):
@@ -157,15 +215,20 @@ class PhotoPicture(scenes.Picture):
         return img
 
 
-def photo_item(seed: int, turns: int = 1, scale: float = 1.0) -> Item:
+def photo_item(seed: int, turns: int = 1, scale: float = 1.0, subject_share: float = 0.0) -> Item:
     """Photo-like media (one picture, sometimes two to four) asked any question of the scene types:
-    answered UNKNOWN. Seeded on a stream of its own (key 57)."""
+    answered UNKNOWN. Seeded on a stream of its own (key 57). ``subject_share`` of the pictures are
+    a big subject instead (SUBJECT, from v3.1's step 8,500), drawn on a stream of their own (key 58), so
+    that without it every item is what it was."""
     rng = np.random.default_rng([seed, 57, turns, round(scale * 1000)])
+    swap = np.random.default_rng([seed, 58, turns])
     n = 1 if rng.random() < 0.75 else int(rng.integers(2, 5))
     pictures = []
     for _ in range(n):
         cols, rows = scenes._sides(rng, "single" if n == 1 else "images", scale)
-        pictures.append(PhotoPicture(cols, rows, {"photo": int(rng.integers(2**31)), "kind": KINDS[int(rng.integers(4))]},
+        seed_of_photo, kind = int(rng.integers(2**31)), KINDS[int(rng.integers(len(KINDS)))]  # v3.1's order of draws
+        pictures.append(PhotoPicture(cols, rows, {"photo": seed_of_photo,
+                                                  "kind": SUBJECT if swap.random() < subject_share else kind},
                                      [], {"scale": float(rng.uniform(1.0, 2.5)),
                                           "jpeg": int(rng.integers(40, 95)) if rng.random() < 0.5 else 0}))
     shapes, colours = list(scenes.SHAPES), list(scenes.COLOURS)
@@ -175,5 +238,5 @@ def photo_item(seed: int, turns: int = 1, scale: float = 1.0) -> Item:
     return Item("unknown", questions, pictures)
 
 
-def held_out_photos(count: int, turns: int = 2, offset: int = 10_000_000) -> list[Item]:
-    return [photo_item(offset + i, turns) for i in range(count)]
+def held_out_photos(count: int, turns: int = 2, offset: int = 10_000_000, subject_share: float = 0.0) -> list[Item]:
+    return [photo_item(offset + i, turns, subject_share=subject_share) for i in range(count)]
