@@ -199,6 +199,7 @@ def test_v31_starts_from_the_bundle_and_resumes(tmp_path, capsys):
     args = v31.parse_args([])
     assert (curve[-1]["long_share"], curve[-1]["slow_share"]) == (args.long_share, args.slow_share)
     assert curve[-1]["subject_share"] == args.subject_share == 0.0 and "photo_subject" in curve[-1]
+    assert curve[-1]["steps"] == 6253
     assert v31.lr_from(6250, args) < v31.lr_from(6250 + args.warmup, args) <= args.lr == 2e-4
 
 

@@ -24,7 +24,9 @@ on with ``--long-share 0.12 --slow-share 0.75`` (three times the videos over min
 0.45-0.50 after 500 steps at 3% of the chats); each point of the curve records both shares. From
 step 8,500, ``--subject-share 0.3`` of the photo-like pictures show one big coloured subject (a
 tower, a vehicle, a flower: a real photo of the Eiffel tower was read as a yellow scene at step
-8,000); the curve adds ``photo_subject``.
+8,000); the curve adds ``photo_subject``. Also from step 8,500, the schedule runs to 9,750
+(``--steps 9750``, the rate back up from 4.7e-5 to 6.9e-5) with ``--long-share 0.16 --slow-share 0.8``:
+the 10-minute videos were still at 0.50-0.65.
 
 Every evaluation (``--eval-every``; also once before the first step, the bundle's own baseline)
 prints and writes to training_curve.json: v3's probes (first question, follow-up, needed only, and
@@ -215,10 +217,11 @@ def start(model, optimizer, args) -> tuple[int, list, float]:
 
 
 def _mix(args, factor: float, tower: str) -> dict:
-    """What a curve point trained under beyond the schedule: the rate's factor, the tower, and the
-    long-video shares (raised from step 8,000) and the big-subject photos' (from 8,500; docs/offline-model.md)."""
+    """What a curve point trained under: the rate's factor, the tower, the long-video shares (raised
+    from step 8,000), the big-subject photos' (from 8,500) and where the cosine ends (--steps: 9,250,
+    then 9,750 from 8,500; docs/offline-model.md)."""
     return {"lr_factor": factor, "tower": tower, "long_share": args.long_share, "slow_share": args.slow_share,
-            "subject_share": args.subject_share}
+            "subject_share": args.subject_share, "steps": args.steps}
 
 
 _worker: dict = {}
