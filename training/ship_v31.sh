@@ -7,10 +7,14 @@
 #   THREADS=1 bash training/ship_v31.sh  # beside other work on a 2-core machine
 #
 # It stops at the first step that fails, and at the shipping bar (probe_v31 --bar exits 1 below it):
-# nothing is measured on weights that do not meet it. The docs' tables are then written by hand from
-# the outputs (docs/benchmarks.md, docs/offline-model.md, the model card, README.md's snippet and
-# screenshot alt text), and the whole suite is run: tests that pin the bundled model's answers
-# (tests/test_tiny_vlm.py, test_app_client.py, test_app_events.py...) say what changed.
+# nothing is measured on weights that do not meet it. Then, by hand, from the outputs:
+# - the model card (assets/tiny-arena-vl/README.md): how v3.1 was trained, what it answers (drawn
+#   any way, asked before, long videos and how to send them, photos), bar.txt's and card.txt's tables;
+# - generations.py's ``reads`` (the app's About) and tools/long_video.py's default --question (glimpse);
+# - docs/benchmarks.md (accuracy, stream accuracy, long videos, the app's cost), docs/offline-model.md
+#   ("bundled" now means v3.1), README.md's snippet answers and screenshot alt text;
+# - the whole suite: the tests that pin the bundled model's answers (test_tiny_vlm.py,
+#   test_app_client.py, test_app_events.py, test_app_compare.py...) say what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:-runs/tiny-arena-vl-v3.1}
