@@ -143,7 +143,7 @@ def _silhouette(rng, w: int, h: int) -> Image.Image:
     size = rng.uniform(0.35, 0.9) * h
     cx, base = rng.uniform(0.3, 0.7) * w, h - rng.uniform(0, 0.2) * h
     form = int(rng.integers(3))
-    if form == 0:  # a tower: tapering legs joined by platforms, open between them
+    if form == 0:  # a tower: a tall narrowing trapezoid, an arch cut from its foot
         half = rng.uniform(0.15, 0.35) * size
         top = base - size
         d.polygon([(cx - half, base), (cx - 0.04 * size, top), (cx + 0.04 * size, top), (cx + half, base)], fill=255)
@@ -154,15 +154,16 @@ def _silhouette(rng, w: int, h: int) -> Image.Image:
         d.rounded_rectangle((cx - length / 4, base - 1.6 * tall, cx + length / 4, base - tall), radius=0.2 * tall, fill=255)
     else:  # an irregular round thing: a radius that wanders around the circle
         r, cy = size / 2, base - size / 2
-        radii = r * (1 + 0.25 * _noise(rng, 48, 1, 3)[0] - 0.12) * (1 + 0.15 * np.sin(np.arange(48) * rng.integers(3, 9) * 2 * np.pi / 48))
-        d.polygon([(cx + q * math.cos(t), cy + q * math.sin(t)) for q, t in zip(radii, np.linspace(0, 2 * math.pi, 48, endpoint=False))],
-                  fill=255)
+        angles = np.linspace(0, 2 * math.pi, 48, endpoint=False)
+        wander = 0.88 + 0.25 * _noise(rng, 48, 1, 3)[0]
+        radii = r * wander * (1 + 0.15 * np.sin(angles * int(rng.integers(3, 9))))  # lobes, as of petals
+        d.polygon([(cx + q * math.cos(t), cy + q * math.sin(t)) for q, t in zip(radii, angles)], fill=255)
     return mask.filter(ImageFilter.GaussianBlur(1))
 
 
 def _subject(rng, w: int, h: int) -> Image.Image:
     """One big, strongly coloured thing against the sky or a plain wall, as a photo frames a landmark,
-    a car or a flower: shaded across, with fine structure (girders, panels, petals) and branches in
+    a car or a flower: shaded across, with fine structure (a lattice, as of girders or panels) and branches in
     front at times. Unlike a scene's objects it fills much of the picture and is never one flat colour."""
     if rng.random() < 0.6:
         top, low = np.array([rng.integers(20, 90), rng.integers(60, 140), rng.integers(150, 230)], np.float32), \
@@ -226,7 +227,7 @@ def photo_item(seed: int, turns: int = 1, scale: float = 1.0, subject_share: flo
     pictures = []
     for _ in range(n):
         cols, rows = scenes._sides(rng, "single" if n == 1 else "images", scale)
-        seed_of_photo, kind = int(rng.integers(2**31)), KINDS[int(rng.integers(len(KINDS)))]  # v3.1's order of draws
+        seed_of_photo, kind = int(rng.integers(2**31)), KINDS[int(rng.integers(len(KINDS)))]  # the draws' order as before
         pictures.append(PhotoPicture(cols, rows, {"photo": seed_of_photo,
                                                   "kind": SUBJECT if swap.random() < subject_share else kind},
                                      [], {"scale": float(rng.uniform(1.0, 2.5)),
