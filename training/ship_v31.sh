@@ -67,6 +67,10 @@ step stream python -m kv_arena.bench --mode stream --accuracy --items 200 --caps
 for q in glimpse long_moving moving; do
     step "long-$q" python -m tools.long_video --question "$q" --methods full,infinipot_v,streamingllm,snapkv --videos 8
 done
+for q in glimpse long_moving; do  # the shortest long video: its time ids half as far apart
+    step "long-$q-5min" python -m tools.long_video --question "$q" --minutes 5 \
+        --methods full,infinipot_v,streamingllm,snapkv --videos 8
+done
 
 # 5. what the app itself costs
 step app-cost python -m tools.app_cost --repeats 5 --methods full,snapkv,h2o,streamingllm
