@@ -150,6 +150,13 @@ def test_the_long_video_demo_is_sampled_back_to_the_drawn_frames(tmp_path):
     assert clip.sample_fps == pytest.approx(item.fps, rel=0.1)
 
 
+def test_the_long_video_demo_refuses_bad_counts_in_one_line(capsys):
+    from tools.long_video import main
+
+    assert main(["--videos", "0"]) == 2 and main(["--minutes", "0"]) == 2
+    assert capsys.readouterr().err.count("error:") == 2
+
+
 @pytest.mark.parametrize("kind", ["moving", "colour"])
 def test_a_chat_asked_apart_is_what_a_conversation_feeds_before_the_question(v3, kind, monkeypatch):  # noqa: F811
     """The media prefilled in a part of their own, then the question (Conversation.feed, then ask):
@@ -272,8 +279,8 @@ def test_the_v31_probe_counts_right_answers_by_variation(capsys):
 
 def test_the_v31_bar_prints_the_model_cards_tables(capsys):
     """probe_v31 --bar: a row per type (first / follow-up, only its objects, before the question,
-    varied), "unknown" and photo-like rows, the long videos at 1 frame a second and over 10 minutes,
-    and the bar's line; the exit code says whether the bar is met."""
+    varied), "unknown" and photo-like rows, the long videos at 1 frame a second and over 5 and 10
+    minutes, and the bar's line; the exit code says whether the bar is met."""
     probe = training_module("probe_v31")
     code = probe.main(["assets/tiny-arena-vl", "--bar", "--items", "1", "--long-items", "1", "--threads", "1"])
     out = capsys.readouterr().out
