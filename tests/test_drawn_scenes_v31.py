@@ -150,6 +150,14 @@ def test_the_long_video_demo_is_sampled_back_to_the_drawn_frames(tmp_path):
     assert clip.sample_fps == pytest.approx(item.fps, rel=0.1)
 
 
+def test_the_probe_reads_long_videos_over_any_minutes(capsys):
+    probe = training_module("probe_v31")
+    assert probe.main(["assets/tiny-arena-vl", "--over", "1,5", "--long-items", "1", "--threads", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split(" | ")[0].lstrip("| ") for r in rows] == ["minutes", "1", "5"]
+    assert all(r.count(" / ") == len(long_videos.LONG_TYPES) for r in rows[1:])
+
+
 def test_the_long_video_demo_refuses_bad_counts_in_one_line(capsys):
     from tools.long_video import main
 
@@ -206,7 +214,7 @@ def test_v31_starts_from_the_bundle_and_resumes(tmp_path, capsys):
     args = v31.parse_args([])
     assert (curve[-1]["long_share"], curve[-1]["slow_share"]) == (args.long_share, args.slow_share)
     assert curve[-1]["subject_share"] == args.subject_share == 0.0 and "photo_subject" in curve[-1]
-    assert curve[-1]["steps"] == 6253
+    assert curve[-1]["steps"] == 6253 and curve[-1]["slow_minutes"] == [5.0, 10.0]
     assert v31.lr_from(6250, args) < v31.lr_from(6250 + args.warmup, args) <= args.lr == 2e-4
 
 

@@ -5,6 +5,7 @@ answers beside the true ones.
     python -m training.probe_v31 runs/tiny-arena-vl-v3.1 --items 80
     python -m training.probe_v31 --tower --items 300   # what the frozen tower shows of each variation
     python -m training.probe_v31 RUN --bar --items 200  # the shipping bar and the model card's table (exit 1 below it)
+    python -m training.probe_v31 RUN --over 1,3,5,10 --long-items 20  # long videos spread over those minutes
 
 A variation that fails where the plain objects of the same chats do not is one the decoder has not
 learnt to read, or one the frozen tower cannot show. ``--tower`` tells the two apart: per object of
@@ -188,7 +189,10 @@ def main(argv=None) -> int:
     p.add_argument("--eyes", default=str(train.ROOT / "training" / "stage1"), help="with --tower: the stage-1 run")
     p.add_argument("--bar", action="store_true", help="instead: v3.1's shipping bar and the model card's table "
                                                       "(exits 1 below it)")
-    p.add_argument("--long-items", type=int, default=40, help="with --bar: held-out chats per long-video type")
+    p.add_argument("--long-items", type=int, default=40, help="with --bar or --over: held-out chats per long-video type")
+    p.add_argument("--over", default=None, metavar="MINUTES",
+                   help="instead: the long videos' first and follow-up answers, their frames spread over each of "
+                        "these comma-separated minutes")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
     if args.tower:
@@ -201,6 +205,13 @@ def main(argv=None) -> int:
         return 2
     if args.bar:
         return 0 if bar(*loaded, args.items, args.long_items) else 1
+    if args.over:
+        print(f"| minutes | {' | '.join(LONG_TYPES)} |  (first / follow-up, {args.long_items} held-out videos each)")
+        print("|---|" + "---|" * len(LONG_TYPES))
+        for minutes in (float(m) for m in args.over.split(",")):
+            cells = [over_minutes(*loaded, kind, args.long_items, minutes) for kind in LONG_TYPES]
+            print(f"| {minutes:g} | " + " | ".join(f"{a:.2f} / {b:.2f}" for a, b in cells) + " |", flush=True)
+        return 0
     by_variation(*loaded, args.items)
     return 0
 

@@ -41,6 +41,7 @@ step() {  # step NAME COMMAND...: run once, its output in $OUT/NAME.txt
 
 # 1. the shipping bar on the run's weights, and the model card's tables (nothing is measured below it)
 step bar python -m training.probe_v31 "$RUN" --bar --items 200 --long-items 40 --threads "$THREADS"
+step over python -m training.probe_v31 "$RUN" --over 1,3,5,7.5,10 --long-items 40 --threads "$THREADS"
 
 # Every measurement below serves the run's weights (KV_ARENA_TINY_DIR) and writes under $OUT, so a
 # stop between sessions leaves the committed assets as they were; they are copied in at the end.

@@ -26,7 +26,9 @@ step 8,500, ``--subject-share 0.3`` of the photo-like pictures show one big colo
 tower, a vehicle, a flower: a real photo of the Eiffel tower was read as a yellow scene at step
 8,000); the curve adds ``photo_subject``. Also from step 8,500, the schedule runs to 9,750
 (``--steps 9750``, the rate back up from 4.7e-5 to 6.9e-5) with ``--long-share 0.16 --slow-share 0.8``:
-the 10-minute videos were still at 0.50-0.65.
+the 10-minute videos were still at 0.50-0.65. From step 8,750 the slow videos last 1 to 10 minutes
+(``--slow-minutes 1 10``): at step 8,750 a 3-minute video, never trained, was read 0.35 ("Which shape
+moves?") against 0.95 over 5 minutes.
 
 Every evaluation (``--eval-every``; also once before the first step, the bundle's own baseline)
 prints and writes to training_curve.json: v3's probes (first question, follow-up, needed only, and
@@ -62,7 +64,6 @@ from .train_arena_v3_eyes import load_eyes
 ROOT = Path(__file__).resolve().parent.parent
 V3_BAR = {"first": 0.95, "follow": 0.95, "unknown": 0.98}  # v3's held-out numbers, to hold
 V31_BAR = 0.90  # the issue's: "before the question", drawings by others, photos
-SLOW_MINUTES = (5.0, 10.0)  # a long video's length when its frames are spread out (--slow-share)
 STAGE1 = "stage1"  # the tower v3 shipped with (training/stage1), as the curve names it
 
 
@@ -79,6 +80,8 @@ def parse_args(argv=None):
     p.add_argument("--long-apart-share", type=float, default=0.75, help="share of long-video chats asked apart")
     p.add_argument("--slow-share", type=float, default=0.5,
                    help="share of long-video chats whose frames span 5-10 minutes (as the app samples such a video)")
+    p.add_argument("--slow-minutes", type=float, nargs=2, default=(5.0, 10.0), metavar=("LEAST", "MOST"),
+                   help="how long a --slow-share video lasts, drawn uniformly (from step 8,750: 1 to 10)")
     p.add_argument("--photo-share", type=float, default=0.5, help="share of the out-of-scope chats photo-like")
     p.add_argument("--subject-share", type=float, default=0.0,
                    help="share of the photo-like pictures showing one big coloured subject (photo_like.SUBJECT)")
@@ -107,7 +110,7 @@ def draw(step: int, args, adapter) -> list[v3.Sequence]:
             photo = rng.random() < args.photo_share
             it = photo_item(seed, turns, subject_share=args.subject_share) if photo else scenes.out_of_scope(seed, turns)
         elif roll < args.odd_share + args.long_share:
-            minutes = float(rng.uniform(*SLOW_MINUTES)) if rng.random() < args.slow_share else None
+            minutes = float(rng.uniform(*args.slow_minutes)) if rng.random() < args.slow_share else None
             it = long_item(seed, LONG_TYPES[(step + i) % len(LONG_TYPES)], turns, minutes=minutes)
             apart = rng.random() < args.long_apart_share
         else:
@@ -219,9 +222,9 @@ def start(model, optimizer, args) -> tuple[int, list, float]:
 def _mix(args, factor: float, tower: str) -> dict:
     """What a curve point trained under: the rate's factor, the tower, the long-video shares (raised
     from step 8,000), the big-subject photos' (from 8,500) and where the cosine ends (--steps: 9,250,
-    then 9,750 from 8,500; docs/offline-model.md)."""
+    then 9,750 from 8,500) and how long the slow videos last (from 8,750; docs/offline-model.md)."""
     return {"lr_factor": factor, "tower": tower, "long_share": args.long_share, "slow_share": args.slow_share,
-            "subject_share": args.subject_share, "steps": args.steps}
+            "subject_share": args.subject_share, "steps": args.steps, "slow_minutes": list(args.slow_minutes)}
 
 
 _worker: dict = {}
