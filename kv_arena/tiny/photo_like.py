@@ -195,7 +195,7 @@ def _subject(rng, w: int, h: int) -> Image.Image:
 def photo_image(rng, w: int, h: int, kind: str | None = None) -> Image.Image:
     kind = kind or KINDS[int(rng.integers(len(KINDS)))]
     return {"texture": _texture, "street": _street, "still_life": _still_life, "close_up": _close_up,
-            "subject": _subject}[kind](rng, w, h)
+            SUBJECT: _subject}[kind](rng, w, h)
 
 
 class PhotoPicture(scenes.Picture):
