@@ -40,3 +40,12 @@ def test_the_check_runs_through_the_app_on_the_bundle(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "/" in line]
     drawn = {line.split(" | ")[0].lstrip("| ") for line in rows}
     assert drawn == {*card.STYLES, "moving video", "photo"}
+
+
+def test_the_bar_names_each_style_the_video_either_way_and_the_photos_under_it():
+    right, wrong = [True, True], [False, True]
+    tally = {("turned", "colour"): [right] * 9 + [wrong], ("turned", "shape"): [right] * 10,
+             ("thick", "colour"): [right] * 8 + [wrong] * 2, ("moving video", "in its turn"): [right] * 10,
+             ("moving video", "asked before"): [right] * 8 + [wrong] * 2,
+             ("photo", "bus"): [wrong], ("photo", "lion"): [right] * 9}
+    assert card.bar_misses(tally) == ["thick 0.80", "moving video, asked before 0.80"]

@@ -298,3 +298,12 @@ def test_the_v31_bar_prints_the_model_cards_tables(capsys):
                     "long video, asked after it (first / follow-up)", *long_videos.LONG_TYPES]
     last = out.strip().splitlines()[-1]
     assert last.startswith("v3's bar: ") and code == (1 if "under" in last else 0)
+
+
+def test_the_v31_bar_holds_v3s_bar_and_bars_before_the_question_and_photos_but_shows_varied():
+    v31 = training_module("train_arena_v31")
+    acc = {k: 1.0 for t in scenes.QUESTION_TYPES for k in (t, t + "_follow", "before_" + t, "varied_" + t)}
+    acc |= {"unknown": 0.99, "photo": 0.95, "varied_pair": 0.85}
+    assert v31.bar_line(acc) == "v3's bar: held; v3.1's (0.9): met; varied drawings (shown): lowest varied_pair 0.85"
+    acc |= {"unknown": 0.97, "before_moving": 0.85, "photo": 0.8}
+    assert v31.bar_line(acc).startswith("v3's bar: under: unknown 0.97; v3.1's (0.9): under: before_moving 0.85, photo 0.80;")

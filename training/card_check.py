@@ -15,7 +15,9 @@ tower, a bus...), which no training chat has seen, cropped and resized; their an
 
 Every chat is asked as the app asks it: ``Conversation`` with the full cache, greedy, a two-turn chat
 (the follow-up asks about another object, or the other property of a lone object), a whole answer
-right or wrong. Prints right/asked per style and question, first question and follow-up.
+right or wrong. Prints right/asked per style and question, first question and follow-up; with
+``--bar``, exits 1 when a style, the video asked either way or the photos are read right under
+``BAR`` of the time at the first question (issue #57's "done when", on drawings that are not ours).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ WEB = {"red": (255, 0, 0), "green": (0, 128, 0), "blue": (0, 0, 255), "yellow": 
 BACKGROUNDS = ((255, 255, 255), (235, 235, 235), (128, 128, 128), (30, 30, 30), (245, 245, 220), (200, 225, 240))
 STYLES = ("as the card says", "turned", "thick", "outlined", "web colours", "one object")
 QUESTIONS = ("colour", "shape", "objects", "pair")
+BAR = 0.90  # issue #57: a scene drawn by other code, turned or thick, read >= 0.90; a photo "unknown" >= 0.90
 PHOTO_QUESTIONS = ("What colour is the cross?", "Which shape is red?", "What is in the picture?",
                    "What colours are the square and the ring?")
 
@@ -187,6 +190,7 @@ def main(argv=None) -> int:
     p.add_argument("--items", type=int, default=40, help="chats per style (its questions in turn), and photos")
     p.add_argument("--seed", type=int, default=57)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--bar", action="store_true", help=f"exit 1 when a row's first question is under {BAR}")
     args = p.parse_args(argv)
     if args.run:
         os.environ["KV_ARENA_TINY_DIR"] = str(Path(args.run).resolve())
@@ -245,7 +249,19 @@ def main(argv=None) -> int:
             first, follow = sum(h[0] for h in hits), sum(h[1] for h in hits)
             print(f"| {style} | {kind} | {first}/{len(hits)} ({first / len(hits):.2f}) | "
                   f"{follow}/{len(hits)} ({follow / len(hits):.2f}) |")
-    return 0
+    under = bar_misses(tally)
+    print(f"the issue's bar ({BAR} at the first question): {'met' if not under else 'under: ' + ', '.join(under)}")
+    return 1 if args.bar and under else 0
+
+
+def bar_misses(tally: dict[tuple[str, str], list[list[bool]]]) -> list[str]:
+    """The rows read right under BAR at the first question: each drawing style over its questions,
+    the moving video in its turn and asked before, and the photos over all of them."""
+    groups: dict[str, list[bool]] = defaultdict(list)
+    for (style, kind), hits in tally.items():
+        group = f"{style}, {kind}" if style == "moving video" else style
+        groups[group] += [h[0] for h in hits]
+    return [f"{g} {sum(h) / len(h):.2f}" for g, h in groups.items() if sum(h) < BAR * len(h)]
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ export KV_ARENA_TINY_DIR
 KV_ARENA_TINY_DIR=$(realpath "$RUN")
 
 # 2. the card's scenes drawn by code of their own, asked through the app
-step card python -m training.card_check --items 80 --threads "$THREADS"
+step card python -m training.card_check --items 80 --bar --threads "$THREADS"
 
 # 3. the accuracy table and figure (docs/benchmarks.md): the full cache and SnapKV, then each method
 #    added on the same chats, so a stop loses one method at most

@@ -63,7 +63,7 @@ from .train_arena_v3_eyes import load_eyes
 
 ROOT = Path(__file__).resolve().parent.parent
 V3_BAR = {"first": 0.95, "follow": 0.95, "unknown": 0.98}  # v3's held-out numbers, to hold
-V31_BAR = 0.90  # the issue's: "before the question", drawings by others, photos
+V31_BAR = 0.90  # the issue's: "before the question" per type and photos here; drawings by others in card_check
 STAGE1 = "stage1"  # the tower v3 shipped with (training/stage1), as the curve names it
 
 
@@ -175,14 +175,19 @@ def _same(a: v3.Sequence, b: v3.Sequence) -> bool:
 
 
 def bar_line(acc: dict) -> str:
-    """Where the evaluation stands against v3's bar (to hold) and v3.1's (to reach)."""
+    """Where the evaluation stands against v3's bar (to hold) and v3.1's (to reach: issue #57's "before
+    the question" per type and photos). The varied drawings are shown, not barred: their held-out chats
+    turn a fifth of the turned objects 20 to 35 degrees, past what the card promises, and the issue's bar for
+    drawings is on scenes drawn by other code (``training/card_check.py --bar``)."""
     under = [f"{k} {acc[k]:.2f}" for k in scenes.QUESTION_TYPES if acc[k] < V3_BAR["first"]]
     under += [f"{k}_follow {acc[k + '_follow']:.2f}" for k in scenes.QUESTION_TYPES if acc[k + "_follow"] < V3_BAR["follow"]]
     under += [f"unknown {acc['unknown']:.2f}"] if acc["unknown"] < V3_BAR["unknown"] else []
-    new = [k for k in acc if k.startswith(("before_", "varied_")) and not k.endswith("_follow")] + ["photo"]
+    new = [k for k in acc if k.startswith("before_") and not k.endswith("_follow")] + ["photo"]
     short = [f"{k} {acc[k]:.2f}" for k in new if acc[k] < V31_BAR]
+    varied = min(((acc[k], k) for k in acc if k.startswith("varied_") and not k.endswith("_follow")), default=None)
+    shown = f"; varied drawings (shown): lowest {varied[1]} {varied[0]:.2f}" if varied else ""
     return (f"v3's bar: {'held' if not under else 'under: ' + ', '.join(under)}; "
-            f"v3.1's ({V31_BAR}): {'met' if not short else 'under: ' + ', '.join(short)}")
+            f"v3.1's ({V31_BAR}): {'met' if not short else 'under: ' + ', '.join(short)}{shown}")
 
 
 def watched(acc: dict) -> list[str]:
