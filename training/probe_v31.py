@@ -157,7 +157,8 @@ def bar(model, adapter, items: int, long_items: int) -> bool:
     """v3.1's shipping bar on ``items`` held-out two-turn chats a type (``long_items`` a long type),
     train_arena_v31.evaluate's numbers: v3's bar held (V3_BAR) and v3.1's reached (V31_BAR: before the
     question, photo-like pictures; ``bar_line`` says why the varied drawings are shown, not barred).
-    Prints the model card's table; the long videos are shown, not barred (over 10 minutes their frames are 8 to 15 s apart: docs/offline-model.md)."""
+    Prints the model card's table; the long videos are shown, not barred (over 10 minutes their
+    frames are 8 to 15 s apart: docs/offline-model.md)."""
     acc = v31.evaluate(model, adapter, argparse.Namespace(eval_items=items, long_eval_items=long_items))
     pair = lambda k: f"{acc[k]:.2f} / {acc[k + '_follow']:.2f}"  # noqa: E731
     print(f"| type | first / follow-up | only its objects in view | before the question | varied drawings |"
