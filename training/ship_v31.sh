@@ -5,6 +5,8 @@
 #
 #   bash training/ship_v31.sh [RUN]      # RUN: the v3.1 run's folder (default runs/tiny-arena-vl-v3.1)
 #   THREADS=1 bash training/ship_v31.sh  # beside other work on a 2-core machine
+#   PART=video THREADS=1 bash training/ship_v31.sh RUN   # stream accuracy and the long-video demo only,
+#                                        # beside the whole script (THREADS=1 too) on a 2-core machine
 #
 # It stops at the first step that fails, and at the shipping bar (probe_v31 --bar exits 1 below it):
 # nothing is measured on weights that do not meet it. Then, by hand, from the outputs:
@@ -51,18 +53,10 @@ KV_ARENA_TINY_DIR=$(realpath "$RUN")
 # 2. the card's scenes drawn by code of their own, asked through the app
 step card python -m training.card_check --items 80 --bar --threads "$THREADS"
 
-# 3. the accuracy table and figure (docs/benchmarks.md): the full cache and SnapKV, then each method
-#    added on the same chats, so a stop loses one method at most
-step accuracy-snapkv python -m kv_arena.bench --mode accuracy --per-type 34 --budgets 0.2 --methods snapkv \
-    --out "$OUT/accuracy"
-for m in elastic_cache mpic vl_cache zipvl attention_pack streamingllm h2o pyramidkv adakv infinipot_v kivi fastv \
-         random downsample evs; do
-    step "accuracy-$m" python -m kv_arena.bench --mode accuracy --add "$OUT/accuracy.json" --methods "$m" \
-        --budgets 0.2 --per-type 34 --no-probe
-done
-
-# 4. video: answers under a cap, and the long-video demo through the app (v3.1's long videos, and
-#    v3's scene slowed to 10 minutes, the docs' earlier table)
+# 3. video: answers under a cap, and the long-video demo through the app (v3.1's long videos, and
+#    v3's scene slowed to 10 minutes, the docs' earlier table); PART=video runs only these,
+#    beside the rest
+video() {
 step stream python -m kv_arena.bench --mode stream --accuracy --items 200 --caps 0.1,0.25,0.5 \
     --methods full,infinipot_v,streamingllm,snapkv
 for q in glimpse long_moving moving; do
@@ -72,6 +66,24 @@ for q in glimpse long_moving; do  # the issue's shortest long video: its time id
     step "long-$q-5min" python -m tools.long_video --question "$q" --minutes 5 \
         --methods full,infinipot_v,streamingllm,snapkv --videos 8
 done
+}
+
+if [ "${PART:-all}" = video ]; then
+    video
+    exit 0
+fi
+
+# 4. the accuracy table and figure (docs/benchmarks.md): the full cache and SnapKV, then each method
+#    added on the same chats, so a stop loses one method at most
+step accuracy-snapkv python -m kv_arena.bench --mode accuracy --per-type 34 --budgets 0.2 --methods snapkv \
+    --out "$OUT/accuracy"
+for m in elastic_cache mpic vl_cache zipvl attention_pack streamingllm h2o pyramidkv adakv infinipot_v kivi fastv \
+         random downsample evs; do
+    step "accuracy-$m" python -m kv_arena.bench --mode accuracy --add "$OUT/accuracy.json" --methods "$m" \
+        --budgets 0.2 --per-type 34 --no-probe
+done
+
+video  # done before where PART=video ran beside this
 
 # 5. what the app itself costs
 step app-cost python -m tools.app_cost --repeats 5 --methods full,snapkv,h2o,streamingllm
