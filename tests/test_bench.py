@@ -364,3 +364,24 @@ def test_accuracy_add_writes_back_to_the_run_it_adds_to(tmp_path):
     assert accuracy.parse_args(["--add", str(earlier)]).out == str(tmp_path / "v3" / "accuracy")
     assert accuracy.parse_args(["--add", str(earlier), "--out", str(tmp_path / "o")]).out == str(tmp_path / "o")
     assert accuracy.parse_args([]).out == str(ASSETS / "accuracy")
+
+
+def test_accuracy_runs_added_to_copies_of_one_run_merge_and_others_are_refused(tmp_path, capsys):
+    """Two chains of --add on copies of one run (two cores) merge with --add A --from-json B: B's
+    method rows join A's, A's full-cache row stays; a run of other chats is refused in one line."""
+    from kv_arena.bench import accuracy
+
+    row = [{"knob": "budget", "value": 0.2, "realised": 0.2, "n": 2}]
+    base = {"model": "tiny-arena-vl", "generation": 3, "per_type": 2, "reference_answers": {"colour": ["red", "blue"]},
+            "points": {"colour": {"full": [{"knob": None}], "snapkv": row}}, "refused": {}, "loyalty": "..."}
+    a, b, other = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "other.json"
+    a.write_text(json.dumps(base | {"points": {"colour": base["points"]["colour"] | {"h2o": row}}}))
+    b.write_text(json.dumps(base | {"points": {"colour": base["points"]["colour"] | {"random": row}}}))
+    other.write_text(json.dumps(base | {"reference_answers": {"colour": ["red", "red"]}}))
+    report = accuracy.merged(str(a), str(b))
+    assert list(report["points"]["colour"]) == ["full", "snapkv", "h2o", "random"]
+    assert report["points"]["colour"]["full"] == [{"knob": None}]
+    with pytest.raises(accuracy.UserError, match="reference_answers differs"):
+        accuracy.merged(str(a), str(other))
+    assert accuracy.main(["--add", str(a), "--from-json", str(other), "--no-figure"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

@@ -7,6 +7,8 @@
 #   THREADS=1 bash training/ship_v31.sh  # beside other work on a 2-core machine
 #   PART=video THREADS=1 bash training/ship_v31.sh RUN   # stream accuracy and the long-video demo only,
 #                                        # beside the whole script (THREADS=1 too) on a 2-core machine
+#   PART=accuracy-tail THREADS=1 bash training/ship_v31.sh RUN   # the accuracy methods from the last,
+#                                        # on a copy of the run, merged before the assets are copied
 #
 # It stops at the first step that fails, and at the shipping bar (probe_v31 --bar exits 1 below it):
 # nothing is measured on weights that do not meet it. Then, by hand, from the outputs:
@@ -74,14 +76,28 @@ if [ "${PART:-all}" = video ]; then
 fi
 
 # 4. the accuracy table and figure (docs/benchmarks.md): the full cache and SnapKV, then each method
-#    added on the same chats, so a stop loses one method at most
+#    added on the same chats, so a stop loses one method at most; PART=accuracy-tail adds them from
+#    the last to a copy of the run (accuracy-tail.json), merged into it before the assets are copied
 step accuracy-snapkv python -m kv_arena.bench --mode accuracy --per-type 34 --budgets 0.2 --methods snapkv \
     --out "$OUT/accuracy"
-for m in elastic_cache mpic vl_cache zipvl attention_pack streamingllm h2o pyramidkv adakv infinipot_v kivi fastv \
-         random downsample evs; do
+METHODS="elastic_cache mpic vl_cache zipvl attention_pack streamingllm h2o pyramidkv adakv infinipot_v kivi fastv
+         random downsample evs"
+if [ "${PART:-all}" = accuracy-tail ]; then
+    [ -e "$OUT/accuracy-tail.json" ] || cp "$OUT/accuracy.json" "$OUT/accuracy-tail.json"
+    for m in $(echo $METHODS | tr ' ' '\n' | tac); do
+        step "accuracy-$m" python -m kv_arena.bench --mode accuracy --add "$OUT/accuracy-tail.json" --methods "$m" \
+            --budgets 0.2 --per-type 34 --no-probe --no-figure
+    done
+    exit 0
+fi
+for m in $METHODS; do
     step "accuracy-$m" python -m kv_arena.bench --mode accuracy --add "$OUT/accuracy.json" --methods "$m" \
         --budgets 0.2 --per-type 34 --no-probe
 done
+if [ -e "$OUT/accuracy-tail.json" ]; then  # the rows PART=accuracy-tail measured, and the figure redrawn
+    step accuracy-merge python -m kv_arena.bench --mode accuracy --add "$OUT/accuracy.json" \
+        --from-json "$OUT/accuracy-tail.json"
+fi
 
 video  # done before where PART=video ran beside this
 

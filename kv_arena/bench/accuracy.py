@@ -16,7 +16,9 @@ reported per method. Every rate carries its 95% Wilson interval. Beside each rat
 method's **loyalty**: the share of items whose answer is the full cache's answer, whole (the same
 normalisation; EffiVLM-Bench's headline metric): right or wrong, did the method change the answer?
 The full cache's answers are kept in the JSON (``reference_answers``) so that ``--add`` measures a
-new method's loyalty against the same answers.
+new method's loyalty against the same answers. A long table runs on two cores (or machines) as two
+chains of ``--add`` on copies of one run; ``--add A.json --from-json B.json`` then adds B's rows to A,
+refused unless both asked the same chats.
 
 Each point records the knob and the REALISED KV fraction: the bytes the method's cache holds after
 the first prompt over the full cache's bytes after the same prompt, averaged over the items; the
@@ -90,7 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-figure", action="store_true")
     p.add_argument("--no-probe", action="store_true")
     p.add_argument("--from-json", default=None, metavar="JSON",
-                   help="run nothing: print the tables and draw the figure of an earlier run's OUT.json")
+                   help="run nothing: print the tables and draw the figure of an earlier run's OUT.json; with "
+                        "--add, add its methods' rows to that run (two runs --add-ed to copies of one run, e.g. "
+                        "on two cores, merged)")
     p.add_argument("--add", default=None, metavar="JSON",
                    help="run only --methods on that earlier run's items (its model, types and count) and write "
                         "it back with their rows added (or replaced)")
@@ -385,6 +389,19 @@ def added(earlier: dict, report: dict) -> dict:
     return earlier
 
 
+def merged(into: str, other: str) -> dict:
+    """``other``'s methods' rows added to the run ``into``: both must have asked the same chats (the
+    same model, count, types and the full cache's answers to them), else refused in one line."""
+    run_into, run_other = (json.loads(Path(f).read_text()) for f in (into, other))
+    for key in ("model", "generation", "per_type", "reference_answers"):
+        if run_into.get(key) != run_other.get(key):
+            raise UserError(f"{other} did not ask the chats of {into} ({key} differs): add its methods to it with "
+                            f"--add {into} --methods ...")
+    if set(run_into["points"]) != set(run_other["points"]):
+        raise UserError(f"{other} did not ask the chats of {into} (its question types differ)")
+    return added(run_into, run_other)
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if not args.json:
@@ -392,7 +409,8 @@ def main(argv=None) -> int:
     with contextlib.redirect_stdout(sys.stderr):  # progress and tables to stderr: stdout is the JSON alone
         code = report_main(args)
     if code == 0:
-        print(Path(str(args.out) + ".json").read_text() if not args.from_json else Path(args.from_json).read_text())
+        print(Path(str(args.out) + ".json").read_text() if not args.from_json or args.add
+              else Path(args.from_json).read_text())
     return code
 
 
@@ -400,7 +418,8 @@ def report_main(args) -> int:
     out = Path(args.out)
     try:
         check_out(args)
-        report = json.loads(Path(args.from_json).read_text()) if args.from_json else run(args)
+        report = (merged(args.add, args.from_json) if args.from_json and args.add
+                  else json.loads(Path(args.from_json).read_text()) if args.from_json else run(args))
         if "generation" not in report:
             raise UserError(f"{args.from_json} was written by an earlier version of this benchmark (first-word "
                             "scoring, no 'before' column): run it again")
@@ -410,7 +429,7 @@ def report_main(args) -> int:
     print(table(report))
     print("\n" + markdown(report))
     written = []
-    if not args.from_json:
+    if not args.from_json or args.add:
         out.parent.mkdir(parents=True, exist_ok=True)
         Path(str(out) + ".json").write_text(json.dumps(report, indent=1))
         written.append(str(out) + ".json")
