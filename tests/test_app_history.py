@@ -47,10 +47,11 @@ def test_an_edited_history_is_re_read_with_its_picture():
 def test_a_history_sent_to_another_session_is_re_read_by_its_method():
     history = first_chat(service.Session())
     other = service.Session()  # a new client, or the cache freed
-    outputs, error = turn(other, ask("What colour is the cross?"), history, model="tiny-arena-vl", method="snapkv",
-                          budget=0.5)
+    outputs, error = turn(other, ask("What colour is the cross?"), history, model="tiny-arena-vl", method="h2o",
+                          budget=0.9)
     assert error is None and outputs[-1].chatbot[-1]["content"] == "yellow" and "**right**" in outputs[-1].status
-    assert titles(outputs[-1].chatbot).count(REREAD) == 1 and "SnapKV at a budget of 0.50 re-read" in outputs[-1].chatbot[len(history)]["content"]
+    said = outputs[-1].chatbot[len(history)]["content"]
+    assert titles(outputs[-1].chatbot).count(REREAD) == 1 and "H2O (heavy hitters) at a budget of 0.90 re-read" in said
     assert len(other.history) == 2
 
 

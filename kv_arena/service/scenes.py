@@ -205,7 +205,7 @@ def media_hint(model: str, messages: list[Prepared]) -> str:
     latest = next((p for p in reversed(messages) if p.media), None)
     if latest is None:
         return (f"Hint: {model} only answers questions about its kind of scenes, a picture, several or a "
-                f"short video (see the Examples); without one its answer means nothing. {generations.of().reads}")
+                f"video (see the Examples); without one its answer means nothing. {generations.of().reads}")
     if scene_of(latest.media) is not None:
         return ""
     # a picture a visitor drew in the scenes' style is the model's kind: said so, not turned away

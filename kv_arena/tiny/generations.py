@@ -43,12 +43,13 @@ GENERATIONS = {
                   arena_v3_model.image_processor,
                   f"It reads drawn coloured shapes ({_THINGS}) at any position on plain or textured backgrounds, "
                   "each at least one visual token across (28 px once the picture is processed; smaller ones it "
-                  "misreads): ask the colour of a shape or the shape of a colour in one picture or among "
-                  "several, 'Which shape moves?' about a short video (in the message that sends it: asked in a later "
-                  "turn it is right less often), 'What is in the picture?' (every object, "
-                  "colour and shape) or 'What colours are the circle and the ring?', and again about another shape "
-                  "in the same chat. Pictures of anything else it answers 'unknown'; it cannot read photos, text "
-                  "or anything else.",
+                  "misreads), turned a little, outlined, thick or in any common shade: ask the colour of a shape "
+                  "or the shape of a colour in one picture or among several, 'Which shape moves?' about a video "
+                  "(a short one, or a long one streamed under a KV cap, where 'What colour is the star?' asks "
+                  "about one seen briefly), 'What is in the picture?' (every object, colour and shape) or 'What "
+                  "colours are the circle and the ring?', in the message that sends the media or a later one, and "
+                  "again about another shape in the same chat. Photos and pictures of anything else it answers "
+                  "'unknown'; it cannot read text or count.",
                   video_frames=drawn_scenes.SIZES["moving"][1][1]),
 }
 
