@@ -6,20 +6,19 @@ token's time), the server's resident memory before the call and at most during i
 and the answer against the true one. Each method runs in an app of its own, started for it.
 
     python -m tools.long_video                                  # 10 min at 1 fps, full and InfiniPot-V, 1 MB
-    python -m tools.long_video --methods full,infinipot_v,streamingllm,snapkv --cap-mb 1
+    python -m tools.long_video --methods full,infinipot_v,streamingllm,snapkv --videos 8 --cap-mb 1
 
-The video is the bundled model's own held-out "moving" scene (its generation's scenes module: one
-object moves, the others stay), each of its frames held for an equal share of ``--minutes``, written
-at ``--fps`` as an uncompressed AVI (``kv_arena.media.write_avi``); the app samples ``--fps`` x 60 x
-``--minutes`` frames from it (every frame), streams them 8 a chunk, and each method answers in a
-new session. The full cache streams without a cap (the reference: its KV grows with the video).
+The video is the bundled model's (v3.1's) held-out long video (kv_arena/tiny/long_videos.py):
+``long_moving``, "Which shape moves?" with motion all through, or ``--question glimpse``, "What
+colour is the star?" about an object in view for a short stretch; 40-72 frames spread over
+``--minutes``, written at ``--fps`` as an uncompressed AVI (``kv_arena.media.write_avi``). The app
+is asked for the drawn frames, which it samples evenly from the whole video: exactly the drawn ones,
+each a different moment; it streams them 8 a chunk, and each method answers in a new session. The
+full cache streams without a cap (the reference: its KV grows with the video).
 
-``--question glimpse`` or ``long_moving`` draws v3.1's long videos instead (kv_arena/tiny/long_videos.py:
-"What colour is the star?" about an object in view for a short stretch, or "Which shape moves?" with
-motion all through), 40-72 frames spread over ``--minutes``; the app is asked for that many frames,
-which it samples evenly from the whole video: exactly the drawn ones, each a different moment.
-
-    python -m tools.long_video --question glimpse --methods full,infinipot_v,streamingllm,snapkv --videos 8
+``--question moving`` sends v3's held-out "moving" scene instead, each of its frames held for an
+equal share of ``--minutes``; the app samples ``--fps`` x 60 x ``--minutes`` frames from it (every
+frame written), 600 over 10 minutes.
 
 Memory is the app server's own (a separate process, ``/proc/PID/status``): its resident set before
 the call and its peak during it (``VmHWM``, reset before each call through ``/proc/PID/clear_refs``
@@ -63,9 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="which held-out scene (the first, with --videos)")
     p.add_argument("--videos", type=int, default=1, help="held-out scenes asked one after another (--seed on), "
                    "each in a new session of the same app; the table ends with each method's right answers")
-    p.add_argument("--question", default="moving", choices=("moving",) + LONG_TYPES,
-                   help="moving: v3's scene slowed down, every frame streamed; glimpse, long_moving: v3.1's "
-                        "long videos, their drawn frames sampled back from the whole video")
+    p.add_argument("--question", default="long_moving", choices=("moving",) + LONG_TYPES,
+                   help="long_moving, glimpse: v3.1's long videos, their drawn frames sampled back from the "
+                        "whole video; moving: v3's scene slowed down, every frame streamed")
     p.add_argument("--out", default=None, help="folder to keep the video and the app's logs in (default: a "
                    "temporary one, removed at the end)")
     return p.parse_args(argv)
