@@ -391,14 +391,12 @@ def added(earlier: dict, report: dict) -> dict:
 
 def merged(into: str, other: str) -> dict:
     """``other``'s methods' rows added to the run ``into``: both must have asked the same chats (the
-    same model, count, types and the full cache's answers to them), else refused in one line."""
+    same model, count, and the full cache's answers to each type's chats), else refused in one line."""
     run_into, run_other = (json.loads(Path(f).read_text()) for f in (into, other))
     for key in ("model", "generation", "per_type", "reference_answers"):
         if run_into.get(key) != run_other.get(key):
             raise UserError(f"{other} did not ask the chats of {into} ({key} differs): add its methods to it with "
                             f"--add {into} --methods ...")
-    if set(run_into["points"]) != set(run_other["points"]):
-        raise UserError(f"{other} did not ask the chats of {into} (its question types differ)")
     return added(run_into, run_other)
 
 
