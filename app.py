@@ -54,6 +54,9 @@ LAYOUT_CSS = """
 @media (max-width: 768px) {
   #settings-column, #main-column { min-width: 100% !important; }
   #main-column { order: -1; }
+  /* the leaderboard's columns keep a readable width and scroll sideways (not a letter a line) */
+  #blind-board .upload-container { overflow-x: auto; }
+  #blind-board .virtual-table-viewport { min-width: 760px; }
 }
 /* the Chatbot's "Chat" badge floated over the scrolling chat and covered what scrolled under it
    ("Method switched"): it gets a row of its own, the messages scroll below it */
@@ -80,22 +83,14 @@ MARKS_CSS = """
 .gradio-container { --font: "kv-marks", FONT; --font-mono: "kv-marks", MONO; }
 """.replace("FONT", THEME.font).replace("MONO", THEME.font_mono)
 
-# Compare and "Can you tell?" pick their own methods and budget: while one of them is open the
-# settings column's Method and Budget (Chat's) are greyed, and a note under the model says why.
-# CSS :has() on the selected tab, so no event round trip is needed and every way of opening a tab counts.
-OWN_CONTROLS = ("compare", "blind")
-SIDEBAR_CSS = "#chat-only-note { display: none; }\n" + "".join(
-    f"""
-.gradio-container:has(#tabs [role=tab][data-tab-id={tab}][aria-selected=true]) #chat-only-note {{ display: block; }}
-.gradio-container:has(#tabs [role=tab][data-tab-id={tab}][aria-selected=true]) :is(#method, #method-card, #budget, #realised) {{
-  opacity: 0.45; pointer-events: none;
-}}""" for tab in OWN_CONTROLS)
-
 CSS = """
 #chat-status, #compare-status { font-size: 0.9em; }
 .range-note, #compare-methods-note { color: #b45309; font-size: 0.85em; margin-top: 4px; }
 .answer textarea { font-family: "kv-marks", ui-monospace, monospace; font-size: 0.85em; }
-""" + LAYOUT_CSS + MARKS_CSS + SIDEBAR_CSS + TABLE_CSS
+/* Compare's examples sit above its question: thumbnails, not pictures, so the question, its button and
+   the answers stay near them */
+#compare-examples :is(img, video) { max-height: 48px !important; width: auto !important; }
+""" + LAYOUT_CSS + MARKS_CSS + TABLE_CSS
 
 
 def _release(request: gr.Request) -> None:

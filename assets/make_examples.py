@@ -96,7 +96,9 @@ def arena_examples() -> list[Path]:
     from kv_arena.tiny import generations
 
     written = []
-    for it, files in generations.of().scenes.examples().values():
+    generation = generations.of()
+    made = list(generation.scenes.examples().values()) + ([generation.long_example()] if generation.long_example else [])
+    for it, files in made:
         if it.video:
             write_mp4(HERE / files[0], list(it.frames()), fps=round(it.fps), crf=0)
         else:

@@ -132,6 +132,10 @@ def tar_share(keep_video: int, tar_ratio: float) -> int:
     return keep_video - round((1 - tar_ratio) * keep_video)
 
 
+NO_VIDEO = ("InfiniPot-V compresses video frames only: this conversation has no video, so it held the whole "
+            "cache (not a result of compression).")
+
+
 @dataclass(eq=False)
 class InfiniPotV(KVBackend):
     name = "infinipot_v"
@@ -178,6 +182,7 @@ class InfiniPotV(KVBackend):
             self.frames += [f for v in call.layout.videos for f in v.frames]
         if call.cap_bytes is not None:
             self.stream_cap = call.cap_bytes
+        self.report.note = None if self.frames else NO_VIDEO
         self.report.ensure_layers(call.num_layers, "kept", "layer_budgets")
         for i, layer in enumerate(cache.layers):
             self.check_cap(call, layer)

@@ -26,8 +26,9 @@ makes decoding slow.
 The methods here keep less while trying to answer the same way. Some **drop** tokens the model pays
 little attention to, some **merge** neighbours into one, some **quantise** the numbers to fewer bits,
 some store a **low-rank** approximation, and some **reuse** the cache of an image seen before instead of
-recomputing it. One (VisionZip) acts even earlier: it picks an image's tokens before the language model
-reads them, so the tokens it leaves out are never computed or cached at all. The *budget* is the fraction of the full cache a method keeps (1.0 keeps everything).
+recomputing it. Three act even earlier, before the language model reads the media: VisionZip keeps an
+image's most-attended tokens, Downsample reads a smaller picture, and EVS drops video tokens that barely
+changed since the previous frame; what they leave out is never computed or cached at all. The *budget* is the fraction of the full cache a method keeps (1.0 keeps everything).
 
 ### When do the methods differ?
 Mostly on **follow-ups** and longer answers, rarely on the first word of a first question. The first
@@ -98,7 +99,7 @@ their answers are nonsense text. Every figure in the panels is measured here; on
 
 def methods_table() -> str:
     """One row per method: its title (linking to its paper) and one plain sentence on what it does
-    (the paper's terms are on the method's card in the settings column)."""
+    (the paper's terms are on the method's card beside the chat)."""
     rows = ["| Method (links to its paper) | What it does |", "|---|---|"]
     for spec in service.method_specs():
         name = f"[{spec['title']}]({spec['paper']})" if spec["paper"] else spec["title"]

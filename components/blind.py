@@ -40,7 +40,8 @@ from .settings import settings_from_named
 log = logging.getLogger(__name__)
 BOARD_COLUMNS = ["Model", "Method", "Budget", "Votes", "Can't tell", "95% interval", "KV held", "Votes right",
                  "Method right"]
-RANDOM = "random"
+BOARD_WIDTHS = ["13%", "17%", "8%", "7%", "9%", "14%", "9%", "11%", "12%"]
+RANDOM = "random"  # the budget drawn at random (the method's draw is service.blind.DRAW)
 
 
 @dataclass(frozen=True)
@@ -104,14 +105,14 @@ BLIND_RETURNS = ("the battle's id (give it to /vote, and to /blind's battle for 
 SIGN_IN = "sign in with Hugging Face (the button above) for your votes to count"
 
 
-def blind(message, model, method=RANDOM, budget=RANDOM, battle="", session=None, request: gr.Request = None,
+def blind(message, model, method=service.blind.DRAW, budget=RANDOM, battle="", session=None, request: gr.Request = None,
         progress=gr.Progress()) -> Iterator[BlindOutputs]:
     """Answer a question about a picture or a video twice, with the full cache and with a KV-cache method, shown as A and B in a random order; which is which is revealed by /vote.
 
     Args:
         message: the question, {"text": the question, "files": images or one video this client uploaded (gradio_client's handle_file)}; a follow-up is text only.
         model: the model's name (`python -m kv_arena.bench --list`); tiny-arena-vl is the offline model, whose scenes know the true answers.
-        method: "random" (drawn from the budgeted methods that run on the model) or a method's registry name.
+        method: "any" (drawn from the budgeted methods that run on the model) or a method's registry name ("random" is Random eviction).
         budget: "random" (drawn from 0.1, 0.2, 0.3, 0.5) or one of those levels: the fraction of the full cache's KV bytes the method may hold.
         battle: "" for a new battle; the id of a battle this client voted on, to ask a follow-up on both conversations (the same method and budget).
     Returns:
@@ -209,9 +210,8 @@ def new_battle() -> BlindOutputs:
 
 def method_choices() -> list[tuple[str, str]]:
     """The methods a battle may draw (not InfiniPot-V, which holds a picture whole: battles do not stream)."""
-    # "random" is the draw here; the method of that name (random eviction) is drawn like any other
-    return [("Random (drawn)", RANDOM)] + [(title, name) for name, title in service.blind.battle_methods()
-                                            if name != RANDOM]
+    return [("Any (drawn at random)", service.blind.DRAW)] + [
+        (title, name) for name, title in service.blind.battle_methods()]
 
 
 @dataclass
@@ -241,8 +241,10 @@ def build_leaderboard() -> Board:
                 "of votes for \"the same\" or for the compressed answer, with its 95% Wilson interval. *KV held*: "
                 "the mean fraction of the full cache's bytes the method really held. On the offline model's "
                 "scenes, *Votes right*: votes that agree with the true answer; *Method right*: its answers right.")
+    # widths that fit 1280 px whole (the last column was cut); a phone scrolls it sideways, the model
+    # and the method pinned on the left
     table = gr.Dataframe(headers=BOARD_COLUMNS, interactive=False, elem_id="blind-board", label="Leaderboard",
-                         wrap=True)
+                         wrap=True, column_widths=BOARD_WIDTHS, pinned_columns=2)
     note = gr.Markdown(elem_id="blind-board-note")
     refresh = gr.Button("Refresh", elem_id="blind-board-refresh", size="sm")
     refresh.click(leaderboard, None, table, api_name="leaderboard").then(board_note, None, note,
@@ -292,7 +294,7 @@ def build_blind(settings, session: gr.State, board: Board, board_tab: gr.Tab) ->
                 "which, the method and what it saved. The model is the one on the left.")
     build_login()
     with gr.Row():
-        method = checked_controls.Dropdown(method_choices(), value=RANDOM, label="Method", elem_id="blind-method")
+        method = checked_controls.Dropdown(method_choices(), value=service.blind.DRAW, label="Method", elem_id="blind-method")
         budget = checked_controls.Dropdown([("Random (drawn)", RANDOM)] + [(f"{b:g}", f"{b:g}") for b in service.blind.LEVELS],
                                            value=RANDOM, label="Budget", elem_id="blind-budget")
         # value "": the API's battle parameter is optional, a new battle without it

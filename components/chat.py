@@ -21,10 +21,10 @@ from kv_arena import service
 from kv_arena.errors import UserError
 
 from . import api_docs, checked_controls, clients, mcp_calls, media_library, overlay
-from .chat_status import measured, panels, status_line
+from .chat_status import hint_line, measured, panels, status_line
 from .history import NEW_CONVERSATION, REREAD, SWITCHED, rereadable_turns, said, transcript, with_own_files
 from .outputs import KEEP, Outputs, by_component, components_of
-from .settings import SettingsPanel, settings_from_named
+from .settings import SettingsPanel, render_method_controls, settings_from_named
 
 log = logging.getLogger(__name__)
 PLOT_EVERY_S = 0.4  # redraw the panels at most this often while streaming
@@ -231,7 +231,7 @@ def respond(message, history: list, session: service.Session, settings: service.
             if view.switch is not None and switch_at is not None:
                 shown = shown[:switch_at] + [switch_line(switched(view.switch, fate, settings), fate)] + shown[switch_at + 1:]
                 switch_at = None
-            status = status_line(view, settings, bool(files)) + (f"\n\n{hint}" if hint else "")
+            status = status_line(view, settings, bool(files)) + (f"\n\n{hint_line(hint)}" if hint else "")
             outputs = ChatOutputs(shown + [{"role": "assistant", "content": view.text or "…"}], status=status)
             if view.done or time.monotonic() - drawn > PLOT_EVERY_S:
                 memory, speed, layers = panels(view)
@@ -293,12 +293,34 @@ GENERAL_EXAMPLES = [("What shapes do you see, and what colour is each?", ["shape
 
 def examples(model: str | None = None) -> list[list]:
     """The clickable examples for ``model`` (default: the model picked at start; present files only):
-    the trained model's own (``service.arena_examples()``, each answered right), else general ones
-    for hub and random models."""
+    the trained model's own (``service.arena_examples()``, each answered right, then its long video),
+    else general ones for hub and random models."""
     model = service.default_model() if model is None else model
     rows = service.arena_examples() if service.is_trained_here(model) else GENERAL_EXAMPLES
-    return [[{"text": text, "files": [str(ASSETS / f) for f in files]}] for text, files in rows
-            if all((ASSETS / f).is_file() for f in files)]
+    shown = [[{"text": text, "files": [str(ASSETS / f) for f in files]}] for text, files in rows
+             if all((ASSETS / f).is_file() for f in files)]
+    long = service.long_example() if service.is_trained_here(model) else None
+    return shown + ([[{"text": long.question, "files": [long.path]}]] if long else [])
+
+
+def example_settings(message) -> tuple:
+    """The trained model's example clicked: how it is sent. Its long video streams every drawn frame
+    under its KV cap; any other example goes in one prompt (no cap) with the model's frames."""
+    long = service.long_example()
+    files = message.get("files") if isinstance(message, dict) else None
+    first = (files[0].get("path") if isinstance(files[0], dict) else files[0]) if files else None
+    if long and first and Path(str(first)).name == Path(long.path).name:
+        return long.stream_cap_mb, long.frames
+    return 0, service.default_frames(service.ARENA)
+
+
+def examples_label(model: str | None) -> str:
+    """What the trained model's examples are, and how its long video is sent (said once, here)."""
+    long = service.long_example() if model else None
+    if not model:
+        return "Examples (for hub models; random weights answer nonsense)"
+    return ("Examples (made by the project, work offline" + (
+        f"; the {long.seconds:.0f} s video streams under a {long.stream_cap_mb:g} MB KV cap" if long else "") + ")")
 
 
 def show_examples(model: str) -> tuple:
@@ -328,27 +350,32 @@ class ChatTab:
 
 
 def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
-    # 300 px: at 1280 x 800 the examples sit above the fold, under the input
-    chatbot = checked_controls.Chatbot(label="Chat", height=300, elem_id="chatbot", buttons=["copy"],
-                         group_consecutive_messages=False,  # the new-conversation marker gets its own line
-                         placeholder="Attach images or a video, ask a question, and watch the panels below.")
-    textbox = checked_controls.MultimodalTextbox(file_types=["image", "video"], file_count="multiple",
-                                                 elem_id="chat-input", show_label=False, label="Message",
-                                                 placeholder="Ask about your images or video…")
-    status = gr.Markdown(elem_id="chat-status", label="Status")  # right under the input: what went wrong with it, or the figures
+    # the conversation and the method that holds it side by side (on a phone the method right under
+    # it): the switch the app is about is on the first screen, where its effect shows
+    with gr.Row(elem_id="chat-row"):
+        with gr.Column(scale=2, min_width=320, elem_id="conversation"):
+            chatbot = checked_controls.Chatbot(label="Chat", height=300, elem_id="chatbot", buttons=["copy"],
+                                 group_consecutive_messages=False,  # the new-conversation marker gets its own line
+                                 placeholder="Attach images or a video, ask a question, and watch the panels below.")
+            textbox = checked_controls.MultimodalTextbox(file_types=["image", "video"], file_count="multiple",
+                                                         elem_id="chat-input", show_label=False, label="Message",
+                                                         placeholder="Ask about your images or video…")
+            status = gr.Markdown(elem_id="chat-status", label="Status")  # right under the input: what went wrong with it, or the figures
+            with gr.Row():
+                stop_button = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")
+                clear_button = gr.Button("New chat", size="sm", elem_id="new-chat")
+        with gr.Column(scale=1, min_width=240, elem_id="method-column"):
+            render_method_controls(settings)
     trained = service.is_trained_here(settings.model.value)
     example_sets = []
     for shown, model in ((trained, service.ARENA), (not trained, None)):  # one set per kind of model, one visible
         with gr.Column(visible=shown) as column:
             rows = examples(model or "")
-            if rows:
-                gr.Examples(rows, inputs=[textbox], label="Examples (made by the project, work offline)"
-                            if model else "Examples (for hub models; random weights answer nonsense)",
-                            api_visibility="private")
+            if rows:  # a click also sets the stream cap and the frames the example is sent with
+                gr.Examples(rows, inputs=[textbox], label=examples_label(model), api_visibility="private",
+                            fn=example_settings if model else None, run_on_click=bool(model), cache_examples=False,
+                            outputs=[settings.stream_cap, settings.num_frames] if model else None)
         example_sets.append(column)
-    with gr.Row():
-        stop_button = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")
-        clear_button = gr.Button("New chat", size="sm", elem_id="new-chat")
     with gr.Row():
         with gr.Column():
             memory = gr.Plot(label="KV memory", elem_id="memory-plot")

@@ -47,13 +47,19 @@ def status_line(view: service.ChatView, settings: service.Settings, with_media: 
     return line + (f"\n\n{why}" if why else "")
 
 
+def hint_line(hint: str) -> str:
+    """A model-trained-here hint (``service.media_hint``) with a link to what the model reads: the
+    sidebar's folded card, said there once."""
+    return f"{hint} [What it reads](#model-about)" if hint else ""
+
+
 def decode_speed(metrics: service.Meters, done: bool = True) -> str:
-    """The decode speed, said too short to time where the Speed panel says so (a 2-token answer's
-    one step read 958.7 tokens/s, and 35 or 497 on the next run)."""
-    speed, steps = f"{metrics.decode_tok_s:.1f} tokens/s", len(metrics.step_s)
-    if not done or steps >= plots.MIN_STEPS:  # while streaming the steps are still coming
-        return speed
-    return f"{speed} (too short to time: {steps} decode step{'s' * (steps != 1)}, under {plots.MIN_STEPS})"
+    """The decode speed, rounded as a stopwatch can tell it; none where the Speed panel says it is
+    too short to time (a 2-token answer's one step read 958.7 tokens/s, and 35 or 497 on the next run)."""
+    rate, steps = metrics.decode_tok_s, len(metrics.step_s)
+    if done and steps < plots.MIN_STEPS:  # while streaming the steps are still coming
+        return f"decode speed: too short to time ({steps} decode step{'s' * (steps != 1)}, under {plots.MIN_STEPS})"
+    return f"{rate:.0f} tokens/s" if rate >= 10 else f"{rate:.1f} tokens/s"
 
 
 def explanation(view: service.ChatView, settings: service.Settings, with_media: bool) -> str:

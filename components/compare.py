@@ -25,6 +25,8 @@ from .compare_table import COLUMNS, WIDTHS, loyalty, table
 from .compare_table import notes as table_notes
 from .outputs import KEEP, Outputs, by_component, components_of
 from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, parse_message, progress_reporter, refusal, show_examples
+from .chat import examples as chat_examples
+from .chat_status import hint_line
 from .settings import RANGES, SettingsPanel, control, offered, own_params, quoted, settings_from_named
 
 SLOTS = 1 + service.MAX_COMPARE  # the full cache and up to four methods
@@ -41,22 +43,37 @@ def last_turn(run: service.CompareRun) -> plots.Drawn | None:
     return plots.Drawn(run.method, answered[-1].metrics, answered[-1].layers, answered[-1].cached) if answered else None
 
 
+WHOLE = 0.995  # held at least this share of the full cache's KV: it compressed nothing
+# why random eviction can tie the full cache (docs/benchmarks.md): said where it does
+RANDOM_TIES = ("Why random ties the full cache: the first word is chosen before anything is evicted, and a uniform "
+               "draw keeps a few tokens of every object for a follow-up.")
+
+
 def held_line(run: service.CompareRun, full: service.CompareRun) -> str:
     """The fraction of the full cache's KV the method really holds after the first prompt, and what
-    the method says of the prompt (EVS on pictures: it held the whole cache, so its 1.00x is no result)."""
+    the method says of the prompt (EVS or InfiniPot-V on pictures: it held the whole cache, so its
+    1.00x is no result); a method that held the whole cache without a word says so here."""
     if run is full or not run.turns or run.turns[0].metrics is None:
         return ""
-    line = f"holds {plots.kept_fraction(run.turns[0], full.turns[0]):.2f}x the full KV"
+    held = plots.kept_fraction(run.turns[0], full.turns[0])
+    line = f"holds {held:.2f}x the full KV"
     notes = list(dict.fromkeys(t.note for t in run.turns if t.note))
+    if not notes and held is not None and held >= WHOLE:
+        notes = ["It compressed nothing on this input: its answers are the full cache's, not a result."]
     return line + "".join(f"\n{note}" for note in notes) + "\n\n"
 
 
 def loyalty_line(run: service.CompareRun, full: service.CompareRun) -> str:
-    """The method's loyalty once it answered: how many of its answers are the full cache's, whole."""
+    """The method's loyalty once it answered: how many of its answers are the full cache's, whole;
+    where random eviction that compressed ties the full cache, why."""
     same, answered = loyalty(run)
     if run is full or not answered:
         return ""
-    return f"\n\nloyalty {same}/{answered}: answers that are the full cache's, whole"
+    line = f"\n\nloyalty {same}/{answered}: answers that are the full cache's, whole"
+    held = plots.kept_fraction(run.turns[0], full.turns[0]) if run.turns[0].metrics is not None else None
+    if run.name == "random" and same == answered and held is not None and held < WHOLE:
+        line += f"\n{RANDOM_TIES}"
+    return line
 
 
 def answer_text(run: service.CompareRun, full: service.CompareRun) -> str:
@@ -175,7 +192,7 @@ def respond(message, methods: list[str], session: service.Session, settings: ser
             if service.has_random_weights(settings.model):
                 status += " Random weights: the answers are nonsense, the figures are real."
             hint = service.media_hint(settings.model, turns[:1])
-            status += f" {hint}" if hint else ""
+            status += f" {hint_line(hint)}" if hint else ""
             # the panels are drawn once, when every method has run (empty until then: plain None
             # costs Gradio less than leaving them as they are, and the table shows the progress)
             outputs = CompareOutputs(answer_boxes(runs, titles, first=first), table(runs), status, memory=None,
@@ -307,8 +324,10 @@ def example_rows(trained: bool) -> list[list]:
 
 
 def example_css() -> str:
-    """Every example video's still preview (both sets; Chat's and "Can you tell?"'s show the same files)."""
-    return example_posters.css(example_posters.videos_of(example_rows(True) + example_rows(False)))
+    """Every example video's still preview (both sets; "Can you tell?"'s show the same files, Chat's
+    these and its long video)."""
+    rows = example_rows(True) + example_rows(False) + chat_examples(service.ARENA)
+    return example_posters.css(example_posters.videos_of(rows))
 
 
 @dataclass
@@ -339,7 +358,7 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
     gr.Markdown("The full cache answers first, then each method in turn, each through the whole conversation (the "
                 "question, then the follow-up) on its own compressed cache. The full cache's run is reused when the "
                 "input repeats. Budget and knobs below apply here; other parameters are the papers' defaults or as "
-                "set under Advanced on the left.")
+                "set under the Chat tab's Advanced.")
     options = choices()
     methods = checked_controls.CheckboxGroup(options, value=DEFAULT_METHODS, label=f"Methods (1 to {service.MAX_COMPARE})",
                                              elem_id="compare-methods")
@@ -353,11 +372,13 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
                  for m, p in knob_specs()]
         for (method, _), knob in zip(knob_specs(), knobs):
             knob.visible = method in DEFAULT_METHODS
+    # the examples first, then the question, the button and the answers together: with the examples
+    # between them the button sat 1,780 px under the question on a phone, and the answers under the examples
     textbox = checked_controls.MultimodalTextbox(file_types=["image", "video"], file_count="multiple",
                                                  elem_id="compare-input", show_label=False, label="Message", submit_btn=False,
-                                                 placeholder="First question, with images or a video…")
+                                                 placeholder="First question, with images or a video…", render=False)
     follow_up = gr.Textbox(value="", label="Then ask (optional follow-up, on the same compressed cache)", elem_id="compare-then",
-                           placeholder="e.g. a question about another object")
+                           placeholder="e.g. a question about another object", render=False)
     trained = service.is_trained_here(settings.model.value)
     example_sets = []
     for shown, kind in ((trained, True), (not trained, False)):  # one set per kind of model, one visible
@@ -373,10 +394,12 @@ def build_compare(settings: SettingsPanel, session: gr.State) -> CompareTab:
                         elem_id="scene-kind")
                     scene_button = gr.Button("New scene", scale=1, elem_id="new-scene")
         example_sets.append(column)
+    textbox.render()
+    follow_up.render()
     button = gr.Button("Compare", variant="primary", elem_id="compare-run")
     status = gr.Markdown(elem_id="compare-status", label="Status")
     with gr.Row(equal_height=True):
-        answers = [gr.Textbox(visible=False, lines=6, max_lines=12, elem_classes=["answer"], label=f"Answers {i + 1}")
+        answers = [gr.Textbox(visible=False, lines=6, max_lines=40, elem_classes=["answer"], label=f"Answers {i + 1}")
                    for i in range(SLOTS)]
     grid = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="compare-table", wrap=True, column_widths=WIDTHS,
                         label="Table", show_label=False, max_height=4000)  # every row in view, no inner scrolling

@@ -8,6 +8,7 @@ figures come from an earlier run on the same input.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
@@ -192,8 +193,9 @@ def stream_traces(stream: StreamView, run: Drawn, color: str, scale: float, unit
     return traces
 
 
-SPEED_ROWS = (("ttft_s", "<b>Time to first token</b> (s), lower is better", (0.6, 1.0)),
-              ("decode_tok_s", "<b>Decode speed</b> (tokens/s), higher is better", (0.0, 0.4)))
+# short enough for a phone's panel (about 300 px: "higher is better" was cut at its edge)
+SPEED_ROWS = (("ttft_s", "<b>First token</b> (s), lower is better", (0.6, 1.0)),
+              ("decode_tok_s", "<b>Decode</b> (tokens/s), higher is better", (0.0, 0.4)))
 
 
 def speed_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure:
@@ -225,7 +227,7 @@ def speed_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure
     marked = any(mark in label for trace in traces for label in trace["text"] for mark in (NOT_TOLD, TOO_SHORT))
     if marked:
         titles.append(speed_note())
-    layout = LAYOUT | {"margin": dict(l=20, r=20, t=40, b=NOTE_MARGIN if marked else 56), "uirevision": "speed",
+    layout = LAYOUT | {"margin": dict(l=20, r=20, t=64, b=NOTE_MARGIN if marked else 56), "uirevision": "speed",
                        "showlegend": False, "annotations": titles, "uniformtext": dict(minsize=12, mode="show")} | axes
     return go.Figure(data=traces, layout=layout)
 
@@ -233,13 +235,15 @@ def speed_figure(runs: list[Drawn], reference: Drawn | None = None) -> go.Figure
 UNTOLD_OPACITY = 0.35  # a bar whose ratio to the full cache is not shown: pale...
 UNTOLD_PATTERN = "/"  # ...and hatched
 NOTE_SHIFT = -24  # px: the footnote starts under the bottom axis's tick labels (at y=0 it printed over them)
-NOTE_MARGIN = 96  # px under the plot: the tick labels, then the footnote's three lines
+# the footnote in lines a phone's panel shows whole (a 66-character line was cut at its right edge)
+NOTE_LINES = textwrap.wrap(NOT_TOLD_NOTE, 42)
+NOTE_MARGIN = 40 + 15 * len(NOTE_LINES)  # px under the plot: the tick labels, then the footnote's lines
 
 
 def speed_note() -> dict:
     """The footnote saying what ≈ and – mean, under the bottom axis's tick labels (shifted in pixels:
     a shift in paper units changes with the panel's height)."""
-    return dict(text=NOT_TOLD_NOTE.replace("; ", ";<br>"), x=0, xref="paper", xanchor="left", y=0, yref="paper",
+    return dict(text="<br>".join(NOTE_LINES), x=0, xref="paper", xanchor="left", y=0, yref="paper",
                 yanchor="top", yshift=NOTE_SHIFT, showarrow=False, align="left", font=dict(size=11, color="#555555"))
 
 

@@ -1,4 +1,6 @@
-"""The settings column: model, method, budget, the method's own parameters, generation length.
+"""The settings: the model and what every tab shares (generation length, video frames, when and how
+a video is compressed) in the sidebar; the Method, its Budget and its own parameters beside the
+Chat tab's conversation (:func:`render_method_controls`).
 
 Methods and their parameter controls come from the backend registry, described by the facade
 (``service.method_specs``), so a method added to ``backends/`` appears here without touching the
@@ -224,6 +226,7 @@ class SettingsPanel:
     realised: gr.Markdown | None = None  # the fraction the method really held, after a message
     groups: dict[str, gr.Group] = field(default_factory=dict)
     params: list = field(default_factory=list)
+    advanced: gr.Accordion | None = None  # the method's own parameters, folded
 
     @property
     def inputs(self) -> list:
@@ -254,7 +257,8 @@ def realised_note(method: str, fraction: float | None) -> str | None:
 
 
 BUDGET_INFO = BUDGET_SPEC["help"]
-CHAT_ONLY_NOTE = "*This tab picks its own methods and budget: the Method and Budget below are the Chat tab's.*"
+SWITCH_NOTE = ("Switch any time: the conversation stays, and your next message is answered by the new method "
+               "after it re-reads the chat (the chat says what that cost). A new model starts a new conversation.")
 
 
 def budget_slider(name: str, cap_mb) -> gr.Slider:
@@ -301,6 +305,7 @@ class ModelSwitch:
     model_card: gr.Markdown
     mpic_k: gr.components.Component  # MPIC's k control (a State where no method has one)
     num_frames: gr.Slider
+    model_about: gr.Accordion  # the card's fold: opened where it says why a model did not load
 
 
 @dataclass(frozen=True)
@@ -310,6 +315,7 @@ class ModelOutputs(Outputs):
     model_card: Any = KEEP
     mpic_k: Any = KEEP
     num_frames: Any = KEEP
+    model_about: Any = KEEP
 
 
 def frames_for_model(name: str, previous: str, frames) -> Any:
@@ -329,26 +335,30 @@ def on_model(name: str, previous: str, frames=None, progress=gr.Progress()) -> M
         service.get_model(name, lambda f, text: progress(f, desc=text))
     except UserError as exc:
         log.info("user error: %s", exc)
-        return ModelOutputs(previous, previous, model_card(previous) + f"\n\n*Could not switch to {name}: {exc}*")
+        return ModelOutputs(previous, previous, model_card(previous) + f"\n\n*Could not switch to {name}: {exc}*",
+                            model_about=gr.Accordion(open=True))
     return ModelOutputs(name, name, model_card(name), mpic_k(name), frames_for_model(name, previous, frames))
 
 
 def build_settings() -> SettingsPanel:
+    """The sidebar: the model (its description folded) and the settings every tab shares. The
+    Method and Budget are made here, unrendered: the Chat tab shows them beside its conversation
+    (:func:`render_method_controls`), where a switch is seen to act."""
     specs = service.method_specs()
     first = service.default_model()
     model = checked_controls.Dropdown(choices=service.model_choices(), value=first, label="Model", elem_id="model")
-    card = gr.Markdown(model_card(first), elem_id="model-card")
-    # shown (by app.CSS) while Compare or "Can you tell?" is open, which greys the two controls below
-    gr.Markdown(CHAT_ONLY_NOTE, elem_id="chat-only-note")
-    method = checked_controls.Dropdown(choices=offered(first), value=DEFAULT_METHOD, label="Method", elem_id="method")
-    info = gr.Markdown(method_card(DEFAULT_METHOD), elem_id="method-card")
+    with gr.Accordion("What this model reads", open=False, elem_id="model-about") as about:
+        card = gr.Markdown(model_card(first), elem_id="model-card")
+    method = checked_controls.Dropdown(choices=offered(first), value=DEFAULT_METHOD, label="Method", elem_id="method",
+                                       render=False)
+    info = gr.Markdown(method_card(DEFAULT_METHOD), elem_id="method-card", render=False)
     budget = checked_controls.Slider(*RANGES["budget"], value=DEFAULTS["budget"], step=BUDGET_SPEC["step"], label="Budget",
                                      visible=service.method_spec(DEFAULT_METHOD)["uses_budget"], elem_id="budget",
-                                     elem_classes=["range-said"],
-                                     info=BUDGET_INFO)
-    realised = gr.Markdown(budget_note(service.method_spec(DEFAULT_METHOD)), elem_id="realised", label="Measured")
+                                     elem_classes=["range-said"], info=BUDGET_INFO, render=False)
+    realised = gr.Markdown(budget_note(service.method_spec(DEFAULT_METHOD)), elem_id="realised", label="Measured",
+                           render=False)
     groups, params = {}, []
-    with gr.Accordion("Advanced: the method's own parameters", open=False):
+    with gr.Accordion("Advanced: the method's own parameters", open=False, render=False) as advanced:
         gr.Markdown("The chosen method's parameters appear here (the full cache has none).")
         for spec in specs:
             own = own_params(spec)
@@ -379,11 +389,8 @@ def build_settings() -> SettingsPanel:
                                               "a time, the cache brought back under this many MB after each chunk, then "
                                               f"the question. Methods that can: {streaming_methods()}; the full cache "
                                               "streams without a cap (the reference).")
-    gr.Markdown("Changing the method or its settings keeps the conversation: with your next message the new method "
-                "re-reads it (pictures, questions and the answers given), and the chat says what that cost. Changing "
-                "the model starts a new conversation.")
     panel = SettingsPanel(model, card, method, info, budget, max_new, frames, compress, stream_cap, realised, groups,
-                          params)
+                          params, advanced)
     stream_cap.change(on_stream_cap, [stream_cap, frames], frames, api_visibility="private")
     loaded = gr.State(first)  # the last model that loaded, to fall back to
     method.change(on_method, [method, stream_cap], [info, budget, realised, *groups.values()], api_visibility="private")
@@ -391,7 +398,16 @@ def build_settings() -> SettingsPanel:
     model.change(methods_for_model, [model, method], method, api_visibility="private")
     # .input, not .change: falling back to the previous model must not trigger another load
     k_control = params[k] if k is not None else gr.State()  # without MPIC its value goes nowhere
-    switch = ModelSwitch(model, loaded, card, k_control, frames)
+    switch = ModelSwitch(model, loaded, card, k_control, frames, about)
     model.input(by_component(switch, on_model), [model, loaded, frames], components_of(switch, ModelOutputs), concurrency_id="gpu",
                 concurrency_limit=1, api_visibility="private")
     return panel
+
+
+def render_method_controls(panel: SettingsPanel) -> None:
+    """The Method, its Budget, what it does and what it held, what a switch does, and its own
+    parameters: rendered where the caller is (the Chat tab, beside the conversation)."""
+    for component in (panel.method, panel.budget, panel.method_card, panel.realised):
+        component.render()
+    gr.Markdown(SWITCH_NOTE, elem_id="switch-note")
+    panel.advanced.render()

@@ -91,7 +91,7 @@ def submit(page, box: str = "chat-input") -> None:
 def answered(page, turns: int) -> None:
     """Wait until the chat shows ``turns`` answers, complete (the overlay is drawn last)."""
     expect(page.get_by_test_id("bot")).to_have_count(turns)
-    page.locator("#chat-status").get_by_text("tokens/s").wait_for()
+    page.locator("#chat-status").get_by_text("model time").wait_for()
     page.locator("#overlay img").first.wait_for()
 
 

@@ -364,8 +364,9 @@ def test_projection_at_real_scale_is_plain_arithmetic_on_the_configs():
 
 def test_examples_are_those_of_the_selected_model():
     trained = chat.examples("tiny-arena-vl")
+    long = service.long_example()  # its scenes, then the minute-long video
     assert [(e[0]["text"], [p.rsplit("/", 1)[-1] for p in e[0]["files"]]) for e in trained] == \
-        [(q, files) for q, files in service.arena_examples()]
+        [(q, files) for q, files in service.arena_examples()] + [(long.question, ["scene_long.mp4"])]
     general = chat.examples(MODEL)
     assert len(general) == 4 and not any("arena_" in f for e in general for f in e[0]["files"])
     shown = chat.show_examples("tiny-arena-vl")

@@ -1,8 +1,8 @@
-"""The page's layout in headless Chromium, on a phone (390 x 844) and a laptop (1280 x 800): on the
-phone the conversation comes first, the settings below it, and every tab is named; on the laptop
-the settings stay on the left. Also what looked broken at 1280 px: the chat's badge over its first
-line, the leaderboard's headers broken mid-word, the sidebar's Method and Budget beside Compare's
-own, the run history's "[object Object]", "✓" drawn as "√".
+"""The page's layout in headless Chromium, on a phone (390 x 844) and a laptop (1280 x 800): the
+method switch on the first screen (beside the conversation on the laptop, right under it on the
+phone), the model's description folded, every tab named; on the laptop the settings stay on the
+left. Also what looked broken at 1280 px: the chat's badge over its first line, the leaderboard's
+headers broken mid-word, the run history's "[object Object]", "✓" drawn as "√".
 
 Skipped, as the newcomer's browser test (tests/test_app_browser.py) is, without Playwright or
 Chromium; one app and one browser for the module.
@@ -64,46 +64,68 @@ def every_tab_is_named_and_opens(page, width: int) -> None:
     page.get_by_role("tab", name="Chat", exact=True).click()
 
 
-def test_on_a_phone_the_conversation_comes_first_and_every_tab_is_named(open_page):
+def bottom(page, selector: str) -> float:
+    where = box(page, selector)
+    return where["y"] + where["height"]
+
+
+def test_on_a_phone_the_conversation_comes_first_then_the_method_and_every_tab_is_named(open_page):
     page = open_page(PHONE)
     message = box(page, "#chat-input textarea")
     assert message["y"] + message["height"] <= 2 * PHONE["height"]  # within the first two screens (2,676 px before)
+    # the method switch right under the conversation: 3,829 px down when it sat under the model's card
+    assert box(page, "#method")["y"] >= message["y"] + message["height"]
+    assert bottom(page, "#method") <= 2 * PHONE["height"]
     settings = box(page, "#settings-column")
-    assert settings["y"] >= message["y"] + message["height"]  # the settings fold below the conversation
+    assert settings["y"] >= message["y"] + message["height"]  # the other settings fold below the conversation
     assert box(page, "#model")["y"] > box(page, "#chatbot")["y"]
     every_tab_is_named_and_opens(page, PHONE["width"])
 
 
-def test_on_a_laptop_the_settings_stay_on_the_left(open_page):
+def test_on_a_laptop_the_method_switch_is_on_the_first_screen_and_the_settings_on_the_left(open_page):
     page = open_page(LAPTOP)
     settings, main = box(page, "#settings-column"), box(page, "#main-column")
     assert settings["x"] + settings["width"] <= main["x"] and abs(settings["y"] - main["y"]) < 20  # side by side
     message = box(page, "#chat-input textarea")
     assert message["y"] + message["height"] <= LAPTOP["height"]  # the message box on the first screen
+    # Method and Budget beside the conversation, within the first screen (they ended at 1,024 and
+    # 1,323 px under the model's 600-word description, now folded)
+    method, chat = box(page, "#method"), box(page, "#chatbot")
+    assert method["x"] >= chat["x"] + chat["width"] and abs(method["y"] - chat["y"]) < 20
+    assert bottom(page, "#method") <= LAPTOP["height"] and bottom(page, "#budget") <= LAPTOP["height"]
+    expect(page.locator("#model-card")).to_be_hidden()  # folded: opened on demand
+    page.locator("#model-about").get_by_text("What this model reads").click()
+    expect(page.locator("#model-card")).to_be_visible()
     every_tab_is_named_and_opens(page, LAPTOP["width"])
     # the chat's "Chat" badge has a row of its own: nothing scrolls under it ("Method switched" did)
     badge, messages = box(page, "#chatbot label[data-testid=block-label]"), box(page, "#chatbot .bubble-wrap")
     assert badge["y"] + badge["height"] <= messages["y"]
 
 
-def test_the_sidebar_says_which_controls_a_tab_ignores(open_page):
-    """Compare and "Can you tell?" pick their own methods and budget: the sidebar's are greyed there,
-    with a note; back on Chat they are as before."""
+def test_the_chats_method_shows_on_chat_only(open_page):
+    """Compare and "Can you tell?" pick their own methods and budget: the Chat tab's are not on screen there."""
     page = open_page(LAPTOP)
-    note = page.locator("#chat-only-note")
-
-    def opacity(selector: str) -> float:
-        return float(page.locator(selector).evaluate("element => getComputedStyle(element).opacity"))
-
-    expect(note).to_be_hidden()
-    for name in ("Compare", "Can you tell?"):
+    for name in ("Compare", "Can you tell?", "Leaderboard"):
         page.get_by_role("tab", name=name, exact=True).click()
-        expect(note).to_be_visible()
-        assert opacity("#method") < 1 and opacity("#budget") < 1, name
-    for name in ("Chat", "Leaderboard"):
-        page.get_by_role("tab", name=name, exact=True).click()
-        expect(note).to_be_hidden()
-        assert opacity("#method") == 1 and opacity("#budget") == 1, name
+        expect(page.locator("#method")).to_be_hidden()
+    page.get_by_role("tab", name="Chat", exact=True).click()
+    expect(page.locator("#method")).to_be_visible()
+
+
+def test_the_long_video_example_streams_under_its_cap_with_every_frame(open_page):
+    """A click on the minute-long example sets the cap and the frames it is sent with; another example
+    sets them back."""
+    from kv_arena import service
+
+    long = service.long_example()
+    page = open_page(LAPTOP)
+    cap, frames = page.locator("#stream-cap input"), page.locator("#num-frames input[type=number]")
+    page.get_by_text(long.question, exact=True).first.click()
+    expect(cap).to_have_value(f"{long.stream_cap_mb:g}")
+    expect(frames).to_have_value(str(long.frames))
+    page.get_by_text("What is in the picture?", exact=True).first.click()
+    expect(cap).to_have_value("0")
+    expect(frames).to_have_value(str(service.default_frames(service.ARENA)))
 
 
 def test_small_things_render_as_meant(open_page, url):
@@ -121,6 +143,9 @@ def test_small_things_render_as_meant(open_page, url):
     headers.first.wait_for()
     lines = lines_of(headers)
     assert all(count == 1 for text, count in lines if " " not in text), lines
+    board = box(page, "#blind-board")  # every column in view at 1280 px (the last one was cut)
+    last = page.locator("#blind-board th").last.bounding_box()
+    assert last["x"] + last["width"] <= board["x"] + board["width"] + 1
 
 
 def test_compares_table_reads_on_a_phone_and_a_laptop(open_page):

@@ -91,7 +91,7 @@ def test_the_per_layer_axis_ticks_differ_under_a_small_cap():
 
 def test_a_two_token_answer_says_its_speed_is_too_short_to_time():
     two = Meters(new_tokens=2, decode_tok_s=958.7, step_s=[0.001])
-    assert chat_status.decode_speed(two) == "958.7 tokens/s (too short to time: 1 decode step, under 8)"
-    assert chat_status.decode_speed(two, done=False) == "958.7 tokens/s"  # still streaming
+    assert chat_status.decode_speed(two) == "decode speed: too short to time (1 decode step, under 8)"
+    assert chat_status.decode_speed(two, done=False) == "959 tokens/s"  # still streaming
     steady = Meters(new_tokens=20, decode_tok_s=100.0, step_s=[0.01] * 19)
-    assert chat_status.decode_speed(steady) == "100.0 tokens/s"
+    assert chat_status.decode_speed(steady) == "100 tokens/s"

@@ -111,6 +111,12 @@ def test_rates_and_bad_values_are_refused_in_one_line(app, monkeypatch):
             blind.vote("0" * 32, choice, client="bob")
     with pytest.raises(UserError, match="32 hex digits"):
         blind.vote("../etc", "A", client="bob")
+    with pytest.raises(UserError, match="Ask a question first"):  # a vote before any battle
+        blind.vote("", None, client="bob")
+    with pytest.raises(UserError, match="method must be one of") as refused:  # each method named once
+        blind.start(session, settings, prepared, client="bob", method="full")
+    named = str(refused.value).split("one of ")[1].split(", or")[0].split(", ")
+    assert len(named) == len(set(named)) and "random" in named  # Random eviction is a method here too
     monkeypatch.setenv("KV_ARENA_BLIND_BATTLES_PER_MINUTE", "1")
     battle = blind.start(session, settings, prepared, method="streamingllm", client="bob")
     with pytest.raises(UserError, match="At most 1 battles a minute"):

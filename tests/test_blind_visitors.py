@@ -148,12 +148,12 @@ def test_a_method_that_compressed_nothing_is_drawn_again_or_refused(app, monkeyp
     monkeypatch.setattr(battles, "runnable", lambda *a, **k: ["infinipot_v", "snapkv"])
     picks = iter(["infinipot_v"])
     real = battles._pick
-    monkeypatch.setattr(battles, "_pick", lambda choice, drawn, what, shown: next(picks) if what == "method"
-                        and choice in (None, "random") else real(choice, drawn, what, shown))
+    monkeypatch.setattr(battles, "_pick", lambda choice, drawn, what, shown, **kw: next(picks) if what == "method"
+                        and choice in (None, blind.DRAW) else real(choice, drawn, what, shown, **kw))
     scene = service.scene_examples()[0]
     settings = service.Settings.make(model=MODEL, max_new_tokens=4)
     prepared = service.prepare(scene.questions[0], list(scene.files))
-    shown = blind.start(service.Session(), settings, prepared, method="random", budget="0.2", client="carol")
+    shown = blind.start(service.Session(), settings, prepared, method=blind.DRAW, budget="0.2", client="carol")
     reveal = blind.vote(shown.id, "A", client="carol")
     assert reveal.method == "snapkv" and reveal.kv_fraction < 0.9  # InfiniPot-V held it all: drawn again
     with pytest.raises(UserError, match="InfiniPot-V held the whole cache on this input"):

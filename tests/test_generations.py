@@ -7,6 +7,7 @@ examples until drawn); an unknown generation is refused with a clear error."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -86,7 +87,7 @@ def test_new_scene_draws_v3_kinds_with_the_answers_their_objects_give(serves_v3)
         assert scenes.judged(media, scene.questions[1]) == (scene.answers[1], "")
     assert scene.video and sum(o.moves for o in scene.objects) == 1
     hint = service.media_hint(ARENA, [service.prepare("What is in the picture?", [])])
-    assert "only answers questions about its kind of scenes" in hint and "'unknown'" in hint
+    assert "only answers questions about its kind of scenes" in hint and len(hint) < 200  # the card is linked, not repeated
 
 
 def test_v3_takes_every_frame_of_its_videos_where_other_models_keep_eight(serves_v3):
@@ -141,7 +142,8 @@ def test_v3_examples_are_drawn_and_never_overwrite_v2s(serves_v3):
     assert all((scenes.ASSETS / f).is_file() for f in files)  # drawn by assets/make_examples.py
     v2_files = {f for _, names in arena_scenes.examples().values() for f in names}
     assert not v2_files & set(files)
-    assert len(chat.examples(ARENA)) == len(V3)
+    assert len(chat.examples(ARENA)) == len(V3) + 1  # and the long video, streamed under a cap
+    assert Path(service.long_example().path).name not in files and not v2_files & {"scene_long.mp4"}
 
 
 def test_judge_marks_v3s_lists_and_pairs_and_says_why_not_otherwise():

@@ -61,7 +61,7 @@ from .model_pool import get_model
 from .plan import Plan, plan_turn
 from .methods import (budget_spec, checked_params, is_reference, method_spec, method_specs, methods_on, reference_spec,
                       refused_methods, reuses_media)
-from .scenes import Scene, arena_examples, draw_scene, media_hint, scene_types
+from .scenes import LongExample, Scene, arena_examples, draw_scene, long_example, media_hint, scene_types
 from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_default_k, mpic_ttft
 from .sessions import (Session, active, close_session, expire_idle, open_session, release, start_sweeper,
@@ -97,7 +97,7 @@ from .views import kept_visuals
 
 __all__ = [
     "AppState", "current_app", "open_app", "using_app",
-    "ARENA", "arena_examples", "first_frame", "is_video", "MAX_COMPARE", "DEFAULT_FRAMES", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Plan", "Prepared", "Scene", "Session", "Settings",
+    "ARENA", "arena_examples", "long_example", "LongExample", "first_frame", "is_video", "MAX_COMPARE", "DEFAULT_FRAMES", "MAX_FRAMES", "MAX_STREAMED_FRAMES", "MAX_VIDEO_BYTES", "ChatState", "Plan", "Prepared", "Scene", "Session", "Settings",
     "ChatView", "SwitchNote", "CompareRun", "CompareTurn", "CompareView", "KeptVisual", "LayerFigures", "LibraryEntry", "Meters", "ProgressNote",
     "ReferenceView", "ReuseSummary", "StreamView", "TtftView",
     "chat_on_gpu", "draw_scene", "scene_examples", "scene_types",

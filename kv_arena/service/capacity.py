@@ -14,6 +14,8 @@ from .at_scale import DTYPE_BYTES, architectures
 from .view_types import KeptVisual
 
 ARCHITECTURE = "Qwen/Qwen2-VL-2B-Instruct"  # what the app serves on a GPU (model_picker.HUB_DEFAULT)
+# what CUDA shows of a card sold by this many GB (an A10G: 23,028 MiB; ECC keeps the rest, docs/gpu.md)
+VISIBLE_GIB = {24: 23_028 / 1024}
 
 
 def room_sentence(full_bytes_per_token: float, fractions: dict[str, float], weight_bytes: int,
@@ -43,12 +45,27 @@ def room_sentence(full_bytes_per_token: float, fractions: dict[str, float], weig
     where = f"*Computed, not measured:* on an {card.label} {beside}"
     if len(fractions) == 1:
         (fraction,) = fractions.values()
+        caveat = visible_caveat(card, weight_bytes, reserve_bytes)
         if capacity.fits(room, full_bytes_per_token * fraction * per_item) == full:
-            return f"{where}, this cache holds about {full:,} {what}, as the full cache does."
-        return f"{where}, this budget holds {held(fraction)} {what} instead of {full:,} with the full cache{several}."
+            return f"{where}, this cache holds about {full:,} {what}, as the full cache does.{caveat}"
+        return f"{where}, this budget holds {held(fraction)} {what} instead of {full:,} with the full cache{several}.{caveat}"
     (first, f0), *rest = fractions.items()
     each = "".join(f", {held(f).removeprefix('about ')} with {name}" for name, f in rest)
-    return f"{where}, these budgets hold {held(f0)} {what} with {first}{each}, instead of {full:,} with the full cache{several}."
+    return (f"{where}, these budgets hold {held(f0)} {what} with {first}{each}, instead of {full:,} with the full "
+            f"cache{several}.{visible_caveat(card, weight_bytes, reserve_bytes)}")
+
+
+def visible_caveat(card: capacity.Card, weight_bytes: int, reserve_bytes: float) -> str:
+    """Where CUDA shows less than the card is sold with: how many fewer fit in what it shows ("" elsewhere)."""
+    visible = VISIBLE_GIB.get(card.memory_gib)
+    if visible is None:
+        return ""
+    try:
+        shown = capacity.room(visible * capacity.GIB, weight_bytes, reserve_bytes)
+    except ValueError:
+        return ""
+    fewer = 1 - shown / capacity.room(card.memory_bytes, weight_bytes, reserve_bytes)
+    return f" The card shows CUDA {visible:.1f} GiB, so about {fewer:.0%} fewer fit."
 
 
 def media_of(visuals: list[KeptVisual] | None) -> tuple[float | None, float | None]:

@@ -76,7 +76,8 @@ def in_scene_style(pictures) -> bool:
 
 
 def message_pictures(message) -> list:
-    """The pictures of a prepared message to judge: its images and each video's first frame (a
-    video streamed from disk is not decoded for this: it is left out)."""
-    frames = [v.frames[0] for v in message.videos if isinstance(getattr(v, "frames", None), np.ndarray) and len(v.frames)]
+    """The pictures of a prepared message to judge: its images and each video's first frame (of a
+    video streamed from disk, that one frame is decoded: a long video drawn like the scenes is the
+    model's kind too)."""
+    frames = [np.asarray(v.frames[0]) for v in message.videos if len(getattr(v, "frames", ()))]
     return list(message.images) + frames

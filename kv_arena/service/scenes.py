@@ -42,10 +42,34 @@ def max_scenes() -> int:
     return max(1, int(os.environ.get("KV_ARENA_MAX_SCENES", 64)))
 
 
+LONG_EXAMPLE_CAP_MB = 1.0  # the long example's KV cap: a fraction of what its whole video takes
+
+
 def arena_examples() -> list[tuple[str, list[str]]]:
     """The Chat tab's clickable examples for the trained model, one per question type of the served
     generation: (question, media files in assets/), each answered right."""
     return [(it.question.text, files) for it, files in generations.of().scenes.examples().values()]
+
+
+@dataclass(frozen=True)
+class LongExample:
+    """The Chat tab's long video: its question, its file, and how it is sent (every drawn frame,
+    streamed under a KV cap)."""
+
+    question: str
+    path: str
+    frames: int
+    seconds: float
+    stream_cap_mb: float = LONG_EXAMPLE_CAP_MB
+
+
+def long_example() -> LongExample | None:
+    """The served generation's long-video example (None: it has none, or its file is not in assets/)."""
+    scene = _long_scene(generations.of())
+    if scene is None:
+        return None
+    item, _ = generations.of().long_example()
+    return LongExample(scene.questions[0], scene.files[0], len(item.pictures), len(item.pictures) / item.fps)
 
 
 @dataclass(frozen=True)
@@ -126,8 +150,22 @@ def _examples(generation: generations.Generation) -> tuple[Scene, ...]:
 
 
 @lru_cache(maxsize=None)
+def _long_scene(generation: generations.Generation) -> Scene | None:
+    """The long-video example as a scene (marked, not among Compare's examples: Compare does not stream)."""
+    if generation.long_example is None:
+        return None
+    item, files = generation.long_example()
+    path = ASSETS / files[0]
+    if not path.is_file():
+        return None
+    return Scene("long", tuple(q.text for q in item.turns), tuple(q.answer for q in item.turns), (str(path),),
+                 tuple(generation.scenes.QUESTION_TYPES), objects_of(item), True)
+
+
+@lru_cache(maxsize=None)
 def _example_digests(generation: generations.Generation) -> dict[str, Scene]:
-    return {media_digest(scene.files): scene for scene in _examples(generation)}
+    long = _long_scene(generation)
+    return {media_digest(scene.files): scene for scene in _examples(generation) + ((long,) if long else ())}
 
 
 def scene_types() -> tuple[str, ...]:
@@ -196,22 +234,20 @@ def is_right(answer: str, truth: str | None) -> bool | None:
 
 
 def media_hint(model: str, messages: list[Prepared]) -> str:
-    """A line beside the answer when a model trained here gets what it was not made for: no media
-    at all, or media that are not one of its scenes (an upload, a photo), with what the served
-    generation can and cannot read; a picture drawn in its scenes' style (:mod:`.scene_style`) is
-    said to be its kind, its answers unmarked."""
+    """One sentence beside the answer when a model trained here gets what it was not made for: no
+    media at all, or media that are not one of its scenes (an upload, a photo); what it reads is
+    the model card's (the caller links it). A picture drawn in its scenes' style
+    (:mod:`.scene_style`) is said to be its kind, its answers unmarked."""
     if not is_trained_here(model):
         return ""
     latest = next((p for p in reversed(messages) if p.media), None)
     if latest is None:
-        return (f"Hint: {model} only answers questions about its kind of scenes, a picture, several or a "
-                f"video (see the Examples); without one its answer means nothing. {generations.of().reads}")
+        return (f"Hint: {model} only answers questions about its kind of scenes, in a picture or a video (see the "
+                "Examples); without one its answer means nothing.")
     if scene_of(latest.media) is not None:
         return ""
     # a picture a visitor drew in the scenes' style is the model's kind: said so, not turned away
     if in_scene_style(message_pictures(latest.message)):
-        return (f"Note: drawn like {model}'s scenes (coloured shapes on a plain background), which it was trained "
-                "on, so it may read it; its answers are not marked right or wrong (only the app's own scenes, the "
-                "Examples and New scene, have known answers).")
-    return (f"Note: {model} reads only its own kind of scenes (coloured shapes on a plain background, as the "
-            f"Examples and New scene draw them), and this does not look like one. {generations.of().reads}")
+        return (f"Note: drawn like {model}'s scenes, so it may read it; not marked right or wrong (only the "
+                "Examples and New scene have known answers).")
+    return f"Note: {model} reads only its own kind of scenes (drawn like its Examples), and this does not look like one."

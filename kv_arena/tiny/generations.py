@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from . import arena_model, arena_scenes, arena_v3_model, drawn_scenes
+from . import arena_model, arena_scenes, arena_v3_model, drawn_scenes, long_videos
 
 *_OTHERS, _LAST = arena_scenes.COLOURS
 _THINGS = f"{', '.join(arena_scenes.SHAPES)} in {', '.join(_OTHERS)} or {_LAST}"  # the same in v2 and v3
@@ -29,6 +29,8 @@ class Generation:
     # merges frames 2g and 2g+1, and its videos were trained whole, so sampling fewer puts frames
     # that were never neighbours into one token)
     video_frames: int
+    # () -> (item, files in assets/): a video of a minute or more, streamed under a KV cap (None: none)
+    long_example: Callable | None = None
 
 
 GENERATIONS = {
@@ -45,12 +47,13 @@ GENERATIONS = {
                   "each at least one visual token across (28 px once the picture is processed; smaller ones it "
                   "misreads), turned a little, outlined, thick or in any common shade: ask the colour of a shape "
                   "or the shape of a colour in one picture or among several, 'Which shape moves?' about a video "
-                  "(a short one, or a long one streamed under a KV cap, where 'What colour is the star?' asks "
-                  "about one seen briefly), 'What is in the picture?' (every object, colour and shape) or 'What "
-                  "colours are the circle and the ring?', in the message that sends the media or a later one, and "
-                  "again about another shape in the same chat. Photos and pictures of anything else it answers "
-                  "'unknown'; it cannot read text or count.",
-                  video_frames=drawn_scenes.SIZES["moving"][1][1]),
+                  "(a short one, or one of a minute or more streamed under a KV cap, where 'What colour is the "
+                  "triangle?' may ask about one in view for a few seconds), 'What is in the picture?' (every object, "
+                  "colour and shape) or 'What colours are the circle and the ring?', in the message that sends the "
+                  "media or a later one, and again about another shape in the same chat. Photos it mostly answers "
+                  "'unknown'; drawings, logos and charts made otherwise it often reads as its shapes, naming one. "
+                  "It cannot read text or count.",
+                  video_frames=drawn_scenes.SIZES["moving"][1][1], long_example=long_videos.example),
 }
 
 

@@ -4,7 +4,7 @@ a second, as the app streams one (a few frames a chunk, the question after the w
 Two question types (LONG_TYPES):
   long_moving  40 to 72 frames, 8 cells a side: "Which shape moves?" (v3's moving scene, longer:
                the object goes to and fro, so neighbouring frames differ all through)
-  glimpse      40 to 72 frames: "What colour is the star?" about an object in view for only 6 to 16
+  glimpse      40 to 72 frames: "What colour is the ring?" about an object in view for only 6 to 16
                frames (whole video tokens: it enters and leaves between two tokens' frames), the
                others in view all through
 Follow-ups ask about objects in view all through. A video sent whole shares one image's budget of
@@ -81,3 +81,18 @@ def _glimpse_item(rng, turns: int, scale: float) -> Item:
 def held_out_long(kind: str, count: int, turns: int = 2, offset: int = 10_000_000,
                   minutes: float | None = None) -> list[Item]:
     return [long_item(offset + i, kind, turns, minutes=minutes) for i in range(count)]
+
+
+EXAMPLE_SEED = 20_000_000  # above the training and held-out seeds, below drawn_scenes.fresh()'s
+EXAMPLE_FILE = "scene_long.mp4"
+EXAMPLE_FRAMES = 60  # at LONG_FPS: a video of a minute or more
+
+
+def example() -> tuple[Item, list[str]]:
+    """The app's long-video example, two turns: the first ``glimpse`` video from EXAMPLE_SEED of
+    EXAMPLE_FRAMES frames or more (a minute or longer at 1 frame a second), and the file in
+    assets/ that assets/make_examples.py draws it into. Its first question is about an object in
+    view for a few seconds, which a method holding the stream under a cap may have let go."""
+    it = next(it for it in (long_item(EXAMPLE_SEED + i, "glimpse", 2) for i in range(1000))
+              if len(it.pictures) >= EXAMPLE_FRAMES and len(it.turns) == 2)
+    return it, [EXAMPLE_FILE]

@@ -140,12 +140,16 @@ def runnable(model: str, settings: Settings, progress: Progress = silent) -> lis
     return names
 
 
-def _pick(choice, drawn: list, what: str, shown) -> object:
-    """``choice`` if among ``drawn`` (or drawn at random for None, "" or "random"), else one line."""
-    if choice in (None, "", "random"):
+DRAW = "any"  # a method drawn at random: "random" names Random eviction, a method like any other
+
+
+def _pick(choice, drawn: list, what: str, shown, draw: str = DRAW) -> object:
+    """``choice`` if among ``drawn`` (or drawn at random for None, "" or ``draw``), else one line."""
+    if choice in (None, "", draw):
         return secrets.choice(drawn)
     if choice not in drawn:
-        raise UserError(f"The {what} must be one of {', '.join(map(shown, drawn))} or random; got {str(choice)[:40]!r}.")
+        raise UserError(f"The {what} must be one of {', '.join(map(shown, drawn))}, or {draw} to draw one; "
+                        f"got {str(choice)[:40]!r}.")
     return choice
 
 
@@ -185,11 +189,11 @@ def start(session: Session, settings: Settings, prepared: Prepared, method=None,
         if not (prepared.message.images or prepared.message.videos):
             raise UserError("Ask about a picture or a video: attach one (or click an example).")
         chosen = _budget(budget)
-        level = _pick(chosen, list(LEVELS), "budget", str)
+        level = _pick(chosen, list(LEVELS), "budget", str, draw="random")
         base = replace(settings, budget=level)
         drawn = runnable(settings.model, base, progress)
         picked = _pick(method, drawn, "method", str)
-        drawn = [n for n in drawn if n != picked] if method in (None, "", "random") else []
+        drawn = [n for n in drawn if n != picked] if method in (None, "", DRAW) else []
         thread = Thread([], picked, level, replace(base, method=picked))
         turns = [prepared]
     thread, full, own = _answers(session, thread, turns, drawn, progress)
@@ -284,6 +288,8 @@ def vote(battle_id, choice, client: str | None, session: Session | None = None, 
     unknown battle, one expired or already voted, a visitor (or an account) voting too fast.
     ``account``: the Hugging Face username signed in (None: signed out), stored salted; where
     sign-in is required only such votes count on the leaderboard (the others are kept apart)."""
+    if battle_id is None or (isinstance(battle_id, str) and not battle_id.strip()):
+        raise UserError("Ask a question first (with a picture or a video): then vote on its two answers.")
     choice = checked_choice(choice)
     if not isinstance(battle_id, str) or not re.fullmatch(r"[0-9a-f]{32}", battle_id.strip()):
         raise UserError("Name a battle by the id /blind returned (32 hex digits).")
