@@ -18,6 +18,7 @@ from ..errors import UserError
 from ..tiny.builtin import byte_tokenizer, tiny_config, tiny_image_processor
 from .attention import ATTENTION_NAME  # importing it registers the attention function
 from .inputs import ADAPTERS, ChatAdapter
+from .mrope_positions import rule_of
 from .vision_attention import vision_attention
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -288,11 +289,14 @@ def _load_arena(dev, dtype):
     config.json names (:mod:`..tiny.generations`), its weights are in assets/tiny-arena-vl, or in
     ``KV_ARENA_TINY_DIR`` (a training run's folder)."""
     from ..tiny import generations
-    from ..tiny.arena_model import arena_dir, build_arena_model, load_arena_weights
+    from ..tiny.arena_model import ROPE_RULE_KEY, arena_dir, build_arena_model, load_arena_weights, trained_rope_rule
 
     directory = arena_dir()
     generation = generations.of(directory)
-    model = build_arena_model(0, generation.config())
+    config = generation.config()
+    setattr(config, ROPE_RULE_KEY, trained_rope_rule(directory))  # placed as it was trained (mrope_positions)
+    rule_of(config)  # a rule this engine does not know: refused now, in one line
+    model = build_arena_model(0, config)
     load_arena_weights(model, directory)
     return model.to(device=dev, dtype=dtype), generation.tokenizer(), generation.image_processor(), None
 
