@@ -371,6 +371,12 @@ def _in_hub_cache(repo: str) -> bool:
     return isinstance(try_to_load_from_cache(repo, "config.json"), str)
 
 
+def local_dir_variable(repo: str) -> str:
+    """The environment variable that names a local folder to load hub model ``repo`` from instead
+    (a ``save_pretrained`` checkpoint): KV_ARENA_LOCAL_Qwen__Qwen2_VL_2B_Instruct for Qwen/Qwen2-VL-2B-Instruct."""
+    return "KV_ARENA_LOCAL_" + repo.replace("/", "__").replace("-", "_").replace(".", "_")
+
+
 def _load_hub(spec: ModelSpec, cls, dev, torch_dtype, quantization):
     """The real loading path: weights, tokenizer and PIL image processor from the hub (or a local dir)."""
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
@@ -387,7 +393,7 @@ def _load_hub(spec: ModelSpec, cls, dev, torch_dtype, quantization):
         kwargs["device_map"] = "auto"
     elif dev.type == "cuda":
         kwargs["device_map"] = "auto"  # accelerate places layers, spilling to CPU if the GPU is small
-    repo = os.environ.get("KV_ARENA_LOCAL_" + spec.repo.replace("/", "__").replace("-", "_").replace(".", "_"), spec.repo)
+    repo = os.environ.get(local_dir_variable(spec.repo), spec.repo)
     local = {}
     if not os.path.isdir(repo) and not hub_reachable():  # say so now, not after the hub client's retries
         if not _in_hub_cache(repo):
