@@ -171,6 +171,10 @@ def test_tiny_arena_vl_keeps_the_rule_it_was_trained_with(models, tmp_path):
     grid = chunk.layout.videos[0].grid
     assert int(chunk.rope_ids[0, int(video[-1]) + 1]) == int(chunk.rope_ids[1, video[0]]) + max(grid[1:])
     assert chunk.next_position == int(chunk.rope_ids.max()) + 1
+    if Version("5.3") <= Version(transformers.__version__) < Version("5.25"):  # the positions it was trained on
+        grids = {k: v for k, v in chunk.model_kwargs.items() if k in ("video_grid_thw", "second_per_grid_ts")}
+        theirs, _ = arena.model.model.get_rope_index(chunk.input_ids, adapter.token_types(chunk.input_ids), **grids)
+        assert torch.equal(theirs[:, 0], chunk.rope_ids)
     (tmp_path / "config.json").write_text(json.dumps({arena_model.VERSION_KEY: 3, RULE_KEY: "middle"}))
     with pytest.raises(UserError, match="rope_text_after_media 'middle'"):
         rule_of(SimpleNamespace(**{RULE_KEY: arena_model.trained_rope_rule(tmp_path)}))
