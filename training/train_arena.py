@@ -59,7 +59,7 @@ class Sequence:
     cells: list[tuple]  # content key of each visual token, in order (see Batcher.cell_key)
     visual_at: list[int]  # sequence index of each visual token
     answers: list[list[tuple[int, int]]]  # per turn: (index that predicts, token) for the answer and end of turn
-    grids: dict  # image_grid_thw / video_grid_thw / second_per_grid_ts rows for get_rope_index
+    grids: dict  # image_grid_thw / video_grid_thw / second_per_grid_ts rows the positions are computed from
     after: int  # index of the first question token: hidden keys are hidden from here on
     system: tuple[int, int]  # the system prompt's span
     item: Item | None = None
