@@ -166,6 +166,12 @@ def _decord():
     return decord
 
 
+def sampled_frames(total: int, num_frames: int) -> np.ndarray:
+    """Which of a video's ``total`` frames :func:`load_video` takes for ``num_frames``: evenly spaced
+    from the first to the last, each rounded to the nearest frame."""
+    return np.linspace(0, total - 1, num=min(num_frames, total)).round().astype(int)
+
+
 def load_video(source, num_frames: int = 8, lazy: bool = False) -> Video:
     """Sample ``num_frames`` frames uniformly from a video file; UserError if it is not one.
     ``lazy``: the frames are checked now and decoded when read (:class:`FramesOnDisk`)."""
@@ -192,7 +198,7 @@ def load_video(source, num_frames: int = 8, lazy: bool = False) -> Video:
         raise UserError(f"'{name}' has no frames.")
     if total / fps > MAX_VIDEO_SECONDS:
         raise UserError(f"'{name}' lasts {total / fps:.0f} s; the limit is {MAX_VIDEO_SECONDS:.0f} s.")
-    index = np.linspace(0, total - 1, num=min(num_frames, total)).round().astype(int)
+    index = sampled_frames(total, num_frames)
     try:
         height, width = reader[0].shape[:2]  # one frame: the size the codec really decodes to
         at_once = min(len(index), FramesOnDisk.BATCH) if lazy else len(index)

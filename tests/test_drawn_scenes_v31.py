@@ -136,18 +136,35 @@ def test_a_long_video_over_minutes_is_the_same_scene_further_apart_in_time(v3, k
         long_videos.long_item(5, kind, minutes=0)
 
 
-def test_the_long_video_demo_is_sampled_back_to_the_drawn_frames(tmp_path):
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_long_video_demo_is_sampled_back_to_the_drawn_frames(tmp_path, seed):
     """tools.long_video --question glimpse: a 5-minute video at 1 fps whose drawn frames the app's
     sampling (kv_arena.media.load_video, asked for as many) gives back one for one."""
     from kv_arena.media import load_video
     from tools.long_video import draw_video
 
-    question, answer, written, asked = draw_video(tmp_path / "v.avi", 5, 1, 0, "glimpse")
-    item = long_videos.held_out_long("glimpse", 1, turns=1, minutes=5)[0]
+    question, answer, written, asked = draw_video(tmp_path / "v.avi", 5, 1, seed, "glimpse")
+    item = long_videos.held_out_long("glimpse", seed + 1, turns=1, minutes=5)[seed]
     assert (question, answer, written, asked) == (item.question.text, item.question.answer, 300, len(item.pictures))
     clip = load_video(str(tmp_path / "v.avi"), asked)
     assert np.abs(clip.frames.astype(int) - item.frames().astype(int)).max() <= 2  # uncompressed, each a drawn frame
     assert clip.sample_fps == pytest.approx(item.fps, rel=0.1)
+
+
+def test_the_long_video_demo_writes_each_drawn_frame_where_the_app_samples_it():
+    """Over every length the demo draws (40 to 72 frames) and writes (1 to 10 minutes at 1 or 2 fps): the frames
+    the app samples (kv_arena.media.sampled_frames) show the drawn frames in order, one each."""
+    from kv_arena.media import sampled_frames
+    from tools.long_video import held_frames
+
+    lo, hi = long_videos.LONG_SIZES[1]
+    for minutes in range(1, 11):
+        for fps in (1, 2):
+            count = minutes * 60 * fps
+            for drawn in range(lo, min(hi, count) + 1):  # fewer frames than drawn: the tool refuses
+                shown = held_frames(count, drawn)
+                assert shown[sampled_frames(count, drawn)].tolist() == list(range(drawn)), (minutes, fps, drawn)
+                assert shown.tolist() == sorted(shown.tolist())  # in order, each held once in one stretch
 
 
 def test_the_probe_reads_long_videos_over_any_minutes(capsys):

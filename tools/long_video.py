@@ -86,9 +86,18 @@ def draw_video(path: Path, minutes: float, fps: int, seed: int, question: str = 
     count = round(minutes * 60 * fps)
     if count < len(drawn):
         raise SystemExit(f"error: {minutes:g} min at {fps} fps is {count} frames, fewer than the {len(drawn)} drawn")
-    frames = drawn[np.arange(count) * len(drawn) // count]  # each drawn frame held an equal share of the time
+    frames = drawn[held_frames(count, len(drawn)) if question != "moving" else np.arange(count) * len(drawn) // count]
     write_avi(path, frames, fps=fps)
     return item.question.text, item.question.answer, count, count if question == "moving" else len(drawn)
+
+
+def held_frames(count: int, drawn: int):
+    """For each of ``count`` frames written, the drawn frame it shows: the one whose moment the app's
+    sampling for ``drawn`` frames (kv_arena.media.sampled_frames) takes nearest, so the app gets the
+    drawn frames back one for one (each held about an equal share of the time, the first and last half)."""
+    import numpy as np
+
+    return np.rint(np.arange(count) * (drawn - 1) / max(1, count - 1)).astype(int)
 
 
 def resident(pid: int, field: str) -> int:

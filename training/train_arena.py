@@ -11,7 +11,7 @@ held-out accuracy per question type, for first questions and for follow-up quest
 chat, and the three probes (see evaluate), to the log and to training_curve.json.
 
 The prompts are exactly the app's: the QwenVLAdapter's chat markers, the default system prompt, the
-media's placeholder tokens and M-RoPE positions (model.get_rope_index, as the adapter calls it), and
+media's placeholder tokens and M-RoPE positions (kv_arena/runtime/mrope_positions.py, as the adapter computes them), and
 a follow-up turn opened by the previous answer's end-of-turn token, as kv_arena/runtime/generate.py feeds it
 (tests/test_tiny_vlm.py checks the tokens and positions against a real Conversation).
 
@@ -43,6 +43,7 @@ import torch
 from kv_arena.tiny.arena_scenes import CELL, MAX_TURNS, QUESTION_TYPES, SMALL, held_out, item
 from kv_arena.tiny.scene_items import Item
 from kv_arena.runtime.inputs import DEFAULT_SYSTEM, QwenVLAdapter
+from kv_arena.runtime.mrope_positions import mrope_positions, rule_of
 from .answer_loss import answer_loss, hidden_mask, padded
 from .checkpoints import lr_at, record, resume, setup, update
 from .curriculum import add_reveal_arg, hide_for_training, reveal
@@ -58,7 +59,7 @@ class Sequence:
     cells: list[tuple]  # content key of each visual token, in order (see Batcher.cell_key)
     visual_at: list[int]  # sequence index of each visual token
     answers: list[list[tuple[int, int]]]  # per turn: (index that predicts, token) for the answer and end of turn
-    grids: dict  # image_grid_thw / video_grid_thw / second_per_grid_ts rows for get_rope_index
+    grids: dict  # image_grid_thw / video_grid_thw / second_per_grid_ts rows the positions are computed from
     after: int  # index of the first question token: hidden keys are hidden from here on
     system: tuple[int, int]  # the system prompt's span
     item: Item | None = None
@@ -124,13 +125,17 @@ class Batcher:
         return Sequence(ids, cells, visual_at, answers, grids, after, (0, len(self.system)), it)
 
     def positions(self, seq: Sequence) -> torch.Tensor:
-        ids = torch.tensor([seq.ids])
-        types = torch.zeros_like(ids, dtype=torch.int)
-        types[ids == self.image_id] = 1
-        types[ids == self.video_id] = 2
-        kwargs = {k: torch.tensor(v) for k, v in seq.grids.items()}
-        pos, _ = self.model.model.get_rope_index(ids, types, **kwargs)
-        return pos[:, 0]
+        types = [1 if i == self.image_id else 2 if i == self.video_id else 0 for i in seq.ids]
+        vision = self.model.config.vision_config
+        merge = vision.spatial_merge_size
+
+        def grids(key):
+            return [(t, h // merge, w // merge) for t, h, w in seq.grids.get(key, [])]
+
+        steps = [vision.tokens_per_second * s for s in seq.grids.get("second_per_grid_ts", [])]
+        pos, _ = mrope_positions(types, grids("image_grid_thw"), grids("video_grid_thw"), steps,
+                                 rule=rule_of(self.model.config))
+        return pos
 
     # --- visual tokens -------------------------------------------------------------------------
     @torch.no_grad()

@@ -17,6 +17,7 @@ from PIL import Image
 from kv_arena.backends.layout import PromptLayout, VisualSpan
 
 from ..media import Video, load_image, load_video
+from .mrope_positions import mrope_positions, rule_of
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
@@ -304,17 +305,31 @@ class QwenVLAdapter(ChatAdapter):
         x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)  # (gt, gh/m, gw/m, m, m, C, tp, p, p)
         return torch.from_numpy(np.ascontiguousarray(x).reshape(gt * gh * gw, 3 * tp * p * p)), (gt, gh, gw)
 
-    def positions(self, ids, b, pixels, next_position):
-        cfg = self.config
+    def token_types(self, ids: torch.Tensor) -> torch.Tensor:
+        """0 text, 1 image, 2 video per token of ``ids`` (transformers' ``mm_token_type_ids``)."""
         types = torch.zeros_like(ids, dtype=torch.int)
-        types[ids == cfg.image_token_id] = 1
-        types[ids == cfg.video_token_id] = 2
+        types[ids == self.config.image_token_id] = 1
+        types[ids == self.config.video_token_id] = 2
+        return types
+
+    def positions(self, ids, b, pixels, next_position):
+        """M-RoPE ids by the rule the model was trained with (:mod:`.mrope_positions`: the authors'
+        unless its config names another), not by the installed transformers' ``get_rope_index``,
+        whose rule for the text after a video changed between releases."""
+        types = self.token_types(ids)
         if not (types != 0).any():
             return super().positions(ids, b, pixels, next_position)
-        kwargs = {k: torch.cat(pixels[k]) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in pixels}
-        pos, _ = self.model.model.get_rope_index(ids, types, **kwargs)
-        pos = pos[:, 0] + next_position
-        return pos, int(pos.max()) + 1
+        merge = self.config.vision_config.spatial_merge_size
+
+        def grids(key):
+            return [(t, h // merge, w // merge) for t, h, w in torch.cat(pixels[key]).tolist()] if key in pixels else []
+
+        steps = []  # each video's time id per temporal step: its seconds per step x tokens per second (Qwen2.5-VL)
+        if "second_per_grid_ts" in pixels:
+            per_second = self.config.vision_config.tokens_per_second
+            steps = [per_second * s for s in torch.cat(pixels["second_per_grid_ts"]).float().tolist()]
+        return mrope_positions(types[0].tolist(), grids("image_grid_thw"), grids("video_grid_thw"), steps,
+                               next_position, rule_of(self.config))
 
 
 class Qwen3VLAdapter(QwenVLAdapter):
@@ -324,6 +339,17 @@ class Qwen3VLAdapter(QwenVLAdapter):
     per frame). DeepStack features ride with ``pixel_values`` inside the model's own forward."""
 
     video_chunking = None  # each group's timestamp text sits between the frames
+
+    def positions(self, ids, b, pixels, next_position):
+        """The model's own ``get_rope_index``: it places each frame as a block of one temporal step,
+        so the text after it starts at its largest position + 1 under every transformers 5 release."""
+        types = self.token_types(ids)
+        if not (types != 0).any():
+            return ChatAdapter.positions(self, ids, b, pixels, next_position)
+        kwargs = {k: torch.cat(pixels[k]) for k in ("image_grid_thw", "video_grid_thw") if k in pixels}
+        pos, _ = self.model.model.get_rope_index(ids, types, **kwargs)
+        pos = pos[:, 0] + next_position
+        return pos, int(pos.max()) + 1
 
     def add_video(self, b, video, pixels) -> None:
         patches, grid = self.patchify_video(video.frames)

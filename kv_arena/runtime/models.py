@@ -18,6 +18,7 @@ from ..errors import UserError
 from ..tiny.builtin import byte_tokenizer, tiny_config, tiny_image_processor
 from .attention import ATTENTION_NAME  # importing it registers the attention function
 from .inputs import ADAPTERS, ChatAdapter
+from .mrope_positions import rule_of
 from .vision_attention import vision_attention
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -288,11 +289,14 @@ def _load_arena(dev, dtype):
     config.json names (:mod:`..tiny.generations`), its weights are in assets/tiny-arena-vl, or in
     ``KV_ARENA_TINY_DIR`` (a training run's folder)."""
     from ..tiny import generations
-    from ..tiny.arena_model import arena_dir, build_arena_model, load_arena_weights
+    from ..tiny.arena_model import ROPE_RULE_KEY, arena_dir, build_arena_model, load_arena_weights, trained_rope_rule
 
     directory = arena_dir()
     generation = generations.of(directory)
-    model = build_arena_model(0, generation.config())
+    config = generation.config()
+    setattr(config, ROPE_RULE_KEY, trained_rope_rule(directory))  # placed as it was trained (mrope_positions)
+    rule_of(config)  # a rule this engine does not know: refused now, in one line
+    model = build_arena_model(0, config)
     load_arena_weights(model, directory)
     return model.to(device=dev, dtype=dtype), generation.tokenizer(), generation.image_processor(), None
 
@@ -367,6 +371,12 @@ def _in_hub_cache(repo: str) -> bool:
     return isinstance(try_to_load_from_cache(repo, "config.json"), str)
 
 
+def local_dir_variable(repo: str) -> str:
+    """The environment variable that names a local folder to load hub model ``repo`` from instead
+    (a ``save_pretrained`` checkpoint): KV_ARENA_LOCAL_Qwen__Qwen2_VL_2B_Instruct for Qwen/Qwen2-VL-2B-Instruct."""
+    return "KV_ARENA_LOCAL_" + repo.replace("/", "__").replace("-", "_").replace(".", "_")
+
+
 def _load_hub(spec: ModelSpec, cls, dev, torch_dtype, quantization):
     """The real loading path: weights, tokenizer and PIL image processor from the hub (or a local dir)."""
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
@@ -383,7 +393,7 @@ def _load_hub(spec: ModelSpec, cls, dev, torch_dtype, quantization):
         kwargs["device_map"] = "auto"
     elif dev.type == "cuda":
         kwargs["device_map"] = "auto"  # accelerate places layers, spilling to CPU if the GPU is small
-    repo = os.environ.get("KV_ARENA_LOCAL_" + spec.repo.replace("/", "__").replace("-", "_").replace(".", "_"), spec.repo)
+    repo = os.environ.get(local_dir_variable(spec.repo), spec.repo)
     local = {}
     if not os.path.isdir(repo) and not hub_reachable():  # say so now, not after the hub client's retries
         if not _in_hub_cache(repo):

@@ -93,8 +93,9 @@ def _grouped_video_chunks(conv: Conversation, video: Video, frames_per_chunk: in
     per_group = (grid[1] // merge) * (grid[2] // merge)
     ids = [cfg.vision_start_token_id] + [cfg.video_token_id] * (groups * per_group) + [cfg.vision_end_token_id]
     # positions of the whole video from its token ids and grid, as in one prompt, sliced per chunk;
-    # one text token after it tells where the prompt's text goes on (the model's rule, which may
-    # sit below the video's last time id)
+    # one text token after it tells where the prompt's text goes on (the model's rule,
+    # kv_arena/runtime/mrope_positions.py: after the video's largest position, or for tiny-arena-vl
+    # at its frame's extent)
     grid_inputs = {k: [v] for k, v in adapter.video_grid_inputs(video, grid).items()}
     rope_ids, _ = adapter.positions(torch.tensor([ids + [cfg.vision_end_token_id]]), None, grid_inputs, conv.next_position)
     rope_ids, next_position = rope_ids[:, :-1], int(rope_ids[0, -1])

@@ -23,6 +23,10 @@ ASSET_DIR = ASSETS / "tiny-arena-vl"
 WEIGHTS = "model.safetensors"
 VERSION_KEY = "arena_version"  # written into config.json (the first generation, 3x3 boards, is gone)
 V2 = 2  # generation 2's arena_version; a config.json that does not say is v2's
+# the M-RoPE rule every generation so far was trained with (positions from transformers 5.3-5.24's
+# get_rope_index: the text after a video at its start + the frame's larger side, not after its last
+# time id), recorded in config.json and kept for it (kv_arena.runtime.mrope_positions: RULE_KEY, FRAME_EXTENT)
+ROPE_RULE_KEY, TRAINED_ROPE_RULE = "rope_text_after_media", "frame_extent"
 TRAINED_BY = {V2: "training.train_arena", 3: "training.train_arena_v3"}  # each generation's training module
 SYSTEM_WORDS = ("system", "user", "assistant", "you", "are", "a", "helpful", ".")  # chat markers, DEFAULT_SYSTEM
 
@@ -37,6 +41,13 @@ def bundled_version(directory: Path | None = None) -> int:
     config.json does not say)."""
     path = (directory or arena_dir()) / "config.json"
     return int(json.loads(path.read_text()).get(VERSION_KEY, V2)) if path.is_file() else V2
+
+
+def trained_rope_rule(directory: Path | None = None) -> str:
+    """The M-RoPE rule the weights in ``directory`` were trained with, as their config.json records it
+    (one that does not say: :data:`TRAINED_ROPE_RULE`, every generation's so far)."""
+    path = (directory or arena_dir()) / "config.json"
+    return json.loads(path.read_text()).get(ROPE_RULE_KEY, TRAINED_ROPE_RULE) if path.is_file() else TRAINED_ROPE_RULE
 
 
 def tokenizer(words: tuple[str, ...] = arena_scenes.WORDS):
@@ -63,6 +74,7 @@ def arena_config(words: tuple[str, ...] = arena_scenes.WORDS, version: int = V2)
                         ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")):
         setattr(config, name, tok.convert_tokens_to_ids(token))
     setattr(config, VERSION_KEY, version)
+    setattr(config, ROPE_RULE_KEY, TRAINED_ROPE_RULE)
     return config
 
 
