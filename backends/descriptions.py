@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import package_of
 from .base import KVBackend
 from .params import BUDGET
 
@@ -68,4 +69,11 @@ def describe(method: type[KVBackend]) -> dict[str, Any]:
         # picture to one grid refuse it
         "resizes_media": method.resizes_media,
         "params": [BUDGET.to_dict()] + [p.to_dict() for p in method.param_specs()],
+        # the package a method from another package (a plugin, docs/plugins.md) came from; None: the project's own
+        "package": package_of(method.name),
     }
+
+
+def shown_title(spec: dict[str, Any]) -> str:
+    """A method's title as the pickers and About show it: a plugin's says its package."""
+    return f"{spec['title']} (from {spec['package']})" if spec.get("package") else spec["title"]
