@@ -1,6 +1,7 @@
 """A method described in plain values, for the UI's cards and controls and ``kv_arena.bench --list``:
 its name, title, paper, summary (in its paper's terms), one plain sentence for a newcomer (:data:`PLAIN`),
-what it holds, and each parameter's spec (budget first).
+what it holds, each parameter's spec (budget first), and for a method from another package the
+package it came from (:func:`shown_title` puts it beside the title).
 
 Only what shows a method reads this; a method itself never does.
 """

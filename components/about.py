@@ -101,7 +101,8 @@ def methods_table() -> str:
     (the paper's terms are on the method's card in the settings column)."""
     rows = ["| Method (links to its paper) | What it does |", "|---|---|"]
     for spec in service.method_specs():
-        name = f"[{service.shown_title(spec)}]({spec['paper']})" if spec["paper"] else service.shown_title(spec)
+        title = service.shown_title(spec)  # a method from another package says which
+        name = f"[{title}]({spec['paper']})" if spec["paper"] else title
         rows.append(f"| {name} | {spec['plain']} |")
     return "\n".join(rows)
 
