@@ -5,18 +5,31 @@ is registered on import; adding a method is adding a file. A subclass defined an
 test's reference backend, say) is never registered, whatever was imported first. A method module
 that fails to import fails discovery loudly, naming the module and its error: a method silently
 missing from the picker would be worse than an app that does not start.
+
+Methods from other packages (plugins) are found through the entry-point group
+:data:`ENTRY_POINT_GROUP` (``recent_window = "its_module:RecentWindow"``, docs/plugins.md) when the
+registry is first read, after the project's own. Someone else's broken package must not stop the app:
+a plugin that fails to import, is no :class:`KVBackend` subclass, or takes a name already registered
+is left out with one line in the log naming its package. :func:`package_of` says where one came from.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
 from collections.abc import Callable
+from importlib.metadata import entry_points
 
 from .base import KVBackend
 from .params import BUDGET
 
+ENTRY_POINT_GROUP = "kv_arena.methods"
+
 _REGISTRY: dict[str, type[KVBackend]] = {}
+_PACKAGES: dict[str, str] = {}  # a plugin's method name -> the distribution it came from
+# under kv_arena's name (the app logs kv_arena's lines), though the methods never import kv_arena
+log = logging.getLogger("kv_arena.methods")
 
 
 def _discover() -> dict[str, type[KVBackend]]:
@@ -31,7 +44,42 @@ def _discover() -> dict[str, type[KVBackend]]:
         for cls in _all_subclasses(KVBackend):
             if "name" in cls.__dict__ and cls.__module__.startswith(f"{__name__}."):
                 _REGISTRY.setdefault(cls.name, cls)
+        for name, (cls, package) in find_plugins(taken=set(_REGISTRY)).items():
+            _REGISTRY[name], _PACKAGES[name] = cls, package
     return _REGISTRY
+
+
+def find_plugins(taken: set[str]) -> dict[str, tuple[type[KVBackend], str]]:
+    """The methods other packages declare in :data:`ENTRY_POINT_GROUP`, each with its package
+    (distribution name), less the ones refused with one log line each: a name in ``taken`` or
+    declared twice, a module that fails to import, a class that is no :class:`KVBackend` subclass,
+    whose ``name`` is not the entry's, or that claims to be the reference."""
+    found: dict[str, tuple[type[KVBackend], str]] = {}
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        package = entry.dist.name if entry.dist is not None else entry.value.split(":")[0]
+        plugin = f"method plugin '{entry.name}' from package {package} ({entry.value})"
+        if entry.name in taken or entry.name in found:
+            log.warning("%s refused: the name '%s' is already a method's", plugin, entry.name)
+            continue
+        try:
+            cls = entry.load()
+        except Exception as exc:  # someone else's package: skipped, said once
+            log.warning("%s skipped: it failed to import: %s", plugin, _one_line(exc))
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, KVBackend)):
+            log.warning("%s refused: %r is no subclass of kv_arena.backends.base.KVBackend", plugin, cls)
+        elif cls.__dict__.get("name") != entry.name:
+            log.warning("%s refused: its class's name is '%s', not the entry's", plugin, cls.name)
+        elif cls.is_reference:
+            log.warning("%s refused: the project's full cache is the one reference (is_reference)", plugin)
+        else:
+            found[entry.name] = (cls, package)
+    return found
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__
 
 
 def _all_subclasses(cls):
@@ -73,6 +121,13 @@ def names_where(wanted: Callable[[type[KVBackend]], bool]) -> list[str]:
     return [n for n in available() if wanted(_discover()[n])]
 
 
+def package_of(name: str) -> str | None:
+    """The package (distribution name) a plugin method came from; None for the project's own methods
+    and for a name that is no method."""
+    _discover()
+    return _PACKAGES.get(name)
+
+
 def make_backend(name: str, budget: float = 1.0, **params) -> KVBackend:
     """Build a method by name; raises ValueError with a readable message on bad input. A method
     without a budget (``uses_budget`` False: the full cache, MPIC...) gets 1.0 whatever is asked:
@@ -88,5 +143,5 @@ def make_reference() -> KVBackend:
     return make_backend(reference_name())
 
 
-__all__ = ["available", "backend_class", "is_reference", "make_backend", "make_reference", "names_where",
-           "reference_name"]
+__all__ = ["ENTRY_POINT_GROUP", "available", "backend_class", "find_plugins", "is_reference", "make_backend",
+           "make_reference", "names_where", "package_of", "reference_name"]

@@ -1,6 +1,7 @@
 """A method described in plain values, for the UI's cards and controls and ``kv_arena.bench --list``:
 its name, title, paper, summary (in its paper's terms), one plain sentence for a newcomer (:data:`PLAIN`),
-what it holds, and each parameter's spec (budget first).
+what it holds, each parameter's spec (budget first), and for a method from another package the
+package it came from (:func:`shown_title` puts it beside the title).
 
 Only what shows a method reads this; a method itself never does.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import package_of
 from .base import KVBackend
 from .params import BUDGET
 
@@ -68,4 +70,11 @@ def describe(method: type[KVBackend]) -> dict[str, Any]:
         # picture to one grid refuse it
         "resizes_media": method.resizes_media,
         "params": [BUDGET.to_dict()] + [p.to_dict() for p in method.param_specs()],
+        # the package a method from another package (a plugin, docs/plugins.md) came from; None: the project's own
+        "package": package_of(method.name),
     }
+
+
+def shown_title(spec: dict[str, Any]) -> str:
+    """A method's title as the pickers and About show it: a plugin's says its package."""
+    return f"{spec['title']} (from {spec['package']})" if spec.get("package") else spec["title"]

@@ -102,7 +102,8 @@ def methods_table() -> str:
     (the paper's terms are on the method's card beside the chat)."""
     rows = ["| Method (links to its paper) | What it does |", "|---|---|"]
     for spec in service.method_specs():
-        name = f"[{spec['title']}]({spec['paper']})" if spec["paper"] else spec["title"]
+        title = service.shown_title(spec)  # a method from another package says which
+        name = f"[{title}]({spec['paper']})" if spec["paper"] else title
         rows.append(f"| {name} | {spec['plain']} |")
     return "\n".join(rows)
 

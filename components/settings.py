@@ -187,7 +187,7 @@ def refused(model: str) -> dict[str, str]:
 def offered(model: str, reference: bool = True) -> list[tuple[str, str]]:
     """(title, name) of the methods that run on ``model`` (the full cache too, with ``reference``)."""
     left_out = refused(model)
-    return [(s["title"], s["name"]) for s in service.method_specs()
+    return [(service.shown_title(s), s["name"]) for s in service.method_specs()
             if s["name"] not in left_out and (reference or not s["is_reference"])]
 
 

@@ -13,6 +13,8 @@ see pyproject.toml):
 * :mod:`kv_arena.service`: the app's facade (sessions, turns, the figures the panels draw).
 * :mod:`kv_arena.bench`: the benchmark CLIs (``python -m kv_arena.bench``, or ``kv-arena-bench``).
 * :mod:`kv_arena.hf`: any method on a stock transformers model through ``model.generate``.
+* :mod:`kv_arena.testing`: the checks every method passes, for a method's own tests (a plugin's too:
+  a method from another package, declared in the entry-point group ``kv_arena.methods``, docs/plugins.md).
 * :mod:`kv_arena.mpic`: MPIC's media KV store and how stored media is linked into a prompt.
 * :mod:`kv_arena.runtime`: models, inputs and prompt layout, the cache, the attention seam, generation.
 * :mod:`kv_arena.tiny`: the offline tiny models: built-in random ones, and tiny-arena-vl (trained

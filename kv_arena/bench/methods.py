@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from kv_arena import backends
-from kv_arena.backends.descriptions import describe
+from kv_arena.backends.descriptions import describe, shown_title
 
 from ..errors import UserError
 from ..media import load_image, load_video
@@ -218,7 +218,7 @@ def methods_markdown() -> str:
     rows = ["| method | paper | does | knob | streams under a cap | in one line |", "|---|---|---|---|---|---|"]
     for name in backends.available():
         info = describe(backends.backend_class(name))
-        rows.append(f"| {info['title']} (`{name}`) | {_paper_cell(info['paper'])} | {info['does']} | "
+        rows.append(f"| {shown_title(info)} (`{name}`) | {_paper_cell(info['paper'])} | {info['does']} | "
                     f"{_knob_cell(info)} | {'yes' if info['streams_under_cap'] else ''} | {info['summary']} |")
     return "\n".join(rows)
 

@@ -7,6 +7,7 @@ from functools import lru_cache
 
 from kv_arena import backends
 from kv_arena.backends.descriptions import describe
+from kv_arena.backends.descriptions import shown_title as shown_title  # the pickers' and About's title
 from kv_arena.backends.media_reuse import ReusesMedia
 from kv_arena.backends.params import BUDGET
 
