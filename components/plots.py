@@ -302,7 +302,7 @@ def quality_figure(runs: tuple[CompareRun, ...]) -> go.Figure:
         traces.append(dict(type="scatter", x=[1.0] * len(full), y=[1.0] * len(full),
                            name=series_name(runs[0].method, full[0].cached),
                            mode="markers", marker=dict(color=FULL_COLOR, symbol="star", size=16)))
-    turns = 0
+    turns, shared = 0, {}
     for i, run in enumerate(runs[1:]):
         points = [(kept_fraction(turn, ref), turn.agreement, n)
                   for n, (turn, ref) in enumerate(zip(run.turns, full))
@@ -317,10 +317,21 @@ def quality_figure(runs: tuple[CompareRun, ...]) -> go.Figure:
                            marker=dict(color=color, size=MARKER_SIZES[min(i, len(MARKER_SIZES) - 1)],
                                        line=dict(color="white", width=1),
                                        symbol=[TURN_SYMBOLS[n % len(TURN_SYMBOLS)] for _, _, n in points])))
+        for x, y, n in points:
+            shared.setdefault((round(x, 2), round(y, 2)), []).append(run.method)
     traces += turn_keys(turns)
     return _figure("quality", traces, height=QUALITY_HEIGHT, margin=QUALITY_MARGIN, legend=quality_legend(),
+                   annotations=shared_labels(shared),
                    xaxis=dict(title="KV bytes held / full cache's (measured)", range=[0, 1.08]),
                    yaxis=dict(title="answer tokens same as full", tickformat=".0%", range=[-0.05, 1.1]))
+
+
+def shared_labels(shared: dict[tuple[float, float], list[str]]) -> list[dict]:
+    """Beside a point two methods or more land on (their markers stack, the smaller over the larger),
+    their names: the rings alone did not say whose they were."""
+    return [dict(x=x, y=y, text=", ".join(dict.fromkeys(names)), showarrow=False, xanchor="left", xshift=14,
+                 font=dict(size=10, color="#555555"))
+            for (x, y), names in shared.items() if len(set(names)) > 1]
 
 
 def turn_keys(turns: int) -> list[dict]:

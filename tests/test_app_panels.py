@@ -62,6 +62,9 @@ def test_methods_at_one_quality_point_are_all_visible():
     assert h2o.marker.size > snap.marker.size  # ...drawn as rings: the later, smaller one over the larger
     assert figure.data.index(snap) > figure.data.index(h2o)
     assert figure.layout.legend.itemsizing == "constant"
+    # and named beside the point they share (the rings alone did not say whose they were)
+    labels = {(a.x, a.y): a.text for a in figure.layout.annotations}
+    assert labels == {(0.2, 1): "H2O (heavy hitters), SnapKV", (0.2, 0): "H2O (heavy hitters), SnapKV"}
 
 
 def test_quality_titles_and_legend_do_not_overlap():
