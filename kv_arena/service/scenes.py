@@ -65,10 +65,15 @@ class LongExample:
 
 def long_example() -> LongExample | None:
     """The served generation's long-video example (None: it has none, or its file is not in assets/)."""
-    scene = _long_scene(generations.of())
+    return _long_example(generations.of())
+
+
+@lru_cache(maxsize=None)
+def _long_example(generation: generations.Generation) -> LongExample | None:
+    scene = _long_scene(generation)
     if scene is None:
         return None
-    item, _ = generations.of().long_example()
+    item, _ = generation.long_example()
     return LongExample(scene.questions[0], scene.files[0], len(item.pictures), len(item.pictures) / item.fps)
 
 
