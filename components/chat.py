@@ -371,10 +371,11 @@ def build_chat(settings: SettingsPanel, session: gr.State) -> ChatTab:
     for shown, model in ((trained, service.ARENA), (not trained, None)):  # one set per kind of model, one visible
         with gr.Column(visible=shown) as column:
             rows = examples(model or "")
-            if rows:  # a click also sets the stream cap and the frames the example is sent with
-                gr.Examples(rows, inputs=[textbox], label=examples_label(model), api_visibility="private",
-                            fn=example_settings if model else None, run_on_click=bool(model), cache_examples=False,
-                            outputs=[settings.stream_cap, settings.num_frames] if model else None)
+            if rows:
+                shown_examples = gr.Examples(rows, inputs=[textbox], label=examples_label(model), api_visibility="private")
+                if model:  # a click also sets the stream cap and the frames the example is sent with
+                    shown_examples.load_input_event.then(example_settings, textbox, [settings.stream_cap, settings.num_frames],
+                                                         api_visibility="private")
         example_sets.append(column)
     with gr.Row():
         with gr.Column():
