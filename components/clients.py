@@ -223,6 +223,13 @@ async def _too_large(send, line: str, headers: list) -> None:
     await send({"type": "http.response.body", "body": line.encode()})
 
 
+def replaying(pending: list[dict], receive):
+    """A ``receive`` that gives the messages already read (``pending``) first, then the request's own."""
+    async def replayed():
+        return pending.pop(0) if pending else await receive()
+    return replayed
+
+
 async def _drain(receive) -> None:
     """Read a refused request's body to its end, writing nothing (a client still sending it would
     otherwise see the connection close instead of the answer)."""
@@ -276,10 +283,7 @@ class ClientCookie:
                 await _refuse(send, 404, "Every event goes through the queue: use /gradio_api/call/<api> or gradio_client.")
                 return
 
-            async def replayed():  # an example's click, as the browser sends it
-                return pending.pop(0) if pending else await receive()
-
-            receive = replayed
+            receive = replaying(pending, receive)
         beating = HEARTBEAT.search(path)
         with service.active(beating.group(1), heartbeat=True) if beating else contextlib.nullcontext():
             await self._serve(scope, receive, send, sent, client)

@@ -148,11 +148,7 @@ class QueueLimit:
             body = b"".join(m.get("body", b"") for m in pending)
             calls = mcp_calls.tool_calls(scope, body)
             session_hash = _session_hash(body) if clients.JOIN.search(path) else None
-
-            async def replayed():
-                return pending.pop(0) if pending else await receive()
-
-            receive = replayed
+            receive = clients.replaying(pending, receive)
         if not calls and not starts_event(scope):
             await self.app(scope, receive, send)
             return
