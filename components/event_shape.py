@@ -5,7 +5,8 @@ Here such a request gets one line (404 or 422) and never reaches the queue.
 
 So does a body Python's JSON reader cannot take or the app could not answer: nested deeper than
 :data:`MAX_DEPTH` (Gradio would fail with a RecursionError: 400, :func:`too_deep`), a string holding
-a lone surrogate (``"\\ud800"``: not text, it cannot be written back), or a value that is not text
+a lone surrogate in a setting (``"\\ud800"``: not text, it cannot be written back; a message's text is
+refused by its event, in the chat), or a value that is not text
 where the event takes a textbox's (Gradio would turn ``-1``, ``NaN``, ``[]`` or ``true`` into the
 text "-1", "nan", "[]", "True").
 """
@@ -66,7 +67,9 @@ def _endpoints(fns: dict) -> str:
 
 def _values_refusal(name: str, blocks: list, data: list) -> str | None:
     """A value that is not text where a textbox takes it, or any string that is not valid Unicode."""
-    if any(SURROGATE.search(text) for text in _strings(data)):
+    settings = [value for block, value in zip(blocks, data)
+                if not isinstance(block, (gr.MultimodalTextbox, gr.Chatbot))]  # a message's text: the event says why
+    if any(SURROGATE.search(text) for text in _strings(settings)):
         return f"{name}: a value holds a lone surrogate (such as \\ud800), which is not text; send valid Unicode."
     for i, (block, value) in enumerate(zip(blocks, data)):
         if isinstance(block, gr.Textbox) and value is not None and not isinstance(value, str):
