@@ -117,3 +117,28 @@ def test_a_re_read_is_charged_to_its_visitor_when_allowed_and_a_dry_check_charge
     with pytest.raises(UserError):
         book.charge("visitor:a", check, now=150.0)
     assert book.charge("visitor:a", check, now=160.5).tokens == 10  # the minute has passed
+
+
+def test_re_reads_are_a_persons_inside_an_address_that_holds_twice_that():
+    """Issue 68: a classmate behind the same address has a minute of their own; fresh cookies meet the
+    address's budget (PER_ADDRESS persons' tokens) and its one line."""
+    from kv_arena.errors import UserError
+    from kv_arena.service.rereads import PER_ADDRESS, RereadBook, person_of
+
+    book, address, limit = RereadBook(), "visitor:203.0.113.5", 10
+
+    def check(recent):
+        if sum(n for _, n in recent) + 8 > limit:
+            raise UserError("You re-read")
+        return 8
+
+    def charge(cookie, now):
+        return book.charge(address, check, now=now, person=person_of(address, cookie), address_limit=PER_ADDRESS * limit)
+
+    assert charge("alice", 0.0).tokens == 8
+    with pytest.raises(UserError, match="You re-read"):
+        charge("alice", 1.0)
+    assert charge("bob", 2.0).tokens == 8  # not told about alice's tokens
+    with pytest.raises(UserError, match="people behind your address re-read 16 tokens"):
+        charge("carol", 3.0)
+    assert charge("carol", 61.0).tokens == 8  # the minute has passed
