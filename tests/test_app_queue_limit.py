@@ -196,3 +196,15 @@ def test_the_limit_keeps_room_in_the_queue(monkeypatch):
     monkeypatch.delenv(LIMIT_ENV)
     monkeypatch.setenv("KV_ARENA_MAX_QUEUED_PER_CLIENT", "3")  # the old name is still read
     assert queue_limit.max_queued() == 3
+
+
+def test_events_spread_over_the_slash_64s_of_one_allocation_are_one_address(server, monkeypatch):
+    """48 long events from 12 IPv6 /64s of one /56 (what one customer is given): one address's room."""
+    demo, url = server
+    monkeypatch.delenv(LIMIT_ENV, raising=False)
+    monkeypatch.setenv("KV_ARENA_TRUSTED_PROXY_HOPS", "1")
+    answers = flood(demo, url, 48, lambda i: {"x-forwarded-for": f"2001:db8:aa:{i % 12:x}::{i + 1:x}"})
+    user = Client(url, verbose=False, headers={"x-forwarded-for": "2001:db8:bb::1"})  # another customer
+    seconds, full = served(url, user)
+    codes = [a.status_code for a in answers]
+    assert full == 0 and codes.count(200) <= address_room() + 2 and set(codes) <= {200, 429}, codes
