@@ -96,7 +96,9 @@ def _queued(scope) -> Counter[str]:
         if request is None or mcp_calls.counted(request.scope):
             continue
         counts[client_key(request.scope)] += 1
-        counts[person_key(request.scope, getattr(event, "session_hash", None))] += 1
+        # an event started by /call/<api> has a session hash Gradio drew, not one its client sent
+        called = clients.CALL_START.search(request.scope.get("path", ""))
+        counts[person_key(request.scope, None if called else getattr(event, "session_hash", None))] += 1
     return counts
 
 

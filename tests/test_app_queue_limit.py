@@ -208,3 +208,22 @@ def test_events_spread_over_the_slash_64s_of_one_allocation_are_one_address(serv
     seconds, full = served(url, user)
     codes = [a.status_code for a in answers]
     assert full == 0 and codes.count(200) <= address_room() + 2 and set(codes) <= {200, 429}, codes
+
+
+def test_a_client_without_cookie_or_session_hash_is_one_person(server, monkeypatch):
+    """``/call/chat`` from a script that keeps no cookie: Gradio draws each event's session hash, so
+    the script is one person of its address, held to the per-person limit."""
+    demo, url = server
+    monkeypatch.delenv(LIMIT_ENV, raising=False)
+    monkeypatch.setenv("KV_ARENA_TRUSTED_PROXY_HOPS", "1")
+    values = chat_data({"text": "Tell me a long story.", "files": []}, max_new_tokens=200)
+    values = [values[0], values[1], *values[3:]]
+
+    def start(i):
+        return httpx.post(f"{url}gradio_api/call/chat", json={"data": values}, timeout=30,
+                          headers={"x-forwarded-for": "203.0.113.91"})
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = [a.status_code for a in pool.map(start, range(8))]
+    assert codes.count(200) <= DEFAULT_LIMIT + 1 and codes.count(429) >= 3, codes
+    served(url, Client(url, verbose=False, headers={"x-forwarded-for": "198.51.100.79"}))  # the queue drained
