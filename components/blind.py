@@ -167,7 +167,7 @@ def vote(battle, choice, session=None, request: gr.Request = None,
         reveal = service.blind.vote(battle, choice, client, session, _visitor(request), account)
     except UserError as exc:
         return VoteOutputs(status=refusal(exc))
-    counted = "" if reveal.counted else f" It is kept but not counted on the leaderboard: {SIGN_IN}."
+    counted = "" if reveal.counted else f" It is kept but not counted on the leaderboard: {SIGN_IN if login_available() else 'only signed-in votes count here (KV_ARENA_BLIND_REQUIRE_LOGIN), and this server offers no sign-in'}."
     return VoteOutputs(reveal=reveal_text(reveal), status=f"Vote recorded.{counted} Ask a follow-up to continue both "
                        "conversations (it is voted on again), or start a new battle.", board=board())
 

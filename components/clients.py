@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import secrets
 import threading
@@ -39,7 +40,7 @@ from starlette.middleware import Middleware
 
 from kv_arena import service
 
-from . import event_shape
+from . import event_shape, mcp_calls
 from .request_size import RequestSizeLimit, declared_length
 from .served_files import ServedFiles
 
@@ -52,6 +53,7 @@ JOIN = re.compile(r"/queue/join/?$")  # POST: an event queued for the body's ses
 QUEUE_DATA = re.compile(r"/queue/data/?$")  # GET ?session_hash=...: that session's messages
 # POST: an event around the queue (api_open=False: none is allowed); /api/<name> is Gradio's older name for it
 RUN = re.compile(r"/(?:run|api)/[^/]+/?$")
+ALLOWED_IPS_ENV = "FORWARDED_ALLOW_IPS"  # uvicorn's: the peers whose X-Forwarded-For it believes
 REMEMBERED = 10_000  # started events (and sessions) whose messages may still be fetched
 
 
@@ -119,6 +121,11 @@ EVENTS = _Known("event_id")  # from the answer to POST /call/<api>
 SESSIONS = _Known("session_hash")  # from the body of POST /queue/join
 
 
+def cookie_of(scope) -> str | None:
+    """The client id a request (its ASGI scope) carries in its cookie, if any."""
+    return _sent_cookie(scope)
+
+
 def _sent_cookie(scope) -> str | None:
     for name, value in scope.get("headers", []):
         if name == b"cookie":
@@ -137,6 +144,12 @@ def _set_cookie(client: str, secure: bool) -> bytes:
     # inside a Space's iframe (another site) a cookie must be SameSite=None, Secure, Partitioned
     where = "SameSite=None; Secure; Partitioned" if secure else "SameSite=Lax"
     return f"{COOKIE}={client}; Path=/; HttpOnly; {where}".encode("latin-1")
+
+
+def _json(scope) -> bool:
+    """Whether a request says its body is JSON (every event's and MCP's; an upload's is a form)."""
+    kind = dict(scope.get("headers", [])).get(b"content-type", b"").split(b";")[0].strip().lower()
+    return kind in (b"application/json", b"") or kind.endswith(b"+json")
 
 
 def _uploaded(body: bytes) -> list[str]:
@@ -210,6 +223,13 @@ async def _too_large(send, line: str, headers: list) -> None:
     await send({"type": "http.response.body", "body": line.encode()})
 
 
+def replaying(pending: list[dict], receive):
+    """A ``receive`` that gives the messages already read (``pending``) first, then the request's own."""
+    async def replayed():
+        return pending.pop(0) if pending else await receive()
+    return replayed
+
+
 async def _drain(receive) -> None:
     """Read a refused request's body to its end, writing nothing (a client still sending it would
     otherwise see the connection close instead of the answer)."""
@@ -245,25 +265,27 @@ class ClientCookie:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope = mcp_calls.vouched_scope(scope)  # an MCP call: its caller's visitor, for the bridge to pass on
         sent = _sent_cookie(scope)
         client = sent or secrets.token_urlsafe(18)
         path = scope.get("path", "")
         if not _readable(scope, sent) or _unknown_event(scope):
             await _not_found(send)
             return
-        if scope.get("method") == "POST" and RUN.search(path):  # Gradio: a 500 and a traceback for an unknown name
+        if scope.get("method") == "POST" and _json(scope) and not path.endswith(UPLOAD_ROUTE):  # read whole (at most the request size limit)
             pending = await _whole_body(receive)
             body = b"".join(m.get("body", b"") for m in pending if m["type"] == "http.request")
-            if event_shape.posted_around_the_queue(scope, body):
+            if event_shape.too_deep(body):  # Gradio: a 500 and a RecursionError's traceback
+                await _refuse(send, 400, f"The request's JSON nests deeper than {event_shape.MAX_DEPTH} levels; "
+                                         "an event's values need far fewer.")
+                return
+            if RUN.search(path) and event_shape.posted_around_the_queue(scope, body):  # Gradio: a 500 for an unknown name
                 await _refuse(send, 404, "Every event goes through the queue: use /gradio_api/call/<api> or gradio_client.")
                 return
 
-            async def replayed():  # an example's click, as the browser sends it
-                return pending.pop(0) if pending else await receive()
-
-            receive = replayed
+            receive = replaying(pending, receive)
         beating = HEARTBEAT.search(path)
-        with service.active(beating.group(1)) if beating else contextlib.nullcontext():
+        with service.active(beating.group(1), heartbeat=True) if beating else contextlib.nullcontext():
             await self._serve(scope, receive, send, sent, client)
 
     async def _serve(self, scope, receive, send, sent: str | None, client: str) -> None:
@@ -337,11 +359,30 @@ class ClientCookie:
         await self.app(scope, receive_noted, send_with_cookie)
 
 
+OPERATOR_ALLOWED_IPS = os.environ.get(ALLOWED_IPS_ENV)  # what the operator set, before server_proxies
+
+
+def server_proxies() -> None:
+    """The proxies uvicorn (Gradio's server) believes about a request's peer and scheme, from the
+    trusted hops (``KV_ARENA_TRUSTED_PROXY_HOPS``): none at 0 hops, else the operator's
+    ``FORWARDED_ALLOW_IPS`` (uvicorn's default: 127.0.0.1 and ::1). Uvicorn reads its environment
+    variable when Gradio starts it (Gradio takes no option for it); its default would let a client on
+    127.0.0.1 name any peer in ``X-Forwarded-For`` where 0 hops means the header is ignored."""
+    if service.trusted_hops() == 0:
+        os.environ[ALLOWED_IPS_ENV] = ""
+    elif OPERATOR_ALLOWED_IPS is None:
+        os.environ.pop(ALLOWED_IPS_ENV, None)
+    else:
+        os.environ[ALLOWED_IPS_ENV] = OPERATOR_ALLOWED_IPS
+
+
 def launch_kwargs(*inner) -> dict:
     """What ``launch`` takes for this middleware and the ``inner`` ones (ASGI middleware classes,
     run after it, e.g. ``queue_limit.QueueLimit``; app.launch_options): new dicts each call, since
     Gradio writes its MCP server's lifespan into the ``app_kwargs`` it is given, and a later launch
-    handed the same dict would run that lifespan again (and fail to start)."""
+    handed the same dict would run that lifespan again (and fail to start). Sets the server's trusted
+    proxies too (:func:`server_proxies`)."""
+    server_proxies()
     return {"app_kwargs": {"middleware": [Middleware(RequestSizeLimit), Middleware(ClientCookie),
                                           *(Middleware(m) for m in inner)]}}
 
@@ -358,6 +399,9 @@ def client_of(request: gr.Request | None) -> str | None:
 def visitor_of(request: gr.Request | None) -> service.Visitor:
     """The visitor an event's request comes from (:mod:`kv_arena.service.visitors`): its address
     behind the trusted proxies, its cookie as a sub-key. Without a request: an unknown visitor."""
+    scope = getattr(getattr(request, "request", None), "scope", None)
+    if isinstance(scope, dict):  # every header line, as the middleware read them
+        return service.visitor_from_scope(scope, client_of(request))
     headers = getattr(request, "headers", None)
     peer = getattr(getattr(request, "client", None), "host", None)
     return service.visitor_from_request(headers, peer, client_of(request))

@@ -103,3 +103,39 @@ def test_the_client_in_docs_mcp_md_runs_as_pasted(mcp_url, capsys):
     exec(compile(snippet.replace("http://127.0.0.1:7860/gradio_api/mcp/", mcp_url), "docs/mcp.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "['chat', 'compare', 'leaderboard', 'blind', 'vote']" and printed[-1].startswith("**SnapKV**")
+
+
+def test_an_mcp_call_is_its_callers_visitor_and_a_refused_one_reads_one_line(mcp_url, monkeypatch):
+    """Issue 68: the bridge re-sends every call from 127.0.0.1, yet each call counts as its caller's
+    address (0 hops: its peer, whatever ``X-Forwarded-For`` it forges). Three long calls at once from
+    one address with a waiting room of one: one answered, the others refused in our one line (not
+    the bridge's HTTP error naming the app's internal URL); a caller at another address is answered."""
+    import httpx
+
+    from components.queue_limit import LIMIT_ENV, ROOM_ENV
+
+    monkeypatch.setenv("KV_ARENA_TRUSTED_PROXY_HOPS", "0")
+    monkeypatch.setenv(LIMIT_ENV, "1")
+    monkeypatch.setenv(ROOM_ENV, "1")
+    long = {"message": {"text": "Tell me a long story.", "files": []}, "history": [], "model": MODEL,
+            "method": "snapkv", "budget": 0.5, "max_new_tokens": 200}
+
+    async def call(local: str, forged: str):
+        transport = httpx.AsyncHTTPTransport(local_address=local)
+        async with httpx.AsyncClient(transport=transport, headers={"x-forwarded-for": forged}, timeout=300,
+                                     follow_redirects=True) as http, \
+                streamable_http_client(mcp_url, http_client=http) as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            return await session.call_tool("chat", long)
+
+    async def run():
+        return await asyncio.gather(*(call("127.0.0.1", f"198.51.100.{i}") for i in range(3)),
+                                    call("127.0.0.2", "198.51.100.9"))
+
+    *mine, other = asyncio.run(run())
+    refused = [r.content[0].text for r in mine if r.isError]
+    assert len(refused) == 2 and not other.isError, (refused, other.content)
+    for line in refused:
+        assert line.startswith("Too many events from your address") and "\n" not in line, line
+        assert "127.0.0.1" not in line and "http" not in line, line

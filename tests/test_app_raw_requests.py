@@ -89,3 +89,39 @@ def test_an_event_with_too_few_values_or_no_such_event_is_one_line(server, capfd
         line = answer.json()["detail"]
         assert said in line and "\n" not in line, (route, line)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_smaller_holes_of_issue_68_are_one_line(server, capfd):
+    """An unknown endpoint names every endpoint; a lone surrogate anywhere in an event's values, a
+    body nested 2,000 deep, or a follow-up that is not text are refused in one line, never queued."""
+    import json
+
+    from components import settings
+
+    demo, url = server
+    unknown = httpx.post(f"{url}gradio_api/call/nothing", json={"data": []}, timeout=10).json()["detail"]
+    for name in ("/chat", "/compare", "/blind", "/vote", "/leaderboard"):
+        assert name in unknown, unknown
+    controls = settings.control_values(model="tiny-qwen2-vl", method="snapkv", max_new_tokens=4)
+    model_at = control_names().index("model")
+    lone = list(controls)
+    lone[model_at] = "\ud800"
+    blind_values = [{"text": "hi", "files": []}, "tiny-arena-vl", "random", "random", ""]
+    for route, data in [("call/chat", [{"text": "hi", "files": []}, [], *lone]),
+                        ("call/blind", [{"text": "hi", "files": []}, "tiny-arena-vl", "\ud800", "random", ""]),
+                        ("call/blind", blind_values[:4] + ["\udfff"])]:
+        answer = httpx.post(f"{url}gradio_api/{route}", content=json.dumps({"data": data}),
+                            headers={"content-type": "application/json"}, timeout=10)
+        assert answer.status_code == 422 and "lone surrogate" in answer.json()["detail"], (route, answer.text)
+    deep = "[" * 2000 + "]" * 2000
+    for route in ("call/chat", "queue/join"):
+        answer = httpx.post(f"{url}gradio_api/{route}", content=f'{{"data": {deep}}}',
+                            headers={"content-type": "application/json"}, timeout=10)
+        assert answer.status_code == 400 and "nests deeper" in answer.json()["detail"], answer.text
+    for follow_up in ("-1", "NaN", "[]", "true"):
+        body = f'{{"data": [{{"text": "hi", "files": []}}, ["snapkv"], {follow_up}, {json.dumps(controls)[1:-1]}]}}'
+        answer = httpx.post(f"{url}gradio_api/call/compare", content=body,
+                            headers={"content-type": "application/json"}, timeout=10)
+        assert answer.status_code == 422 and "takes text" in answer.json()["detail"], (follow_up, answer.text)
+        assert "\n" not in answer.json()["detail"]
+    assert "Traceback" not in capfd.readouterr().err

@@ -182,6 +182,7 @@ def test_where_sign_in_is_required_only_signed_in_votes_count(app, monkeypatch):
     db = battles.store()
     cookies = [secrets.token_urlsafe(18) for _ in range(3)]
     shown = [battle_row(db, cookie) for cookie in cookies]
+    monkeypatch.setattr(tab, "login_available", lambda: True)  # as on a Space with OAuth: the button is there
     signed_out = tab.vote(shown[0], "A", service.Session(), request(cookie=cookies[0]), None)
     assert "Vote recorded" in signed_out.status and "not counted on the leaderboard" in signed_out.status
     assert "sign in with Hugging Face" in signed_out.status and signed_out.board == []
@@ -197,6 +198,10 @@ def test_where_sign_in_is_required_only_signed_in_votes_count(app, monkeypatch):
     assert None in accounts and all(a is None or (len(a) == 64 and "alice" not in a) for a in accounts)
     monkeypatch.setenv("KV_ARENA_BLIND_REQUIRE_LOGIN", "0")  # not required: every vote counts, nothing apart
     assert [r.votes for r in blind.leaderboard()] == [2] and tab.board_note() == ""
+    monkeypatch.setenv("KV_ARENA_BLIND_REQUIRE_LOGIN", "1")
+    monkeypatch.setattr(tab, "login_available", lambda: False)  # off a Space: no button to point at (issue 68)
+    off = tab.vote(shown[2], "A", service.Session(), request(cookie=cookies[2]), None)
+    assert "not counted on the leaderboard" in off.status and "button" not in off.status, off.status
 
 
 def test_an_account_votes_at_the_rate_of_one_visitor_from_any_address(app, monkeypatch):

@@ -104,7 +104,14 @@ def test_a_visitor_keeps_at_most_a_quarter_of_the_total_and_a_few_files(folder, 
     assert uploads.note_uploads([blob(folder, 0, quarter)], None, "visitor:a") is None
     assert "over the 0 MB allowed" in uploads.note_uploads([blob(folder, 1, 16)], None, "visitor:a")
     tiny = [blob(folder, i, 16) for i in range(10, 14)]
-    assert all(uploads.note_uploads([t], f"cookie-{i}", "visitor:b") is None for i, t in enumerate(tiny[:3]))
-    refused = uploads.note_uploads([tiny[3]], "cookie-new", "visitor:b")
+    assert all(uploads.note_uploads([t], "cookie-b", "visitor:b") is None for t in tiny[:3])
+    refused = uploads.note_uploads([tiny[3]], "cookie-b", "visitor:b")
     assert "you have 4 files not yet sent in a message, over the 3 allowed" in refused and "\n" not in refused
+    # a classmate behind the same address has files of its own (issue 68); fresh cookies meet the address's cap
+    monkeypatch.setenv("KV_ARENA_MAX_UNUSED_UPLOAD_FILES_PER_ADDRESS", "5")
+    assert uploads.note_uploads([tiny[3]], "cookie-classmate", "visitor:b") is None
+    more = [blob(folder, i, 16) for i in range(30, 33)]
+    assert uploads.note_uploads([more[0]], "cookie-new", "visitor:b") is None
+    refused = uploads.note_uploads([more[1]], "cookie-newer", "visitor:b")
+    assert "the people behind your address" in refused and "(5 files)" in refused, refused
     assert uploads.note_uploads([blob(folder, 20, 16)], None, "visitor:c") is None  # the others still have room

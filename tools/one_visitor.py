@@ -12,6 +12,8 @@ pass on a script that forges the first entry; prints what the app let through.
 - ``uploads``: 12 uploads of 50 MB no message uses: how many MB the app kept.
 - ``blind``: 14 battles, each voted on, in under a minute: how many were recorded, and every progress
   text sent before a vote that names a method.
+- ``sessions``: 60 chats, each on a fresh session (``/call/chat``, raw HTTP: no heartbeat), 4 at
+  once: what they added to the app's memory (its resident set) and how many sessions it still holds.
 
 Lives outside ``kv_arena/``: it drives the app. Exit code 2 and one line for bad input.
 """
@@ -35,7 +37,7 @@ from tools.upload_flood import kept_bytes, payload
 
 PROXY_SAW = "203.0.113.5"  # the address the (trusted) proxy appends: the script's real one
 VICTIM = "198.51.100.77"
-PARTS = ("queue", "uploads", "blind")
+PARTS = ("queue", "uploads", "blind", "sessions")
 
 
 def forged(i: int) -> dict:
@@ -131,6 +133,41 @@ def blind_part(url: str) -> None:
           f"naming a method: {len(naming)}{' (' + ', '.join(naming) + ')' if naming else ''}")
 
 
+def resident_mb(pid: int) -> float:
+    """The process's resident memory (Linux: ``/proc/<pid>/status``), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def sessions_part(url: str, pid: int, count: int = 60) -> None:
+    from kv_arena import service
+
+    scene = service.scene_examples()[0]  # a picture: its visual tokens are most of what a session holds
+
+    def chat(i: int) -> bool:
+        headers = forged(i)  # one cookie for the upload and the chat naming it
+        files = []
+        for path in scene.files:
+            with open(path, "rb") as f:
+                sent = httpx.post(f"{url}gradio_api/upload", files=[("files", (Path(path).name, f.read()))],
+                                  headers=headers, timeout=60)
+            files += [{"path": p, "meta": {"_type": "gradio.FileData"}} for p in sent.json()] if sent.status_code == 200 else []
+        values = chat_values(url, {"text": scene.questions[0], "files": files}, [])
+        answer = httpx.post(f"{url}gradio_api/call/chat", json={"data": values}, headers=headers, timeout=60)
+        return answer.status_code == 200 and "error" not in events_until_done(url, answer, headers)[:12]
+
+    chat(0)  # the model loaded and its first answer given: the memory a visitor's sessions add is what follows
+    before, start = resident_mb(pid), time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        answered = sum(pool.map(chat, range(1, count + 1)))
+    after = resident_mb(pid)
+    print(f"sessions: {count} chats with a picture, each on a fresh session, from one visitor, 4 at once: "
+          f"{answered} answered in {time.monotonic() - start:.0f} s; the app's memory {before:.0f} MB before, "
+          f"{after:.0f} MB after (+{after - before:.0f} MB)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
@@ -148,6 +185,8 @@ def main(argv=None) -> int:
                 blind_part(app.url)
             if "queue" in parts:
                 queue_part(app.url)
+            if "sessions" in parts:
+                sessions_part(app.url, app.process.pid)
     return 0
 
 

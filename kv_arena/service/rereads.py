@@ -7,12 +7,14 @@ So a switch is held to three rules, checked before any model work (:func:`check_
 - it re-reads each turn as that turn was fed: a turn streamed under a cap is streamed again under a
   cap (the new one, else its own), never prefilled whole (:func:`reread_cap`);
 - all it re-reads together stays within the model's context (what one prompt could hold);
-- a visitor re-reads at most KV_ARENA_REREAD_TOKENS_PER_MINUTE tokens (default: 32,768) in any
+- a person re-reads at most KV_ARENA_REREAD_TOKENS_PER_MINUTE tokens (default: 32,768) in any
   minute, whatever session brings the conversation (a switch, or a history sent to a fresh session:
   :mod:`.resent`), so flipping the method on every message, or sending a long history from a new
-  session each time, is refused in one line saying how long to wait. A visitor is an address
-  (:mod:`.visitors`); a re-read is charged when it is allowed, before any model work, so a burst
-  of them is counted whole.
+  session each time, is refused in one line saying how long to wait. A person is a client cookie
+  behind an address (the clients without one are one person), so one person's re-reads are not
+  another's; the people behind one address (:mod:`.visitors`: fresh cookies are the same address)
+  re-read at most :data:`PER_ADDRESS` times that together. A re-read is charged when it is allowed,
+  before any model work, so a burst of them is counted whole.
 The chat line of a switch says what it cost (tokens and seconds, ``SwitchNote``)."""
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ REREAD_TOKENS_PER_MINUTE = int(os.environ["KV_ARENA_REREAD_TOKENS_PER_MINUTE"]) 
     if os.environ.get("KV_ARENA_REREAD_TOKENS_PER_MINUTE") else None
 ON_GPU, ON_CPU = 32_768, 8_192  # the defaults: a CPU re-reads 27,000 tokens of the offline model in about 2 minutes
 WINDOW_S = 60.0
+PER_ADDRESS = 2  # the people behind one address re-read at most this many persons' tokens a minute together
 
 
 def tokens_per_minute(on_gpu: bool) -> int:
@@ -96,6 +99,22 @@ def check_switch(costs: list[TurnCost], rereads: list[tuple[float, int]], method
     return tokens
 
 
+def person_of(visitor: str, client: str | None) -> str:
+    """The key a person's re-reads are counted by: their client cookie behind their address."""
+    return f"{visitor}|{client or 'no cookie'}"
+
+
+def _within_address(recent: list, tokens: int, limit: int, now: float) -> None:
+    """Refuses (one line) a re-read that takes the address's last minute over ``limit``; its first
+    re-read of the minute always passes (as a person's own switch does)."""
+    done = sum(r.tokens for r in recent)
+    if done and done + tokens > limit:
+        wait = WINDOW_S - (now - min(r.at for r in recent))
+        raise UserError(f"The people behind your address re-read {done:,} tokens in the last minute; this would "
+                        f"re-read {tokens:,} more (the limit for one address is {limit:,} a minute, {PER_ADDRESS} x "
+                        f"KV_ARENA_REREAD_TOKENS_PER_MINUTE). Wait {max(1, round(wait))} s, or keep the method.")
+
+
 @dataclass
 class Reread:
     """One re-read charged to a visitor: its tokens, and when it ended (when it began, until then)."""
@@ -117,20 +136,28 @@ class RereadBook:
         self.lock = threading.Lock()
 
     def charge(self, visitor: str, check: Callable[[list[tuple[float, int]]], int], now: float | None = None,
-               dry: bool = False) -> Reread:
-        """``check`` (given the visitor's re-reads of the last minute, as (time, tokens)) says how many
-        tokens a re-read costs, or refuses it; what it allows is charged to ``visitor`` at once
-        (``dry``: only checked, for a history taken now, charged by the turn that re-reads it).
+               dry: bool = False, person: str | None = None, address_limit: int | None = None) -> Reread:
+        """``check`` (given the re-reads of the last minute of ``person``, default ``visitor``, as
+        (time, tokens)) says how many tokens a re-read costs, or refuses it; what it allows is charged
+        at once (``dry``: only checked, for a history taken now, charged by the turn that re-reads it).
+        ``address_limit``: the tokens everyone behind ``visitor`` may re-read in a minute together.
         Call :meth:`ended` with what it returns once the re-read is done."""
         now = time.monotonic() if now is None else now
+        key = person or visitor
         with self.lock:  # checked and charged together: a burst of requests is counted whole
             for gone in [v for v, rs in self.recent.items() if all(now - r.at >= WINDOW_S for r in rs)]:
-                del self.recent[gone]  # visitors idle for a minute are forgotten
-            recent = [r for r in self.recent.get(visitor, []) if now - r.at < WINDOW_S]
+                del self.recent[gone]  # people idle for a minute are forgotten
+            recent = [r for r in self.recent.get(key, []) if now - r.at < WINDOW_S]
             charged = Reread(check([(r.at, r.tokens) for r in recent]), now)
+            if address_limit is not None:
+                _within_address(self._address_recent(visitor, now), charged.tokens, address_limit, now)
             if not dry:
-                self.recent[visitor] = recent + [charged]
+                self.recent[key] = recent + [charged]
             return charged
+
+    def _address_recent(self, visitor: str, now: float) -> list[Reread]:
+        return [r for k, rs in self.recent.items() if k == visitor or k.startswith(visitor + "|")
+                for r in rs if now - r.at < WINDOW_S]
 
     def ended(self, reread: Reread, now: float | None = None) -> None:
         """The re-read is done (or failed): its minute starts now."""

@@ -1,5 +1,12 @@
 """Sessions: one per browser tab, freed when the tab closes, or after an idle time when its client
-keeps no heartbeat open (a raw HTTP client never does, so Gradio never closes its session)."""
+keeps no heartbeat open (a raw HTTP client never does, so Gradio never closes its session).
+
+One visitor (:mod:`.visitors`: an address, whatever cookies it sends) holds at most
+``KV_ARENA_MAX_SESSIONS_PER_VISITOR`` (16) sessions: a new one past that frees the visitor's
+session idle longest (one whose client keeps no heartbeat open first; never one answering), so the
+memory one address holds is at most that many sessions' (each at most its model's context of KV).
+A session whose client never opened a heartbeat (raw HTTP: each ``/call`` is a session of its own)
+is kept ``KV_ARENA_SESSION_NO_HEARTBEAT_S`` (120) seconds idle, not the idle time of a tab."""
 
 from __future__ import annotations
 
@@ -31,6 +38,8 @@ class SessionBook:
         self.open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         self.last_seen: dict[str, float] = {}  # session hash -> when its last event started or ended
         self.busy: Counter[str] = Counter()  # session hash -> events running, heartbeats open
+        self.beating: Counter[str] = Counter()  # session hash -> heartbeats open
+        self.heard: set[str] = set()  # session hashes that opened a heartbeat (a tab, gradio_client)
         self.lock = threading.Lock()  # guards last_seen, busy and sweeper
         self.sweeper: threading.Thread | None = None
 
@@ -146,12 +155,15 @@ def track(session: Session, session_hash: str | None, client: str | None = None,
     """Remember which browser session owns ``session`` so closing the tab frees it at once, which
     client it belongs to (the id its requests carry; see :mod:`.uploads`) and which visitor
     (``Visitor.key``: what its limits count by, :mod:`.visitors`)."""
+    if visitor:
+        session.visitor = visitor
     if session_hash:
+        new = _book().open.get(session_hash) is not session
         _book().open[session_hash] = session
         _seen(session_hash)
         start_sweeper()
-    if visitor:
-        session.visitor = visitor
+        if new and visitor:
+            make_room(visitor, keep=session_hash)
     if client:
         session.client = client
         bind_tenant(session.id, client)  # its media on a shared store are its client's, on any replica
@@ -167,6 +179,7 @@ def release(session_hash: str | None, free: bool = True) -> None:
     session = book.open.pop(session_hash, None) if session_hash else None
     with book.lock:
         book.last_seen.pop(session_hash, None)
+        book.heard.discard(session_hash)
     if isinstance(session, Session):
         session.close(free)
         bind_tenant(session.id, None)
@@ -174,10 +187,28 @@ def release(session_hash: str | None, free: bool = True) -> None:
 
 # --- sessions whose client went away without a word ----------------------------------------------
 # Gradio closes a session when its heartbeat stream ends; a client that never opens one (raw HTTP)
-# is never closed by it. Such a session ends after ``KV_ARENA_SESSION_IDLE_S`` seconds without an
-# event (a session with a heartbeat open, or an event running, is never idle).
+# is never closed by it. Such a session ends after ``KV_ARENA_SESSION_NO_HEARTBEAT_S`` seconds without
+# an event; one that opened a heartbeat once, ``KV_ARENA_SESSION_IDLE_S`` after its last (a session
+# with a heartbeat open, or an event running, is never idle).
+def _seconds(name: str, default: float) -> float:
+    try:
+        return max(0.0, float(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
 def idle_seconds() -> float:
-    return float(os.environ.get("KV_ARENA_SESSION_IDLE_S", 1800))
+    return _seconds("KV_ARENA_SESSION_IDLE_S", 1800)
+
+
+def unheard_idle_seconds() -> float:
+    """How long a session whose client never opened a heartbeat is kept idle (at most :func:`idle_seconds`)."""
+    return min(idle_seconds(), _seconds("KV_ARENA_SESSION_NO_HEARTBEAT_S", 120))
+
+
+def max_sessions() -> int:
+    """Sessions one visitor may hold at once (``KV_ARENA_MAX_SESSIONS_PER_VISITOR``; 0: no limit)."""
+    return int(_seconds("KV_ARENA_MAX_SESSIONS_PER_VISITOR", 16))
 
 
 def _seen(session_hash: str) -> None:
@@ -187,32 +218,62 @@ def _seen(session_hash: str) -> None:
 
 
 @contextlib.contextmanager
-def active(session_hash: str | None):
-    """An event running, or a heartbeat stream open, for that session: it is not idle meanwhile."""
+def active(session_hash: str | None, heartbeat: bool = False):
+    """An event running, or (``heartbeat``) a heartbeat stream open, for that session: it is not idle meanwhile."""
     if not session_hash:
         yield
         return
     book = _book()
     with book.lock:
         book.busy[session_hash] += 1
+        if heartbeat:
+            book.beating[session_hash] += 1
+            book.heard.add(session_hash)
     try:
         yield
     finally:
         with book.lock:
-            book.busy[session_hash] -= 1
-            if book.busy[session_hash] <= 0:
-                del book.busy[session_hash]
+            for counter in (book.busy, book.beating) if heartbeat else (book.busy,):
+                counter[session_hash] -= 1
+                if counter[session_hash] <= 0:
+                    del counter[session_hash]
         _seen(session_hash)
 
 
-def expire_idle() -> list[str]:
-    """Close the sessions idle for longer than :func:`idle_seconds`, and drop uploads no session
-    took within that time; returns the session hashes closed."""
-    limit, now, book = idle_seconds(), time.monotonic(), _book()
+def held_by(visitor: str) -> list[str]:
+    """The session hashes of the open sessions ``visitor`` holds."""
+    return [h for h, s in list(_book().open.items()) if s.visitor == visitor]
+
+
+def make_room(visitor: str, keep: str | None = None) -> list[str]:
+    """Free ``visitor``'s sessions over :func:`max_sessions`, idle longest first (a session whose
+    client keeps no heartbeat open before one whose does), never ``keep`` nor one answering; returns
+    the session hashes freed."""
+    limit, book = max_sessions(), _book()
+    held = held_by(visitor)
+    if not limit or len(held) <= limit:
+        return []
     with book.lock:
-        idle = [h for h in list(book.open.keys()) if not book.busy.get(h) and now - book.last_seen.get(h, now) > limit]
+        answering = {h for h in held if book.busy.get(h, 0) > book.beating.get(h, 0)}
+        idle = sorted((h for h in held if h != keep and h not in answering),
+                      key=lambda h: (bool(book.beating.get(h)), book.last_seen.get(h, 0.0)))
+    freed = idle[:len(held) - limit]
+    for session_hash in freed:  # their tensors go with their last reference; no collection each time
+        release(session_hash, free=False)
+    return freed
+
+
+def expire_idle() -> list[str]:
+    """Close the sessions idle for longer than their idle time (:func:`idle_seconds`, or
+    :func:`unheard_idle_seconds` for a client that never opened a heartbeat), and drop uploads no
+    session took within :func:`idle_seconds`; returns the session hashes closed."""
+    limit, unheard, now, book = idle_seconds(), unheard_idle_seconds(), time.monotonic(), _book()
+    with book.lock:
+        idle = [h for h in list(book.open.keys()) if not book.busy.get(h)
+                and now - book.last_seen.get(h, now) > (limit if h in book.heard else unheard)]
         for gone in set(book.last_seen) - set(book.open.keys()):  # sessions Gradio closed itself
             del book.last_seen[gone]
+        book.heard &= set(book.open.keys())
     for session_hash in idle:
         release(session_hash, free=False)
     if idle:
@@ -223,7 +284,7 @@ def expire_idle() -> list[str]:
 
 def _sweep_forever(book: SessionBook) -> None:
     while _book() is book:  # another app opened: its own sweeper serves it (start_sweeper)
-        time.sleep(min(5.0, max(0.2, idle_seconds() / 4)))
+        time.sleep(min(5.0, max(0.2, unheard_idle_seconds() / 4)))
         if _book() is book:
             expire_idle()
 

@@ -10,9 +10,13 @@ some) or ``KV_ARENA_MAX_UNUSED_UPLOAD_FILES`` (64), or every visitor's together 
 whole, in one line (HTTP 413), and nothing already uploaded is touched: evicting the oldest would let
 one visitor delete another's attachment before it is sent.
 
-A visitor is an address (:mod:`.visitors`): fresh cookies do not make a script more visitors. A
-visitor's caps are at most a quarter of the totals, so the totals always keep room for the others.
-Uploads a session has used no longer count; neither do the app's own files."""
+The per-visitor caps are a person's: one client cookie (the clients without one at an address are
+one person), so one person's files are never counted against another behind the same address. The
+people behind one address (:mod:`.visitors`: fresh cookies do not make a script more addresses)
+share ``KV_ARENA_MAX_UNUSED_UPLOAD_MB_PER_ADDRESS`` and ``KV_ARENA_MAX_UNUSED_UPLOAD_FILES_PER_ADDRESS``
+(default and at most a quarter of the totals, so the totals always keep room for the others; a
+person's caps are at most the address's). Uploads a session has used no longer count; neither do
+the app's own files."""
 
 from __future__ import annotations
 
@@ -35,6 +39,8 @@ class Counted(Protocol):
 
     def awaited_by(self, visitor: str) -> bool: ...
 
+    def awaited_from(self, visitor: str, client: str | None) -> bool: ...
+
 
 def _number(name: str, default: float) -> float:
     try:
@@ -48,9 +54,16 @@ def total_cap() -> int:
     return int(_number("KV_ARENA_MAX_UNUSED_UPLOADS_MB", 2048) * MB)
 
 
+def address_cap() -> int:
+    """Bytes of unused uploads the people behind one address may keep together
+    (``KV_ARENA_MAX_UNUSED_UPLOAD_MB_PER_ADDRESS``, default and at most a share of the total)."""
+    return min(int(_number("KV_ARENA_MAX_UNUSED_UPLOAD_MB_PER_ADDRESS", share(total_cap()) / MB) * MB),
+               share(total_cap()))
+
+
 def per_visitor_cap() -> int:
-    """Bytes of unused uploads one visitor may keep (``KV_ARENA_MAX_UNUSED_UPLOAD_MB``, at most a share of the total)."""
-    return min(int(_number("KV_ARENA_MAX_UNUSED_UPLOAD_MB", 256) * MB), share(total_cap()))
+    """Bytes of unused uploads one person may keep (``KV_ARENA_MAX_UNUSED_UPLOAD_MB``, at most the address's)."""
+    return min(int(_number("KV_ARENA_MAX_UNUSED_UPLOAD_MB", 256) * MB), address_cap())
 
 
 def total_files() -> int:
@@ -58,30 +71,43 @@ def total_files() -> int:
     return int(_number("KV_ARENA_MAX_UNUSED_UPLOADS_FILES", 1024))
 
 
+def address_files() -> int:
+    """Unused uploads the people behind one address may keep together
+    (``KV_ARENA_MAX_UNUSED_UPLOAD_FILES_PER_ADDRESS``, default and at most a share of the total)."""
+    return min(int(_number("KV_ARENA_MAX_UNUSED_UPLOAD_FILES_PER_ADDRESS", share(total_files()))),
+               share(total_files()))
+
+
 def per_visitor_files() -> int:
-    """Unused uploads one visitor may keep (``KV_ARENA_MAX_UNUSED_UPLOAD_FILES``, at most a share of the total)."""
-    return min(int(_number("KV_ARENA_MAX_UNUSED_UPLOAD_FILES", 64)), share(total_files()))
+    """Unused uploads one person may keep (``KV_ARENA_MAX_UNUSED_UPLOAD_FILES``, at most the address's)."""
+    return min(int(_number("KV_ARENA_MAX_UNUSED_UPLOAD_FILES", 64)), address_files())
 
 
 @dataclass(frozen=True)
 class Unused:
-    """Unused uploads: one visitor's and everyone's, in bytes and in files."""
+    """Unused uploads: one person's, their address's and everyone's, in bytes and in files."""
 
     mine: int = 0
     mine_files: int = 0
     everyone: int = 0
     everyone_files: int = 0
+    here: int = 0
+    here_files: int = 0
 
     def plus(self, size: int, files: int) -> Unused:
-        return Unused(self.mine + size, self.mine_files + files, self.everyone + size, self.everyone_files + files)
+        return Unused(self.mine + size, self.mine_files + files, self.everyone + size, self.everyone_files + files,
+                      self.here + size, self.here_files + files)
 
 
-def unused(records: Iterable[Counted], visitor: str) -> Unused:
-    """What ``visitor`` and everyone hold in uploads no session has used yet."""
+def unused(records: Iterable[Counted], visitor: str, client: str | None = None) -> Unused:
+    """What the person ``client`` (None: the clients without a cookie) behind ``visitor``, that
+    address, and everyone hold in uploads no session has used yet."""
     records = list(records)
-    mine = [r for r in records if r.awaited_by(visitor)]
+    mine = [r for r in records if r.awaited_from(visitor, client)]
+    here = [r for r in records if r.awaited_by(visitor)]
     waiting = [r for r in records if r.awaited()]
-    return Unused(sum(r.size for r in mine), len(mine), sum(r.size for r in waiting), len(waiting))
+    return Unused(sum(r.size for r in mine), len(mine), sum(r.size for r in waiting), len(waiting),
+                  sum(r.size for r in here), len(here))
 
 
 def refusal(before: Unused, after: Unused) -> str | None:
@@ -94,6 +120,10 @@ def refusal(before: Unused, after: Unused) -> str | None:
     if after.mine_files > max(before.mine_files, per_visitor_files()):
         return (f"Upload refused: you have {after.mine_files:,} files not yet sent in a message, over the "
                 f"{per_visitor_files():,} allowed; send them in a message first.")
+    if after.here > max(before.here, address_cap()) or after.here_files > max(before.here_files, address_files()):
+        return ("Upload refused: the people behind your address hold files not yet sent in a message over "
+                f"the {address_cap() / MB:.0f} MB allowed for one address ({address_files():,} files); "
+                "send yours in a message first, or try again in a few minutes.")
     if after.everyone > max(before.everyone, total_cap()) \
             or after.everyone_files > max(before.everyone_files, total_files()):
         return ("Upload refused: this server holds all the files not yet sent in a message it keeps "

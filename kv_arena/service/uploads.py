@@ -67,6 +67,13 @@ class _Upload:
         """Whether ``client`` (None: the clients without a cookie) uploaded it and has not used it yet."""
         return client in self.clients - self.users if client else self.claimed < self.anonymous
 
+    def awaited_from(self, visitor: str, client: str | None) -> bool:
+        """Whether the person ``client`` (None: the clients without a cookie) behind ``visitor``
+        uploaded it and no session used it yet."""
+        if client:
+            return client in self.clients - self.users and self.by_visitor.get(client) == visitor
+        return visitor in self.anonymous_by[self.claimed:]
+
     def awaited_by(self, visitor: str) -> bool:
         """Whether ``visitor`` (:mod:`.visitors`) uploaded it, under any cookie or none, and no session used it yet."""
         return (any(self.by_visitor.get(c) == visitor for c in self.clients - self.users)
@@ -103,7 +110,7 @@ def note_uploads(paths, client: str | None = None, visitor: str | None = None) -
     names = [str(Path(path).resolve()) for path in paths]
     visitor = _visitor(client, visitor)
     with book.lock:
-        before = unused(book.files.values(), visitor)
+        before = unused(book.files.values(), visitor, client)
         earlier = {name: copy.deepcopy(book.files[name]) for name in names if name in book.files}
         for name in names:
             record = book.files.setdefault(name, _Upload(size=_size(name)))
@@ -114,7 +121,7 @@ def note_uploads(paths, client: str | None = None, visitor: str | None = None) -
             else:
                 record.anonymous += 1
                 record.anonymous_by.append(visitor)
-        refused = refusal(before, unused(book.files.values(), visitor))
+        refused = refusal(before, unused(book.files.values(), visitor, client))
         if refused:  # the ledger as it was
             for name in names:
                 if name in earlier:
@@ -132,7 +139,7 @@ def upload_room(client: str | None, declared: int, visitor: str | None = None) -
     the files themselves once they are written)."""
     book = _book()
     with book.lock:
-        now = unused(book.files.values(), _visitor(client, visitor))
+        now = unused(book.files.values(), _visitor(client, visitor), client)
     return room_refusal(now, declared)
 
 
