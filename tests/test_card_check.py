@@ -33,19 +33,37 @@ def test_the_questions_answer_from_the_objects():
     assert not np.array_equal(frames[0], frames[1])  # the first object moves
 
 
+def test_a_drawing_made_otherwise_is_drawn_varied_and_the_same_from_the_same_seed():
+    """Each kind (logo, charts, street, sign) is a picture 320-900 px a side of many colours,
+    another each time it is drawn, and the same again from the same seed."""
+    first, again = np.random.default_rng(0), np.random.default_rng(0)
+    for kind in card.DRAWINGS:
+        image = card.drawing(first, kind)
+        assert 320 <= image.width <= 900 and 320 <= image.height <= 900 and image.mode == "RGB"
+        assert len(image.getcolors(1 << 24)) > 3, kind  # drawn on, not a plain background
+        assert image.tobytes() == card.drawing(again, kind).tobytes(), kind
+        assert card.drawing(first, kind).tobytes() != image.tobytes(), kind
+        card.drawing(again, kind)  # the two streams in step again
+
+
+def rows_of(out: str) -> list[list[str]]:
+    return [line.lstrip("| ").split(" | ")[:2] for line in out.splitlines() if line.startswith("| ") and "/" in line]
+
+
 def test_the_check_runs_through_the_app_on_the_bundle(capsys):
-    """Every style, the video in its turn and before the question, and the sample photos get a row."""
+    """Every style, the video in its turn and before the question, the sample photos and each kind
+    of drawing made otherwise get a row; --drawings-only asks the drawings alone."""
     assert card.photos(), "gradio's sample photos are installed with gradio"
     assert card.main(["--items", "1"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "/" in line]
-    drawn = {line.split(" | ")[0].lstrip("| ") for line in rows}
-    assert drawn == {*card.STYLES, "moving video", "photo"}
+    assert {drawn for drawn, _ in rows_of(capsys.readouterr().out)} == {*card.STYLES, "moving video", "photo", "drawing"}
+    assert card.main(["--drawings-only", "--items", "1", "--bar"]) == 0
+    assert rows_of(capsys.readouterr().out) == [["drawing", kind] for kind in (*card.DRAWINGS, "all")]
 
 
-def test_the_bar_names_each_style_the_video_either_way_and_the_photos_under_it():
+def test_the_bar_names_each_style_the_video_either_way_and_the_photos_under_it_not_the_drawings():
     right, wrong = [True, True], [False, True]
     tally = {("turned", "colour"): [right] * 9 + [wrong], ("turned", "shape"): [right] * 10,
              ("thick", "colour"): [right] * 8 + [wrong] * 2, ("moving video", "in its turn"): [right] * 10,
              ("moving video", "asked before"): [right] * 8 + [wrong] * 2,
-             ("photo", "bus"): [wrong], ("photo", "lion"): [right] * 9}
+             ("photo", "bus"): [wrong], ("photo", "lion"): [right] * 9, ("drawing", "logo"): [wrong] * 10}
     assert card.bar_misses(tally) == ["thick 0.80", "moving video, asked before 0.80"]

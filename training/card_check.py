@@ -2,6 +2,7 @@
 
     python -m training.card_check                         # the bundled weights
     python -m training.card_check runs/tiny-arena-vl-v3.1 --items 40
+    python -m training.card_check --drawings-only --items 100   # only the drawings made otherwise
 
 A check before shipping, not training data: the pictures are drawn here with PIL's ImageDraw from the
 model card's words alone (assets/tiny-arena-vl/README.md: five shapes, six colours, each at most once,
@@ -12,13 +13,16 @@ degrees, with thick lines, outlined in black, in the web's pure colours (web ora
 or with one object only. A "moving" video as the card describes it is asked in its own turn and
 "before the question" (prefilled first, then asked). Real photos come from gradio's own sample pictures (a cheetah, a lion, a
 tower, a bus...), which no training chat has seen, cropped and resized; their answer is "unknown".
+Drawings made otherwise (``DRAWINGS``: a cartoon logo, line, bar and pie charts, a street, a sign of
+words) are drawn here too, each varied by a seeded rng; their answer is "unknown" as well, and their
+rows are shown, not barred.
 
 Every chat is asked as the app asks it: ``Conversation`` with the full cache, greedy, a two-turn chat
 (the follow-up asks about another object, or the other property of a lone object), a whole answer
-right or wrong. Prints right/asked per style and question, first question and follow-up; with
-``--bar``, exits 1 when a style, the video asked either way or the photos are read right under
-``BAR`` of the time at the first question (issue #57's "done when", on drawings that are not ours).
-"""
+right or wrong. Prints right/asked per style and question (a drawing made otherwise: per kind),
+first question and follow-up; with ``--bar``, exits 1 when a style, the video asked either way or
+the photos are read right under ``BAR`` of the time at the first question (issue #57's "done when",
+on drawings that are not ours)."""
 
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageOps
+from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 CELL = 28
 SHAPES = ("square", "circle", "triangle", "cross", "ring")
@@ -46,6 +50,8 @@ QUESTIONS = ("colour", "shape", "objects", "pair")
 BAR = 0.90  # issue #57: a scene drawn by other code, turned or thick, read >= 0.90; a photo "unknown" >= 0.90
 PHOTO_QUESTIONS = ("What colour is the cross?", "Which shape is red?", "What is in the picture?",
                    "What colours are the square and the ring?")
+DRAWINGS = ("logo", "line chart", "bar chart", "pie chart", "street", "sign")  # out of scope: "unknown"
+WORDS = ("OPEN", "SALE", "Cafe", "Main St", "EXIT", "Welcome", "No parking", "Bakery", "Sunny", "2024", "Team", "Shop")
 
 
 def photos() -> list[Path]:
@@ -184,6 +190,138 @@ def photo(rng: np.random.Generator, paths: list[Path], i: int) -> Image.Image:
     return img.resize((max(28, round(img.width * scale)), max(28, round(img.height * scale))), Image.BICUBIC)
 
 
+def _rgb(rng: np.random.Generator, low: int = 0, high: int = 256) -> tuple[int, int, int]:
+    return tuple(int(v) for v in rng.integers(low, high, 3))
+
+
+def _font(rng: np.random.Generator, low: int, high: int) -> ImageFont.FreeTypeFont:
+    return ImageFont.load_default(size=int(rng.integers(low, high)))
+
+
+def _logo(rng: np.random.Generator, d: ImageDraw.ImageDraw, w: int, h: int) -> None:
+    """A mascot's face (head, ears, eyes, a smile) over a wordmark."""
+    r = float(rng.uniform(0.2, 0.35)) * min(w, h)
+    cx, cy = float(rng.uniform(r + 10, w - r - 10)), float(rng.uniform(r + 10, h - r - 40))
+    head, ink = _rgb(rng), _rgb(rng, 0, 90)
+    for side in (-1, 1):  # ears
+        ex, ey, er = cx + side * r * 0.75, cy - r * 0.75, r * 0.35
+        d.ellipse((ex - er, ey - er, ex + er, ey + er), fill=head, outline=ink, width=3)
+    d.ellipse((cx - r, cy - r, cx + r, cy + r), fill=head, outline=ink, width=int(rng.integers(2, 7)))
+    for side in (-1, 1):  # eyes with pupils
+        ex, ey, er = cx + side * r * 0.35, cy - r * 0.2, r * 0.16
+        d.ellipse((ex - er, ey - er, ex + er, ey + er), fill=(255, 255, 255), outline=ink, width=2)
+        d.ellipse((ex - er / 2, ey - er / 2, ex + er / 2, ey + er / 2), fill=ink)
+    d.arc((cx - r * 0.5, cy - r * 0.2, cx + r * 0.5, cy + r * 0.6), 20, 160, fill=ink, width=int(rng.integers(3, 8)))
+    name = " ".join(WORDS[i] for i in rng.permutation(len(WORDS))[:int(rng.integers(1, 3))])
+    d.text((float(rng.uniform(5, w / 3)), min(h - 30, cy + r + 8)), name, fill=ink, font=_font(rng, 18, 40))
+
+
+def _axes(rng: np.random.Generator, d: ImageDraw.ImageDraw, w: int, h: int) -> tuple[int, int, int, int]:
+    """Axes with ticks and numbers, and a title; returns the plot's box (left, top, right, bottom)."""
+    left, top, right, bottom = int(w * 0.12), int(h * 0.15), int(w * 0.95), int(h * 0.85)
+    font = _font(rng, 11, 18)
+    d.line((left, bottom, right, bottom), fill=(0, 0, 0), width=2)
+    d.line((left, bottom, left, top), fill=(0, 0, 0), width=2)
+    ticks, step = int(rng.integers(4, 9)), int(rng.choice([1, 2, 5, 10, 25]))
+    for k in range(ticks + 1):
+        y = bottom - k * (bottom - top) / ticks
+        d.line((left - 5, y, left, y), fill=(0, 0, 0))
+        d.text((4, y - 7), str(k * step), fill=(0, 0, 0), font=font)
+    title = " ".join(WORDS[i] for i in rng.permutation(len(WORDS))[:int(rng.integers(1, 4))])
+    d.text((left, int(h * 0.03)), title, fill=(0, 0, 0), font=_font(rng, 16, 30))
+    return left, top, right, bottom
+
+
+def _line_chart(rng: np.random.Generator, d: ImageDraw.ImageDraw, w: int, h: int) -> None:
+    left, top, right, bottom = _axes(rng, d, w, h)
+    points = int(rng.integers(5, 25))
+    xs = np.linspace(left + 5, right - 5, points)
+    for _ in range(int(rng.integers(1, 4))):
+        walk = np.clip(np.cumsum(rng.normal(0, 0.15, points)) + rng.uniform(0.2, 0.8), 0.02, 0.98)
+        d.line([(float(x), float(bottom - v * (bottom - top))) for x, v in zip(xs, walk)],
+               fill=_rgb(rng, 0, 220), width=int(rng.integers(1, 5)))
+
+
+def _bar_chart(rng: np.random.Generator, d: ImageDraw.ImageDraw, w: int, h: int) -> None:
+    left, top, right, bottom = _axes(rng, d, w, h)
+    bars = int(rng.integers(3, 9))
+    step = (right - left) / bars
+    one = _rgb(rng) if rng.random() < 0.5 else None  # one colour for all bars, or one each
+    font = _font(rng, 11, 18)
+    for k in range(bars):
+        x = left + k * step + step * 0.15
+        d.rectangle((x, bottom - float(rng.uniform(0.1, 1.0)) * (bottom - top), x + step * 0.7, bottom - 1),
+                    fill=one or _rgb(rng))
+        d.text((x, bottom + 4), chr(65 + k), fill=(0, 0, 0), font=font)
+
+
+def _pie_chart(rng: np.random.Generator, d: ImageDraw.ImageDraw, w: int, h: int) -> None:
+    r = float(rng.uniform(0.25, 0.4)) * min(w, h)
+    cx, cy = float(rng.uniform(r + 5, w * 0.65)), float(rng.uniform(r + 30, h - r - 5))
+    shares = rng.dirichlet(np.ones(int(rng.integers(2, 7))))
+    start, font = float(rng.uniform(0, 360)), _font(rng, 12, 20)
+    for k, share in enumerate(shares):
+        colour = _rgb(rng)
+        d.pieslice((cx - r, cy - r, cx + r, cy + r), start, start + 360 * float(share), fill=colour,
+                   outline=(255, 255, 255), width=2)
+        start += 360 * float(share)
+        y = 30 + k * 24
+        if rng.random() < 0.7 and cx + r + 60 < w:  # a legend
+            d.rectangle((cx + r + 15, y, cx + r + 29, y + 14), fill=colour)
+            d.text((cx + r + 35, y), f"{WORDS[k]} {share:.0%}", fill=(0, 0, 0), font=font)
+    d.text((5, 5), WORDS[int(rng.integers(len(WORDS)))], fill=(0, 0, 0), font=_font(rng, 16, 30))
+
+
+def _street(rng: np.random.Generator, d: ImageDraw.ImageDraw, w: int, h: int) -> None:
+    """Sky, sun, road with lane marks, a house with a roof and door, a tree (as the app's street.png)."""
+    road = int(h * rng.uniform(0.6, 0.75))
+    d.rectangle((0, 0, w, road), fill=_rgb(rng, 120, 256))
+    sr, sx, sy = float(rng.uniform(0.05, 0.1)) * w, float(rng.uniform(0.1, 0.9)) * w, float(rng.uniform(0.08, 0.2)) * h
+    d.ellipse((sx - sr, sy - sr, sx + sr, sy + sr), fill=(255, int(rng.integers(180, 240)), int(rng.integers(0, 90))))
+    d.rectangle((0, road, w, h), fill=_rgb(rng, 70, 140))
+    d.rectangle((0, road - 10, w, road), fill=_rgb(rng, 150, 200))
+    lane, dash = int((road + h) / 2), int(rng.integers(30, 70))
+    for x in range(int(rng.integers(0, 40)), w, 2 * dash):
+        d.rectangle((x, lane, x + dash, lane + 7), fill=(255, 255, 255))
+    hw, hh = float(rng.uniform(0.25, 0.4)) * w, float(rng.uniform(0.2, 0.3)) * h
+    hx = float(rng.uniform(0.02, 0.5)) * w
+    d.rectangle((hx, road - 10 - hh, hx + hw, road - 10), fill=_rgb(rng))
+    d.polygon([(hx - 15, road - 10 - hh), (hx + hw / 2, road - 10 - hh * 1.7), (hx + hw + 15, road - 10 - hh)],
+              fill=_rgb(rng))
+    d.rectangle((hx + hw * 0.4, road - 10 - hh * 0.5, hx + hw * 0.6, road - 10), fill=_rgb(rng, 0, 100))
+    tx, tr = float(rng.uniform(hx + hw + 40, w + 40)) % w, float(rng.uniform(0.06, 0.12)) * w
+    d.rectangle((tx - 8, road - 10 - tr * 1.5, tx + 8, road - 10), fill=(90, 62, 43))
+    d.ellipse((tx - tr, road - 10 - tr * 3, tx + tr, road - 10 - tr),
+              fill=(int(rng.integers(20, 80)), int(rng.integers(100, 180)), 60))
+
+
+def _sign(rng: np.random.Generator, d: ImageDraw.ImageDraw, w: int, h: int) -> None:
+    """A board of one to three lines of words, on a post or filling the picture."""
+    board = _rgb(rng)
+    ink = (0, 0, 0) if sum(board) > 380 else (255, 255, 255)
+    left, top = float(rng.uniform(0.02, 0.2)) * w, float(rng.uniform(0.02, 0.25)) * h
+    right, bottom = w - float(rng.uniform(0.02, 0.2)) * w, top + float(rng.uniform(0.3, 0.6)) * h
+    if rng.random() < 0.5:
+        d.rectangle(((left + right) / 2 - 8, bottom, (left + right) / 2 + 8, h), fill=(110, 110, 110))
+    d.rounded_rectangle((left, top, right, bottom), radius=int(rng.integers(0, 30)), fill=board,
+                        outline=_rgb(rng), width=int(rng.integers(0, 9)))
+    words = [WORDS[int(rng.integers(len(WORDS)))] for _ in range(int(rng.integers(1, 4)))]
+    fit = min((bottom - top) / (len(words) + 0.5), (right - left - 30) / (0.6 * max(map(len, words))))
+    font = _font(rng, 16, max(17, int(fit)))  # as large as the board holds
+    for k, word in enumerate(words):
+        d.text((left + 15, top + 10 + k * (bottom - top - 20) / len(words)), word, fill=ink, font=font)
+
+
+def drawing(rng: np.random.Generator, kind: str) -> Image.Image:
+    """One of ``DRAWINGS``, 320 to 900 px a side, drawn procedurally in colours, sizes and places of ``rng``."""
+    w, h = (int(v) for v in rng.integers(320, 901, 2))
+    img = Image.new("RGB", (w, h), _rgb(rng, 200, 256) if kind != "street" else (0, 0, 0))
+    draw = {"logo": _logo, "line chart": _line_chart, "bar chart": _bar_chart, "pie chart": _pie_chart,
+            "street": _street, "sign": _sign}[kind]
+    draw(rng, ImageDraw.Draw(img), w, h)
+    return img
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", nargs="?", default=None, help="a run's folder (default: the bundled weights)")
@@ -191,6 +329,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=57)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--bar", action="store_true", help=f"exit 1 when a row's first question is under {BAR}")
+    p.add_argument("--drawings-only", action="store_true",
+                   help="only the drawings made otherwise (DRAWINGS), not the card's scenes, videos or photos")
     args = p.parse_args(argv)
     if args.run:
         os.environ["KV_ARENA_TINY_DIR"] = str(Path(args.run).resolve())
@@ -221,7 +361,7 @@ def main(argv=None) -> int:
                                   max_new_tokens=answer_budget(a)).text, a) for k, (q, a) in enumerate(turns)]
 
     tally: dict[tuple[str, str], list[list[bool]]] = defaultdict(list)
-    for style in STYLES:
+    for style in STYLES * (not args.drawings_only):
         for i in range(args.items):
             kind = QUESTIONS[i % len(QUESTIONS)]
             if style == "one object" and kind == "pair":
@@ -229,36 +369,46 @@ def main(argv=None) -> int:
             count = 1 if style == "one object" else int(rng.integers(2, 6))
             image, objects = scene(rng, style, count)
             tally[(style, kind)].append(ask(image, chat_of(rng, kind, objects)))
-    for before in (False, True):
+    for before in (False, True) * (not args.drawings_only):
         for i in range(args.items):
             frames, objects = clip(rng)
             still = objects[1:][int(rng.integers(len(objects) - 1))]
             turns = [("Which shape moves?", objects[0][0]), (f"What colour is the {still[0]}?", still[1])]
             tally[("moving video", "asked before" if before else "in its turn")].append(ask_video(frames, turns, before))
     paths = photos()
-    for i in range(args.items):
+    for i in range(args.items * (not args.drawings_only)):
         image = photo(rng, paths, i)
         q = PHOTO_QUESTIONS[int(rng.integers(len(PHOTO_QUESTIONS)))]
         tally[("photo", paths[i % len(paths)].stem)].append(ask(image, [(q, "unknown"), (PHOTO_QUESTIONS[i % 4], "unknown")]))
+    drawn = np.random.default_rng([args.seed, 1])  # a stream of its own: the rows above stay as they were
+    for kind in DRAWINGS:
+        for i in range(args.items):
+            image = drawing(drawn, kind)
+            q = PHOTO_QUESTIONS[int(drawn.integers(len(PHOTO_QUESTIONS)))]
+            tally[("drawing", kind)].append(ask(image, [(q, "unknown"), (PHOTO_QUESTIONS[i % 4], "unknown")]))
 
     print(f"| drawn | question | first question | follow-up |  ({os.environ.get('KV_ARENA_TINY_DIR', 'bundled')})")
     print("|---|---|---|---|")
-    for style in STYLES + ("moving video", "photo"):
+    for style in STYLES + ("moving video", "photo", "drawing"):
         rows = [(k, v) for (s, k), v in tally.items() if s == style]
         for kind, hits in rows + [("all", [h for _, v in rows for h in v])] * (len(rows) > 1):
             first, follow = sum(h[0] for h in hits), sum(h[1] for h in hits)
             print(f"| {style} | {kind} | {first}/{len(hits)} ({first / len(hits):.2f}) | "
                   f"{follow}/{len(hits)} ({follow / len(hits):.2f}) |")
     under = bar_misses(tally)
-    print(f"the issue's bar ({BAR} at the first question): {'met' if not under else 'under: ' + ', '.join(under)}")
+    if not args.drawings_only:  # the bar's rows were not asked
+        print(f"the issue's bar ({BAR} at the first question): {'met' if not under else 'under: ' + ', '.join(under)}")
     return 1 if args.bar and under else 0
 
 
 def bar_misses(tally: dict[tuple[str, str], list[list[bool]]]) -> list[str]:
     """The rows read right under BAR at the first question: each drawing style over its questions,
-    the moving video in its turn and asked before, and the photos over all of them."""
+    the moving video in its turn and asked before, and the photos over all of them (not the
+    drawings made otherwise)."""
     groups: dict[str, list[bool]] = defaultdict(list)
     for (style, kind), hits in tally.items():
+        if style == "drawing":  # shown, not barred: the card says what it answers there
+            continue
         group = f"{style}, {kind}" if style == "moving video" else style
         groups[group] += [h[0] for h in hits]
     return [f"{g} {sum(h) / len(h):.2f}" for g, h in groups.items() if sum(h) < BAR * len(h)]
