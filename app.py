@@ -6,11 +6,14 @@ Environment: ``KV_ARENA_MODEL`` (the model picked at start; default: a hub model
 network, else the offline ``tiny-arena-vl``), ``KV_ARENA_PRELOAD=0`` (load it on first use instead),
 ``KV_ARENA_MAX_VIDEO_SECONDS`` / ``KV_ARENA_MAX_VIDEO_MB`` (upload limits), ``KV_ARENA_QUEUE``,
 ``KV_ARENA_TRUSTED_PROXY_HOPS`` (proxies whose ``X-Forwarded-For`` entries name the visitor: 1 on a
-Space, else 0), ``KV_ARENA_MAX_QUEUED_PER_VISITOR`` (events one visitor may have waiting or running, 4),
+Space, else 0; at 0 the server believes no proxy either), ``KV_ARENA_MAX_QUEUED_PER_VISITOR`` /
+``KV_ARENA_MAX_QUEUED_PER_ADDRESS`` (events one person, one address may have waiting or running: 4, 8),
 ``KV_ARENA_KV_STORE`` / ``KV_ARENA_KV_STORE_MB`` (MPIC's media KV store: directory, disk cap),
-``KV_ARENA_SESSION_IDLE_S`` (a session without a heartbeat ends after this long idle),
+``KV_ARENA_SESSION_IDLE_S`` / ``KV_ARENA_SESSION_NO_HEARTBEAT_S`` (a session without a heartbeat open ends
+after this long idle; one that never opened one, sooner), ``KV_ARENA_MAX_SESSIONS_PER_VISITOR`` (16),
 ``KV_ARENA_MAX_SCENES`` (drawn scenes kept on disk), ``KV_ARENA_MAX_UNUSED_UPLOAD_MB`` /
-``KV_ARENA_MAX_UNUSED_UPLOADS_MB`` (uploads no event used yet: per visitor, in all; ``_FILES`` too),
+``KV_ARENA_MAX_UNUSED_UPLOADS_MB`` (uploads no event used yet: per visitor, in all; ``_FILES`` and
+``_PER_ADDRESS`` too),
 ``KV_ARENA_RANDOM_MODELS=1`` / ``KV_ARENA_RANDOM_MAX_PARAMS`` (offer ``random:`` architectures, under
 that size),
 ``KV_ARENA_DB_URL`` (the "Can you tell?" tab's votes: any SQLAlchemy URL; default SQLite in
