@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from .base import KVBackend
 from .params import BUDGET
+from .stack import is_stack, stacked
 
 _REGISTRY: dict[str, type[KVBackend]] = {}
 
@@ -48,6 +49,8 @@ def available() -> list[str]:
 
 def backend_class(name: str) -> type[KVBackend]:
     registry = _discover()
+    if name not in registry and is_stack(name):  # "snapkv+fp8": a selector on a quantised store (backends.stack)
+        return stacked(name, registry)
     if name not in registry:
         raise ValueError(f"unknown method '{name}'; choose from: {', '.join(available())}")
     return registry[name]

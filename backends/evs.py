@@ -102,6 +102,7 @@ class EVS(KVBackend):
     name = "evs"
     title = "EVS (Efficient Video Sampling)"
     does = "drops"
+    chooses_tokens = True
     paper = "https://arxiv.org/abs/2510.14624"
     summary = ("Drops the video tokens that barely changed since the previous frame (cosine of the vision "
                "encoder's embeddings at the same place) before the language model reads them, the first frame "
