@@ -97,3 +97,18 @@ def test_keep_on_a_coded_layer_is_what_snapkv_keeps():
     kept_k, _ = layer.dense()
     for h in range(2):
         assert torch.equal(kept_k[0, h], dense_k[0, h, layer.kept_positions()[h]])
+
+
+def test_compare_takes_a_stack_beside_the_formats(media):
+    """Compare's method list (sent through the API as names) takes a stack and fp8 as any method."""
+    from tests.app_support import ask, config
+
+    from components import compare
+    from kv_arena import service
+
+    runs = list(compare.respond(ask("What is this?", media["image"]), ["snapkv+fp8", "fp8"], service.Session(),
+                                config(max_new_tokens=3)))
+    table = runs[-1].table
+    assert [row[0] for row in table] == ["Full cache", "SnapKV + FP8 (vLLM)", "FP8 (vLLM)"]
+    held = [float(row[2].rstrip("x")) for row in table[1:]]
+    assert held[0] < held[1] < 1  # the stack holds less than its store alone
