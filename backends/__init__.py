@@ -5,6 +5,9 @@ is registered on import; adding a method is adding a file. A subclass defined an
 test's reference backend, say) is never registered, whatever was imported first. A method module
 that fails to import fails discovery loudly, naming the module and its error: a method silently
 missing from the picker would be worse than an app that does not start.
+
+A name ``selector+store`` (``snapkv+fp8``) is a stack (:mod:`backends.stack`): :func:`backend_class`
+resolves it wherever a method's name is taken; it is never listed by :func:`available`.
 """
 
 from __future__ import annotations

@@ -276,6 +276,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                 "pictures_fit": fit(room, image, media.picture),
                 "conversations_fit": fit(room, words, args.conversation_tokens, fixed),
                 "kv_bytes_run": held, "kv_peak_bytes_run": peaks,
+                # the most held during the longer video's prefill, over the full cache's (the layers run)
+                "prefill_peak_vs_full": peaks["video"][1] / measured[REFERENCE][2]["video"][1],
                 "too_short": [kind for kind, b in slope.items() if b is None]}
                 | vllm_figures(args, gb, weights, peak, video, max_len))
     return rows
@@ -330,17 +332,21 @@ def table(rows: list[dict]) -> str:
                  f"\"GPU KV cache size: N tokens\", \"Maximum concurrency for {r0['vllm_max_model_len']:,} tokens per "
                  f"request: C x\"")
     cells = [["GiB", "method", "B/visual", "B/text", "visual tokens", "x full", "frames", "pictures", "conversations",
-              "vLLM N", "vLLM C"]]
+              "vLLM N", "vLLM C", "peak"]]
     for r in rows:
         cells.append([f"{r['memory_gb']:g}", r["method"], _per_token(r["bytes_per_visual_token"]),
                       _per_token(r["bytes_per_text_token"]), _count(r["tokens_fit"]),
                       "-" if r["vs_full"] is None else f"{r['vs_full']:.2f}", _count(r["frames_fit"]),
                       _count(r["pictures_fit"]), _count(r["conversations_fit"]), _count(r["vllm_kv_tokens"]),
-                      "-" if r["vllm_concurrency"] is None else f"{r['vllm_concurrency']:.2f}x"])
+                      "-" if r["vllm_concurrency"] is None else f"{r['vllm_concurrency']:.2f}x",
+                      f"{r['prefill_peak_vs_full']:.2f}"])
     short = {r["method"]: r["too_short"] for r in rows if r["too_short"]}
     notes = [f"-: {m} held as much at {r0['visual_tokens_run'][1]} tokens as at {r0['visual_tokens_run'][0]} "
              f"({', '.join(kinds)}): the run is shorter than its fixed part; give a larger --visual-tokens"
              for m, kinds in short.items()]
+    notes.append(f"peak: the most the cache held during the {r0['visual_tokens_run'][1]}-token video's prefill over "
+                 f"the full cache's, on the {r0['layers_run']} layer(s) run (a method that compresses after the whole "
+                 "pass holds the whole prompt's KV there: its gain is room while decoding)")
     return "\n".join(lines + aligned(cells) + notes)
 
 
