@@ -3,9 +3,11 @@ one KV head is stored as 8-bit floats, OCP E4M3 (``float8_e4m3fn``: 4 exponent b
 bits, largest finite 448), with one scale of its own. What a serving engine ships: vLLM's study finds
 fp8 about doubles the KV capacity at almost no accuracy cost.
 
-* Scale (vLLM ``triton_reshape_and_cache_flash``, per-token-head write kernel): s = max(amax / 448,
-  1e-6), amax the vector's largest magnitude; the code is x / s clamped to [-448, 448] and cast to
-  E4M3 (round to nearest, ties to even: torch's cast, as Triton's store). Decoded: code x s.
+* Scale (vLLM's dynamic per-token write kernel, ``_reshape_cache_per_token`` in
+  ``vllm/v1/attention/ops/triton_reshape_and_cache_flash.py``, its quantisation range 448 for E4M3;
+  fp8_per_token_head takes the maximum per KV head): s = max(amax / 448, 1e-6), amax the vector's
+  largest magnitude; the code is x / s clamped to [-448, 448] and cast to E4M3 (round to nearest,
+  ties to even: torch's cast, as Triton's store). Decoded: code x s.
 * Where ours differs: vLLM keeps the scale in float32 (4 bytes a vector); here it is stored in the
   cache's dtype, rounded up (so no |x| / s exceeds 448), as every quantising method here stores its
   scales (:mod:`backends.quant`): 2 bytes a vector in bfloat16, 130 bytes instead of 132 for a
