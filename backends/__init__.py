@@ -11,6 +11,9 @@ Methods from other packages (plugins) are found through the entry-point group
 registry is first read, after the project's own. Someone else's broken package must not stop the app:
 a plugin that fails to import, is no :class:`KVBackend` subclass, or takes a name already registered
 is left out with one line in the log naming its package. :func:`package_of` says where one came from.
+
+A name ``selector+store`` (``snapkv+fp8``) is a stack (:mod:`backends.stack`): :func:`backend_class`
+resolves it wherever a method's name is taken; it is never listed by :func:`available`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from importlib.metadata import entry_points
 
 from .base import KVBackend
 from .params import BUDGET
+from .stack import is_stack, stacked
 
 ENTRY_POINT_GROUP = "kv_arena.methods"
 
@@ -96,6 +100,8 @@ def available() -> list[str]:
 
 def backend_class(name: str) -> type[KVBackend]:
     registry = _discover()
+    if name not in registry and is_stack(name):  # "snapkv+fp8": a selector on a quantised store (backends.stack)
+        return stacked(name, registry)
     if name not in registry:
         raise ValueError(f"unknown method '{name}'; choose from: {', '.join(available())}")
     return registry[name]

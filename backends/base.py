@@ -299,6 +299,13 @@ class KVBackend:
     # True: the method shrinks the media before the vision tower (``media_scale``), so the prompt
     # itself is shorter; a model whose processor sizes every picture to a fixed grid refuses it
     resizes_media: ClassVar[bool] = False
+    # True: a store that codes each entry it holds on its own (FP8, INT4) and drops entries through
+    # ``KVLayer.keep``: a method that ``chooses_tokens`` can be stacked on it (``snapkv+fp8``, backends.stack)
+    quantised_store: ClassVar[bool] = False
+    # True: the method changes what the cache holds only by choosing tokens (``KVLayer.keep``, fewer
+    # prefill rows or visual tokens) and never reads a layer's stored keys and values, so it can
+    # choose what a quantised store holds (the first part of a stack)
+    chooses_tokens: ClassVar[bool] = False
     # Parameters that, with budget 1.0, make the method reproduce the full cache exactly (the
     # registry-wide lossless test uses them; e.g. a quantising method turns quantisation off).
     lossless_params: ClassVar[dict[str, Any]] = {}

@@ -27,9 +27,11 @@ PLAIN = {
     "evs": "For videos: drops the parts of each frame that did not change since the frame before; pictures are "
            "left as they are.",
     "fastv": "After the first two layers, the model stops reading the half of the image it looks at least.",
+    "fp8": "Keeps every token, but stores its numbers in 8 bits instead of 16, as vLLM's fp8 cache does.",
     "h2o": "Keeps the tokens the model has looked at most so far, and the newest ones.",
     "infinipot_v": "For long videos: keeps memory under a fixed cap, keeping the newest frames and the parts of "
                    "older ones that changed most or stand out most.",
+    "int4": "Keeps every token, but stores its numbers in 4 bits instead of 16, as vLLM's int4 cache does.",
     "kivi": "Keeps every token, but stores its numbers with 2 bits instead of 16 (the newest ones stay exact).",
     "mpic": "Reuses what it computed for a picture it has seen before, instead of reading the picture again.",
     "pyramidkv": "Like SnapKV, but the first layers keep more tokens and the last layers fewer.",

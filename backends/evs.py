@@ -30,6 +30,10 @@ Where we depart from vLLM:
 * vLLM builds the prompt with the pruned placeholder count; the runtime builds the whole prompt and
   drops the rows before the first layer, which computes and caches the same tokens at the same
   positions. Qwen3-VL's DeepStack features follow the kept rows (``kv_arena.runtime.narrowing``).
+* The scores: computed here in float32 they equal the exact rule; vLLM computes them in the model's
+  dtype on a GPU (bfloat16), where most dissimilarities round to a few values and tie, and the
+  stable sort then keeps the earlier frames' tokens: the kept sets overlap 0.67-0.98 with the exact
+  rule's on synthetic embeddings (issue #70). "As vLLM" here is the rule, not its bf16 ties.
 * Any model's video is pruned the same way (LLaVA's videos are frames of images: a frame is one).
   Through ``kv_arena.hf`` a video's layout is read from the token ids, without its frame grid:
   nothing is pruned there, and the note says so. A streamed video is not supported (no cap).
@@ -102,6 +106,7 @@ class EVS(KVBackend):
     name = "evs"
     title = "EVS (Efficient Video Sampling)"
     does = "drops"
+    chooses_tokens = True
     paper = "https://arxiv.org/abs/2510.14624"
     summary = ("Drops the video tokens that barely changed since the previous frame (cosine of the vision "
                "encoder's embeddings at the same place) before the language model reads them, the first frame "

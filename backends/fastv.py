@@ -77,6 +77,7 @@ class FastV(KVBackend):
     name = "fastv"
     title = "FastV"
     does = "drops"
+    chooses_tokens = True
     paper = "https://arxiv.org/abs/2403.06764"
     summary = ("After layer K (2), drops the visual tokens the last prompt token attends to least (R = 50% of "
                "them) for every later layer: the prefill runs on fewer tokens and their cache is smaller. No "

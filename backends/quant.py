@@ -127,13 +127,13 @@ def quantize(x: torch.Tensor, bits: int, reduce_dim: int) -> QuantTensor:
     xf = x.float()
     levels = (1 << bits) - 1
     low, high = xf.amin(dim=reduce_dim, keepdim=True), xf.amax(dim=reduce_dim, keepdim=True)
-    zero = _round(low, dtype, down=True)
-    scale = _round(((high - zero.float()) / levels).clamp_min(torch.finfo(dtype).tiny * levels), dtype, down=False)
+    zero = round_outward(low, dtype, down=True)
+    scale = round_outward(((high - zero.float()) / levels).clamp_min(torch.finfo(dtype).tiny * levels), dtype, down=False)
     codes = ((xf - zero.float()) / scale.float()).round().clamp_(0, levels)
     return QuantTensor(shape, bits, dtype, codes=pack(codes, bits), scale=scale, zero=zero)
 
 
-def _round(value: torch.Tensor, dtype: torch.dtype, down: bool) -> torch.Tensor:
+def round_outward(value: torch.Tensor, dtype: torch.dtype, down: bool) -> torch.Tensor:
     """``value`` (float32) in ``dtype``, rounded toward -inf (``down``) or +inf, so the stored range
     still covers every value."""
     stored = value.to(dtype)

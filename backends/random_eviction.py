@@ -64,6 +64,7 @@ class RandomEviction(KVBackend):
     name = "random"
     title = "Random eviction"
     does = "drops"
+    chooses_tokens = True
     paper = "https://arxiv.org/abs/2511.02650"
     summary = ("Keeps all the text and, up to the budget, visual tokens drawn uniformly at random (per layer and KV "
                "head, seeded so a run repeats): the baseline a method that chooses its tokens must beat.")

@@ -80,6 +80,7 @@ class SnapKV(KVBackend):
     name = "snapkv"
     title = "SnapKV"
     does = "drops"
+    chooses_tokens = True
     paper = "https://arxiv.org/abs/2404.14469"
     summary = ("Keeps, per KV head, the prompt entries the last 32 prompt tokens attend to most (pooled so "
                "neighbours come along) plus those 32 tokens; decoded tokens are appended.")

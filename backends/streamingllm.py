@@ -26,6 +26,7 @@ class StreamingLLM(KVBackend):
     name = "streamingllm"
     title = "StreamingLLM"
     does = "drops"
+    chooses_tokens = True
     paper = "https://arxiv.org/abs/2309.17453"
     summary = "Keeps the first tokens (attention sinks) and the most recent ones; drops the middle, images included."
     sink_tokens: int = param(4, "How many of the very first tokens are always kept (the 'attention sinks').", 0, 64, 1)

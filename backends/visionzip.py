@@ -107,6 +107,7 @@ class VisionZip(KVBackend):
     name = "visionzip"
     title = "VisionZip"
     does = "drops, merges"
+    chooses_tokens = True
     paper = "https://arxiv.org/abs/2412.04467"
     summary = ("Before the language model reads an image, keeps the image tokens the vision encoder's summary "
                "token attends to most, plus a few tokens that each average a group of similar others; the rest "

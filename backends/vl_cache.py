@@ -112,6 +112,7 @@ class VLCache(KVBackend):
     name = "vl_cache"
     title = "VL-Cache"
     does = "drops"
+    chooses_tokens = True
     paper = "https://arxiv.org/abs/2410.23317"
     summary = ("Gives denser layers more cache (sparsity of the attention of the text after the image) and keeps "
                "the tokens that text attends to most.")

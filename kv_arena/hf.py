@@ -184,9 +184,9 @@ class Press:
 
 @contextmanager
 def compress(model, method: str, budget: float = 1.0, **params):
-    """Apply ``method`` (any registered name; its parameters as keywords) to ``model`` while the
-    block runs; pass ``cache=press.cache`` to ``generate`` (``past_key_values=`` before transformers
-    5.24; both are taken where the release takes both). The press stays readable
+    """Apply ``method`` (any registered name, or a stack such as ``snapkv+fp8``; its parameters as
+    keywords) to ``model`` while the block runs; pass ``cache=press.cache`` to ``generate``
+    (``past_key_values=`` before transformers 5.24; both are taken where the release takes both). The press stays readable
     (and its cache usable by another ``compress`` block) after the block."""
     cls = backends.backend_class(method)
     if issubclass(cls, ReusesMedia):

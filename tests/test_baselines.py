@@ -177,6 +177,21 @@ def test_the_accuracy_tables_carry_loyalty_per_protocol():
     assert "loyalty 0.75/0.50/1.00" in table(report) and "loyalty -/-/-" in table(report)
 
 
+def test_random_eviction_over_several_seeds_is_their_mean_with_each_draw_beside_it():
+    """Random eviction draws one mask per prompt shape: ``--seeds`` averages several draws and keeps
+    each draw's rate, so the table shows their spread (issue #70)."""
+    from kv_arena.bench.accuracy import averaged, line
+
+    draws = [{"n": 34, "realised": 0.2, "with": w, "before": b, "follow": f, "with_ran_on": 0.0, "before_ran_on": 0.0,
+              "follow_ran_on": 0.0, "with_loyalty": w, "before_loyalty": b, "follow_loyalty": f}
+             for w, b, f in [(1.0, 0.5, 0.25), (1.0, 0.25, 0.75), (0.5, 0.75, 0.5)]]
+    point = averaged(draws)
+    assert point["n"] == 34 and point["seeds"] == 3 and point["before"] == pytest.approx(0.5)
+    assert point["before_seeds"] == [0.5, 0.25, 0.75] and point["realised"] == pytest.approx(0.2)
+    shown = line("colour", "random", {"knob": "budget", "value": 0.2} | point)
+    assert "over 3 seeds: with 0.50-1.00  before 0.25-0.75  follow 0.25-0.75" in shown
+
+
 def test_compare_shows_each_methods_loyalty():
     from components import compare
     from kv_arena import service

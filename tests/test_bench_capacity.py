@@ -59,6 +59,12 @@ def test_json_rows_and_a_table(capsys):
     (["--methods", "visionzip"], "before the decoder"),
     (["--picture", "wide"], "--picture expects WIDTHxHEIGHT"),
     (["--visual-tokens", "100"], "multiple of 16"),
+    (["--memory-gb", "inf"], "--memory-gb must be positive and finite"),
+    (["--memory-gb", "H100"], "expects GiB or a card"),
+    (["--visual-tokens", "1000000000"], "must fit tiny-qwen2-vl's context"),
+    (["--device", "nope"], "--device: no device 'nope'"),
+    (["--max-model-len", "0"], "--max-model-len must lie in"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must lie in (0, 1]"),
 ])
 def test_bad_input_is_one_line(capsys, argv, message):
     code = cli.main(TINY + argv)
@@ -109,3 +115,27 @@ def test_the_gpu_check_keeps_the_capacity_tables_when_it_writes_its_page(tmp_pat
     assert kept_sections(page) == ""
     page.write_text("# The GPU check\n\n**Not run yet.**\n\n## Capacity\n\nthe tables\n")
     assert kept_sections(page) == "\n## Capacity\n\nthe tables\n"
+
+
+def test_a_method_that_rotates_stored_keys_is_measured_too(capsys):
+    """AttentionPack rebuilds keys through the model's rotary tables: the bench's prefill hands them over
+    (its default methods ended in a TypeError before)."""
+    assert cli.main(TINY + ["--methods", "full,attention_pack", "--json"]) == 0
+    rows = {r["method"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["attention_pack"]["bytes_per_visual_token"] < rows["full"]["bytes_per_visual_token"]
+
+
+def test_vllms_figures_on_qwen2_vl_2b_at_24_gb_and_fp8_fits_about_twice_the_tokens(capsys):
+    argv = ["--mode", "capacity", "--memory-gb", "A10G", "--methods", "full,fp8,int4,snapkv+fp8", "--visual-tokens", "128",
+            "--num-layers", "1", "--json"]
+    assert cli.main(argv) == 0
+    rows = {r["method"]: r for r in json.loads(capsys.readouterr().out)}
+    full, fp8 = rows["full"], rows["fp8"]
+    assert full["memory_gb"] == 24 and full["vllm_max_model_len"] == 32768 and full["vllm_gpu_memory_utilization"] == 0.92
+    available = int(0.92 * 24 * capacity.GIB - full["weight_bytes"] - full["vllm_profiled_peak_bytes"] - full["reserve_bytes"])
+    assert full["vllm_available_bytes"] == available
+    blocks = available // (16 * full["full_bytes_per_token_config"])
+    assert full["vllm_kv_tokens"] == 16 * blocks and full["vllm_concurrency"] == pytest.approx(blocks / 2048)
+    assert 1.8 <= fp8["vs_full"] <= 2.1 and 1.8 <= fp8["vllm_concurrency"] / full["vllm_concurrency"] <= 2.1
+    assert fp8["bytes_per_visual_token"] == 28 * 2 * 2 * (128 + 2)  # layers, K and V, KV heads, codes + scale
+    assert 3.5 <= rows["int4"]["vs_full"] <= 4 and 9 <= rows["snapkv+fp8"]["vs_full"] <= 11  # budget 0.2 at 8 bits

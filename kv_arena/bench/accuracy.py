@@ -99,6 +99,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="run only --methods on that earlier run's items (its model, types and count) and write "
                         "it back with their rows added (or replaced)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=1,
+                   help="draws of a method with a seed (random eviction): each point is their mean, with each draw's "
+                        "rates beside it (PROTOCOL_seeds); default 1")
     p.add_argument("--json", action="store_true", help="print the report's JSON (progress and tables go to stderr)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on CUDA)")
@@ -282,12 +285,30 @@ def said(verdicts: dict[str, list[Verdict]]) -> dict[str, list[str]]:
 
 
 def sweep(loaded, method: str, values: dict[str, list[float]], items: list, full_bytes: list[int],
-          reference: dict[str, list[str]]) -> list[dict]:
-    """One point per knob value (see :func:`point`)."""
+          reference: dict[str, list[str]], seeds: int = 1) -> list[dict]:
+    """One point per knob value (see :func:`point`); a method with a ``seed`` (random eviction draws
+    one mask per prompt shape, reading no content) is drawn ``seeds`` times and averaged (:func:`averaged`),
+    so its point stands for the method, not for one draw."""
     knob = knob_of(method)
-    return [{"knob": knob, "value": value} | point(loaded, method, {} if knob is None else {knob: value}, items,
-                                                    full_bytes, reference)
-            for value in values.get(knob, [None])]
+    seeded = seeds > 1 and any(p.name == "seed" for p in backends.backend_class(method).param_specs())
+    out = []
+    for value in values.get(knob, [None]):
+        kwargs = {} if knob is None else {knob: value}
+        draws = [point(loaded, method, kwargs | ({"seed": seed} if seeded else {}), items, full_bytes, reference)
+                 for seed in range(seeds if seeded else 1)]
+        out.append({"knob": knob, "value": value} | (averaged(draws) if seeded else draws[0]))
+    return out
+
+
+def averaged(draws: list[dict]) -> dict:
+    """Points of one method at one knob value under several seeds: every figure's mean, ``n`` the
+    chats of one draw, and each protocol's rate per draw (``PROTOCOL_seeds``: their spread)."""
+    out = {key: float(np.mean([d[key] for d in draws])) for key in draws[0] if key != "n"}
+    out["n"] = draws[0]["n"]
+    out["seeds"] = len(draws)
+    for name in PROTOCOLS:
+        out[f"{name}_seeds"] = [d[name] for d in draws]
+    return out
 
 
 def _values(text: str, name: str, high: float = 1.0, kind=float) -> list:
@@ -319,6 +340,8 @@ def run(args) -> dict:
             raise UserError(f"unknown question type '{k}'; choose from: {', '.join(scenes.QUESTION_TYPES)}")
     if args.per_type < 1:
         raise UserError(f"--per-type must be at least 1; got {args.per_type}")
+    if not 1 <= args.seeds <= 100:
+        raise UserError(f"--seeds must lie in [1, 100]; got {args.seeds}")
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     refused = {m: refusal(loaded.model, backends.make_backend(m)) for m in methods}
     refused = {m: reason for m, reason in refused.items() if reason}  # VisionZip on a tower without a CLS token
@@ -348,7 +371,7 @@ def run(args) -> dict:
                 print(line(kind, REFERENCE, points[kind][REFERENCE][0]), flush=True)
         reference_answers[kind] = reference
         for method in [m for m in methods if m != REFERENCE]:
-            points[kind][method] = sweep(loaded, method, values, items, full_bytes, reference)
+            points[kind][method] = sweep(loaded, method, values, items, full_bytes, reference, args.seeds)
             for p in points[kind][method]:
                 print(line(kind, method, p), flush=True)
         if not args.no_probe:

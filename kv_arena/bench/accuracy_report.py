@@ -31,7 +31,9 @@ def line(kind: str, method: str, p: dict) -> str:
     loyal_cells = "/".join(f"{p[f'{n}_loyalty']:.2f}" if f"{n}_loyalty" in p else "-" for n in PROTOCOLS)
     return (f"{kind:8s} {method:15s} {knob:12s} kv {p['realised']:.2f}  " +
             "  ".join(f"{name} {p[name]:.2f}" for name in PROTOCOLS) +
-            f"  loyalty {loyal_cells}  ran on {max(p[f'{n}_ran_on'] for n in PROTOCOLS):.2f}  (n={p['n']})")
+            f"  loyalty {loyal_cells}  ran on {max(p[f'{n}_ran_on'] for n in PROTOCOLS):.2f}  (n={p['n']})" +
+            (f"  over {p['seeds']} seeds: " + "  ".join(f"{n} {min(p[f'{n}_seeds']):.2f}-{max(p[f'{n}_seeds']):.2f}"
+                                                       for n in PROTOCOLS) if p.get("seeds") else ""))
 
 
 def _pooled(points: list[dict], key: str) -> tuple[float, float, float]:

@@ -29,6 +29,7 @@ from PIL import Image
 
 from kv_arena import backends
 from kv_arena.backends.descriptions import describe, shown_title
+from kv_arena.backends.stack import selects
 
 from ..errors import UserError
 from ..media import load_image, load_video
@@ -235,6 +236,9 @@ def listing(args) -> int | None:
         print(methods_markdown())
     else:
         print("methods:", ", ".join(backends.available()))
+        selectors = ", ".join(backends.names_where(selects))
+        print("stacks: ", f"SELECTOR+STORE, e.g. snapkv+fp8; selectors: {selectors}; stores: "
+              + ", ".join(backends.names_where(lambda cls: cls.quantised_store)))
         print("models: ", ", ".join(m["name"] for m in found["models"]))
     return 0
 

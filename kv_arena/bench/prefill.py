@@ -62,7 +62,7 @@ from kv_arena.backends.layout import PromptLayout, VisualSpan
 from ..errors import UserError
 from ..runtime.attention import ATTENTION_NAME, active_run
 from ..runtime.cache import KVCache
-from ..runtime.forward import run_forward
+from ..runtime.forward import rotary_of, run_forward
 from ..runtime.models import (
     model_spec,
     pick_device,
@@ -161,7 +161,7 @@ def prefill(model, backend, num_layers: int, embeds, rope, layout, sync: bool) -
     cache = KVCache(backend, num_layers)
     call = AttentionCall(layer_idx=0, num_layers=num_layers, phase="prefill",
                          positions=torch.arange(total, device=embeds.device), rope_ids=rope, layout=layout,
-                         seen=total, step=0)
+                         seen=total, step=0, rotary=rotary_of(model))
     if sync:
         torch.cuda.synchronize()
     start = time.perf_counter()

@@ -9,10 +9,20 @@ their figures here are the label's, a little above what a program gets.
 Room for the KV cache = memory - the weights - a reserve (``RESERVE_GIB``, 1 GiB): the CUDA context,
 the kernels' workspaces and a decode step's activations. A long prefill that is not run in chunks
 needs more for its activations; the benchmark takes another reserve (``--reserve-gb``).
+
+vLLM's figures (:func:`vllm_kv`) beside ours, in its own words: at start-up vLLM logs "GPU KV cache
+size: N tokens" and "Maximum concurrency for L tokens per request: C x". It gives the cache
+``gpu_memory_utilization`` (0.92 by default, vllm/config/cache.py) of the card's memory, less the
+weights, the activation peak of a profiled forward pass and memory outside torch, in blocks of 16
+tokens (``CacheConfig.DEFAULT_BLOCK_SIZE``); N is the blocks times 16, C is N over L (L: the model's
+maximum length, ``max_model_len``). The profiled peak is not measured here: :func:`profiled_peak`
+approximates it (one chunk of 8,192 tokens through a decoder layer's widest activations, and the
+sampler's float32 logits for 256 sequences), and memory outside torch is the same reserve.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GIB = 2**30
@@ -36,9 +46,17 @@ class Card:
         return f"{self.name} ({self.memory_gib:g} GB)"
 
 
-# the Space's suggested card first (README: a10g-small), then the ones docs/gpu.md's table names
-CARDS = (Card("A10G", 24), Card("L4", 24), Card("A100", 80), Card("H100", 80))
+# the Space's suggested card first (README: a10g-small), then the others Spaces offer (ZeroGPU: half
+# an RTX Pro 6000; H100 is no longer offered)
+CARDS = (Card("A10G", 24), Card("T4", 16), Card("L4", 24), Card("L40S", 48), Card("ZeroGPU", 48),
+         Card("RTX Pro 6000", 96), Card("A100", 80))
 SPACE_CARD = CARDS[0]
+
+
+def card(name: str) -> Card | None:
+    """The card called ``name`` (case and spaces aside), or None."""
+    key = name.replace(" ", "").lower()
+    return next((c for c in CARDS if c.name.replace(" ", "").lower() == key), None)
 
 
 def room(memory_bytes: float, weight_bytes: float, reserve_bytes: float = RESERVE_GIB * GIB) -> int:
@@ -113,3 +131,41 @@ def media_tokens(config, picture: tuple[int, int], frame: tuple[int, int]) -> Me
     view = (vision.image_size // vision.patch_size) ** 2
     tiled = config.model_type in ("llava_next", "llava_onevision")
     return MediaTokens(view, view, 1, "a floor: larger pictures are tiled into more tokens" if tiled else "")
+
+
+VLLM_UTILIZATION = 0.92  # vllm/config/cache.py: gpu_memory_utilization's default
+VLLM_BLOCK = 16  # CacheConfig.DEFAULT_BLOCK_SIZE: tokens a cache block holds
+VLLM_CHUNK = 8192  # tokens of the forward pass vLLM profiles (max_num_batched_tokens)
+VLLM_SEQS = 256  # max_num_seqs: the sampler's logits are profiled for as many sequences
+
+
+def profiled_peak(text_config, dtype_bytes: int) -> int:
+    """Approximately the activation peak of vLLM's profile run: :data:`VLLM_CHUNK` tokens through a
+    decoder layer's widest moment (residual, norm and attention's four hidden-wide tensors; the MLP's
+    gate, up and product, intermediate-wide) at the dtype's width, and float32 logits of
+    :data:`VLLM_SEQS` sequences. An approximation: vLLM measures it (and, for a vision model, the
+    vision encoder's profile too, which is not counted here)."""
+    hidden, inner = text_config.hidden_size, text_config.intermediate_size
+    return VLLM_CHUNK * (4 * hidden + 3 * inner) * dtype_bytes + VLLM_SEQS * text_config.vocab_size * 4
+
+
+@dataclass(frozen=True)
+class VllmKV:
+    """What vLLM would log for a cache of ``bytes_per_token`` on a card."""
+
+    available_bytes: int  # utilization x memory - weights - profiled peak - reserve
+    tokens: int  # "GPU KV cache size: N tokens": whole blocks of 16
+    concurrency: float  # "Maximum concurrency for L tokens per request: C x"
+
+
+def vllm_kv(memory_bytes: float, weight_bytes: float, peak_bytes: float, reserve_bytes: float,
+            bytes_per_token: float, max_len: int, utilization: float = VLLM_UTILIZATION) -> VllmKV:
+    """vLLM's KV cache size and concurrency (see the module's docstring); ValueError (a sentence) when
+    nothing is left for the cache."""
+    available = int(memory_bytes * utilization - weight_bytes - peak_bytes - reserve_bytes)
+    if available <= 0:
+        raise ValueError(f"vLLM would find no room for the cache: {utilization:g} x {memory_bytes / GIB:g} GiB less "
+                         f"the weights ({weight_bytes / GIB:.2f} GiB), a profiled peak ({peak_bytes / GIB:.2f} GiB) "
+                         f"and the reserve ({reserve_bytes / GIB:g} GiB)")
+    blocks = int(available // (bytes_per_token * VLLM_BLOCK))
+    return VllmKV(available, blocks * VLLM_BLOCK, blocks / math.ceil(max_len / VLLM_BLOCK))

@@ -23,6 +23,18 @@ def position_ids(rope_ids: torch.Tensor) -> torch.Tensor:
     return rope_ids[:, None, :] if rope_ids.shape[0] == 3 else rope_ids
 
 
+def rotary_of(decoder):
+    """``AttentionCall.rotary`` for a decoder built alone (a text model with its ``rotary_emb``): (P, n)
+    rotary ids -> (cos, sin) as the model computes them; a method that rotates stored keys (AttentionPack)
+    needs it in every prefill."""
+    dummy = torch.zeros(1, dtype=decoder.dtype, device=decoder.device)
+
+    def rotary(rope_ids: torch.Tensor):
+        return decoder.rotary_emb(dummy, position_ids(rope_ids.to(decoder.device)))
+
+    return rotary
+
+
 @functools.cache
 def _keyword_of(forward) -> str:
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"

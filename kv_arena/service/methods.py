@@ -85,3 +85,8 @@ def methods_on(model: str) -> list[str]:
     """The methods that run on ``model`` (:func:`refused_methods` left out), the full cache first."""
     refused = refused_methods(model)
     return [name for name in backends.available() if name not in refused]
+
+
+def stacks_of(selector: str) -> list[str]:
+    """``selector`` on each quantised store (``snapkv+fp8``, ``snapkv+int4``): the stacks Compare offers."""
+    return [f"{selector}+{store}" for store in backends.names_where(lambda cls: cls.quantised_store)]
