@@ -27,7 +27,7 @@ from .outputs import KEEP, Outputs, by_component, components_of
 from .chat import ASSETS, TEXT_EVERY_S, box_as_sent, parse_message, progress_reporter, refusal, show_examples
 from .chat import examples as chat_examples
 from .chat_status import hint_line
-from .settings import DEFAULT_METHOD, RANGES, SettingsPanel, control, offered, own_params, quoted, settings_from_named
+from .settings import RANGES, SettingsPanel, control, offered, own_params, quoted, settings_from_named
 
 SLOTS = 1 + service.MAX_COMPARE  # the full cache and up to four methods
 DEFAULT_METHODS = ["h2o", "snapkv", "attention_pack", "elastic_cache"]  # at 0.2 they differ on follow-ups
@@ -261,9 +261,7 @@ def limit_methods(chosen: list[str]) -> tuple[list[str], str]:
 def choices(model: str | None = None) -> list[tuple[str, str]]:
     """(title, name) of the methods Compare offers for ``model`` (default: the one picked at start):
     each that runs on it, the full cache aside (it always runs first)."""
-    options = offered(service.default_model() if model is None else model, reference=False)
-    stacks = [(service.method_spec(s)["title"], s) for s in service.stacks_of(DEFAULT_METHOD)]  # SnapKV on FP8, INT4
-    return options + stacks if DEFAULT_METHOD in [n for _, n in options] else options
+    return offered(service.default_model() if model is None else model, reference=False)  # stacks too
 
 
 def methods_for_model(model: str, ticked: list[str] | None) -> gr.CheckboxGroup:

@@ -112,3 +112,17 @@ def test_compare_takes_a_stack_beside_the_formats(media):
     assert [row[0] for row in table] == ["Full cache", "SnapKV + FP8 (vLLM)", "FP8 (vLLM)"]
     held = [float(row[2].rstrip("x")) for row in table[1:]]
     assert held[0] < held[1] < 1  # the stack holds less than its store alone
+
+
+def test_the_chats_method_picker_offers_the_stacks_and_a_turn_runs_on_one(media):
+    """Chat's picker lists SnapKV on each store, as Compare's boxes do, and a turn answers with it."""
+    from tests.app_support import ask, turn
+
+    from components import compare, settings
+    from kv_arena import service
+
+    offered = [name for _, name in settings.offered("tiny-qwen2-vl")]
+    assert offered[-2:] == service.stacks_of("snapkv") == ["snapkv+fp8", "snapkv+int4"]
+    assert [name for _, name in compare.choices("tiny-qwen2-vl")][-2:] == offered[-2:]
+    outputs, error = turn(service.Session(), ask("What is this?", media["image"]), method="snapkv+fp8", budget=0.4)
+    assert error is None and outputs[-1].status.startswith("**SnapKV + FP8 (vLLM)**")
