@@ -103,6 +103,8 @@ BLIND_RETURNS = ("the battle's id (give it to /vote, and to /blind's battle for 
                  "(the full cache's and a method's, in a random order), the status line, the reveal (empty until "
                  "the vote), the message box, the vote control (emptied: null).")
 SIGN_IN = "sign in with Hugging Face (the button above) for your votes to count"
+# off a Space there is no button to point at
+NO_SIGN_IN = "only signed-in votes count here (KV_ARENA_BLIND_REQUIRE_LOGIN), and this server offers no sign-in"
 
 
 def blind(message, model, method=service.blind.DRAW, budget=RANDOM, battle="", session=None, request: gr.Request = None,
@@ -167,7 +169,8 @@ def vote(battle, choice, session=None, request: gr.Request = None,
         reveal = service.blind.vote(battle, choice, client, session, _visitor(request), account)
     except UserError as exc:
         return VoteOutputs(status=refusal(exc))
-    counted = "" if reveal.counted else f" It is kept but not counted on the leaderboard: {SIGN_IN if login_available() else 'only signed-in votes count here (KV_ARENA_BLIND_REQUIRE_LOGIN), and this server offers no sign-in'}."
+    counted = "" if reveal.counted else \
+        f" It is kept but not counted on the leaderboard: {SIGN_IN if login_available() else NO_SIGN_IN}."
     return VoteOutputs(reveal=reveal_text(reveal), status=f"Vote recorded.{counted} Ask a follow-up to continue both "
                        "conversations (it is voted on again), or start a new battle.", board=board())
 
