@@ -16,7 +16,9 @@ reported per method. Every rate carries its 95% Wilson interval. Beside each rat
 method's **loyalty**: the share of items whose answer is the full cache's answer, whole (the same
 normalisation; EffiVLM-Bench's headline metric): right or wrong, did the method change the answer?
 The full cache's answers are kept in the JSON (``reference_answers``) so that ``--add`` measures a
-new method's loyalty against the same answers. A long table runs on two cores (or machines) as two
+new method's loyalty against the same answers. Each chat's verdict is kept too, per protocol under a
+stable id (``right``: ``KIND/i``), so ``--paired A,B`` decides whether A beats B by exact McNemar
+over the same chats (:mod:`.paired`). A long table runs on two cores (or machines) as two
 chains of ``--add`` on copies of one run; ``--add A.json --from-json B.json`` then adds B's rows to A,
 refused unless both asked the same chats.
 
