@@ -67,6 +67,9 @@ def test_compare_prints_counts_p_and_the_verdict_per_column_with_the_test_named(
         compare(report, Side("snapkv", None), Side("full", None))
     with pytest.raises(UserError, match="h2o is not in this run"):
         compare(report, Side("h2o", None), Side("full", None))
+    report["points"]["colour"]["snapkv"][1]["right"]["with"]["colour/0"] = 0.67  # a data set's metric, between
+    with pytest.raises(UserError, match="paired test unavailable: it counts right and wrong answers"):
+        compare(report, Side("snapkv", 0.4), Side("full", None))
     del report["points"]["colour"]["full"][0]["right"]  # a run written before the verdicts were kept
     with pytest.raises(UserError, match="paired test unavailable: full has no per-chat verdicts"):
         compare(report, Side("full", None), Side("snapkv", 0.2))

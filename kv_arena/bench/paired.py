@@ -102,7 +102,8 @@ def _verdicts(report: dict, side: Side, protocol: str) -> dict[str, bool]:
 
 def compare(report: dict, a: Side, b: Side) -> list[str]:
     """The test per protocol column: the discordant chats each way, p, and the verdict."""
-    _points(report, a), _points(report, b)  # both named right before any verdict is read
+    for side in (a, b):  # both name a point of the run before any verdict is read
+        _points(report, side)
     lines = []
     for protocol in PROTOCOLS:
         va, vb = _verdicts(report, a, protocol), _verdicts(report, b, protocol)
