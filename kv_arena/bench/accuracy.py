@@ -16,7 +16,9 @@ reported per method. Every rate carries its 95% Wilson interval. Beside each rat
 method's **loyalty**: the share of items whose answer is the full cache's answer, whole (the same
 normalisation; EffiVLM-Bench's headline metric): right or wrong, did the method change the answer?
 The full cache's answers are kept in the JSON (``reference_answers``) so that ``--add`` measures a
-new method's loyalty against the same answers. A long table runs on two cores (or machines) as two
+new method's loyalty against the same answers. Each chat's verdict is kept too, per protocol under a
+stable id (``right``: ``KIND/i``), so ``--paired A,B`` decides whether A beats B by exact McNemar
+over the same chats (:mod:`.paired`). A long table runs on two cores (or machines) as two
 chains of ``--add`` on copies of one run; ``--add A.json --from-json B.json`` then adds B's rows to A,
 refused unless both asked the same chats.
 
@@ -68,6 +70,7 @@ from .common import REFERENCE
 from .datasets_items import load_items
 from .accuracy_report import PROBES, PROTOCOL_TITLES, PROTOCOLS, figure, line, markdown, table, wilson  # noqa: F401
 from .metrics import METRICS
+from .paired import compare, parse_pair
 
 
 
@@ -98,6 +101,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--add", default=None, metavar="JSON",
                    help="run only --methods on that earlier run's items (its model, types and count) and write "
                         "it back with their rows added (or replaced)")
+    p.add_argument("--paired", action="append", default=[], metavar="A,B",
+                   help="after the tables, test point A against point B (METHOD or METHOD@VALUE, e.g. "
+                        "snapkv+fp8@0.4,snapkv@0.2) per protocol by exact McNemar over the same chats: 'beats' "
+                        "or 'ties' at p < 0.05; repeatable; with --from-json, on an earlier run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", type=int, default=1,
                    help="draws of a method with a seed (random eviction): each point is their mean, with each draw's "
@@ -259,18 +266,28 @@ def answers(loaded, method: str, kwargs: dict, items: list) -> tuple[dict[str, l
 
 
 def point(loaded, method: str, kwargs: dict, items: list, full_bytes: list[int],
-          reference: dict[str, list[str]] | None = None) -> dict:
+          reference: dict[str, list[str]] | None = None, ids: list[str] | None = None) -> dict:
     """One method at one knob value over ``items``: each protocol's rate, run-on share and loyalty to
     the full cache's answers ``reference`` (per protocol, one per item; None: this is the full
-    cache, loyal by definition), and the realised KV fraction."""
+    cache, loyal by definition), the realised KV fraction, and each chat's verdict under its id."""
     verdicts, held = answers(loaded, method, kwargs, items)
-    return scored(verdicts, held, full_bytes, reference)
+    return scored(verdicts, held, full_bytes, reference, ids)
+
+
+def chat_ids(kind: str, items: list) -> list[str]:
+    """A stable id per chat: ``KIND/i``, the i-th held-out chat of the type (or the i-th item read of a
+    data set); the same in every run of one model, generation and type, so two methods' verdicts pair up."""
+    return [f"{kind}/{i}" for i in range(len(items))]
 
 
 def scored(verdicts: dict[str, list[Verdict]], held: list[int], full_bytes: list[int],
-           reference: dict[str, list[str]] | None = None) -> dict:
-    """:func:`point`'s figures from the verdicts and the bytes held."""
+           reference: dict[str, list[str]] | None = None, ids: list[str] | None = None) -> dict:
+    """:func:`point`'s figures from the verdicts and the bytes held; with ``ids``, each chat's verdict
+    per protocol (``right``: id -> right, or a data set's score) for the paired test (:mod:`.paired`)."""
     out = {"n": len(held), "realised": float(np.mean([b / f for b, f in zip(held, full_bytes)]))}
+    if ids is not None:
+        out["right"] = {name: {i: v.right if isinstance(v.right, bool) else float(v.right) for i, v in zip(ids, vs)}
+                        for name, vs in verdicts.items()}
     for name, vs in verdicts.items():
         out[name] = float(np.mean([v.right for v in vs]))
         out[f"{name}_ran_on"] = float(np.mean([v.ran_on for v in vs]))
@@ -285,7 +302,7 @@ def said(verdicts: dict[str, list[Verdict]]) -> dict[str, list[str]]:
 
 
 def sweep(loaded, method: str, values: dict[str, list[float]], items: list, full_bytes: list[int],
-          reference: dict[str, list[str]], seeds: int = 1) -> list[dict]:
+          reference: dict[str, list[str]], seeds: int = 1, ids: list[str] | None = None) -> list[dict]:
     """One point per knob value (see :func:`point`); a method with a ``seed`` (random eviction draws
     one mask per prompt shape, reading no content) is drawn ``seeds`` times and averaged (:func:`averaged`),
     so its point stands for the method, not for one draw."""
@@ -294,7 +311,7 @@ def sweep(loaded, method: str, values: dict[str, list[float]], items: list, full
     out = []
     for value in values.get(knob, [None]):
         kwargs = {} if knob is None else {knob: value}
-        draws = [point(loaded, method, kwargs | ({"seed": seed} if seeded else {}), items, full_bytes, reference)
+        draws = [point(loaded, method, kwargs | ({"seed": seed} if seeded else {}), items, full_bytes, reference, ids)
                  for seed in range(seeds if seeded else 1)]
         out.append({"knob": knob, "value": value} | (averaged(draws) if seeded else draws[0]))
     return out
@@ -302,8 +319,9 @@ def sweep(loaded, method: str, values: dict[str, list[float]], items: list, full
 
 def averaged(draws: list[dict]) -> dict:
     """Points of one method at one knob value under several seeds: every figure's mean, ``n`` the
-    chats of one draw, and each protocol's rate per draw (``PROTOCOL_seeds``: their spread)."""
-    out = {key: float(np.mean([d[key] for d in draws])) for key in draws[0] if key != "n"}
+    chats of one draw, and each protocol's rate per draw (``PROTOCOL_seeds``: their spread). No
+    per-chat verdicts: a mean of draws is no single answer to pair."""
+    out = {key: float(np.mean([d[key] for d in draws])) for key in draws[0] if key not in ("n", "right")}
     out["n"] = draws[0]["n"]
     out["seeds"] = len(draws)
     for name in PROTOCOLS:
@@ -331,6 +349,8 @@ def run(args) -> dict:
     methods = backends.available() if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         backends.backend_class(m)
+    check_pairs(getattr(args, "pairs", []), [REFERENCE, *methods, *(m for per in earlier["points"].values() for m in per)]
+                if args.add else [REFERENCE, *methods])
     data = dataset_items(args)  # its one "type": read before the model loads, so a bad source fails fast
     kinds = list(data) or [k.strip() for k in args.types.split(",") if k.strip()]
     generation = generations.of()  # the served one: its scenes, whichever model answers them
@@ -361,17 +381,18 @@ def run(args) -> dict:
         items = data.get(kind) or scenes.held_out(kind, max(args.per_type, probe_items), turns=2)[: args.per_type]
         # the full cache's bytes after the first prompt: that turn alone, no follow-up to answer
         full_bytes = [chat(loaded, backends.make_reference(), it, it.turns[:1])[1] for it in items]
+        ids = chat_ids(kind, items)
         points[kind] = {}
         reference = earlier_answers.get(kind)  # --add keeps the earlier run's row and its answers: not asked again
         if reference is None:  # the full cache's answers, every method's loyalty is measured against them
             verdicts, held = answers(loaded, REFERENCE, {}, items)
             reference = said(verdicts)
             if not args.add:  # an earlier run without its answers keeps its own row
-                points[kind][REFERENCE] = [{"knob": None, "value": None} | scored(verdicts, held, full_bytes)]
+                points[kind][REFERENCE] = [{"knob": None, "value": None} | scored(verdicts, held, full_bytes, ids=ids)]
                 print(line(kind, REFERENCE, points[kind][REFERENCE][0]), flush=True)
         reference_answers[kind] = reference
         for method in [m for m in methods if m != REFERENCE]:
-            points[kind][method] = sweep(loaded, method, values, items, full_bytes, reference, args.seeds)
+            points[kind][method] = sweep(loaded, method, values, items, full_bytes, reference, args.seeds, ids)
             for p in points[kind][method]:
                 print(line(kind, method, p), flush=True)
         if not args.no_probe:
@@ -385,6 +406,13 @@ def run(args) -> dict:
         report |= {"per_type": len(items), "dataset": args.dataset, "split": args.split, "metric": args.metric,
                    "scoring": f"{args.metric} (kv_arena.bench.metrics), the mean score"}
     return added(earlier, report) if args.add else report
+
+
+def check_pairs(pairs: list, methods: list[str]) -> None:
+    """``--paired`` names methods the run has: refused in one line before the run, not after it."""
+    for side in (side for pair in pairs for side in pair):
+        if side.method not in methods:
+            raise UserError(f"--paired: {side.method} is not among the methods run ({', '.join(dict.fromkeys(methods))})")
 
 
 def dataset_items(args) -> dict[str, list]:
@@ -439,6 +467,7 @@ def report_main(args) -> int:
     out = Path(args.out)
     try:
         check_out(args)
+        args.pairs = [parse_pair(text) for text in args.paired]
         report = (merged(args.add, args.from_json) if args.from_json and args.add
                   else json.loads(Path(args.from_json).read_text()) if args.from_json else run(args))
         if "generation" not in report:
@@ -457,6 +486,13 @@ def report_main(args) -> int:
     if not args.no_figure:
         written += figure(report, out)
     print("wrote " + ", ".join(written or ["nothing"]))
+    try:
+        paired = [text for a, b in args.pairs for text in compare(report, a, b)]
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if paired:
+        print("\n" + "\n".join(paired))
     return 0
 
 
