@@ -186,13 +186,12 @@ def refused(model: str) -> dict[str, str]:
 
 def offered(model: str, reference: bool = True) -> list[tuple[str, str]]:
     """(title, name) of the methods that run on ``model`` (the full cache too, with ``reference``), then
-    the default method stacked on each quantised store (SnapKV + FP8, SnapKV + INT4) where it runs."""
+    SnapKV stacked on each quantised store (SnapKV + FP8, SnapKV + INT4) where it runs."""
     left_out = refused(model)
     options = [(service.shown_title(s), s["name"]) for s in service.method_specs()
                if s["name"] not in left_out and (reference or not s["is_reference"])]
-    if DEFAULT_METHOD in left_out:
-        return options
-    return options + [(service.method_spec(s)["title"], s) for s in service.stacks_of(DEFAULT_METHOD)]
+    stacks = service.stacks_of()  # SnapKV + FP8, SnapKV + INT4
+    return options + [(service.method_spec(s)["title"], s) for s in stacks if s.split("+")[0] not in left_out]
 
 
 def methods_for_model(model: str, method: str) -> gr.Dropdown:

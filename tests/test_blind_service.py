@@ -97,6 +97,16 @@ def test_a_battle_is_blind_until_its_vote_then_revealed_once(app, monkeypatch):
         blind.vote(late.id, "A", client="alice")
 
 
+def test_a_battle_may_draw_snapkv_on_a_quantised_store(app):
+    """FP8 and INT4 take no budget, so a battle meets them stacked under SnapKV, which does."""
+    assert {"snapkv+fp8", "snapkv+int4"} <= {name for name, _ in blind.battle_methods()}
+    settings, _, prepared = scene_turn()
+    shown = blind.start(service.Session(), settings, prepared, method="snapkv+fp8", budget="0.5", client="bob")
+    reveal = blind.vote(shown.id, "same", client="bob")
+    assert reveal.method == "snapkv+fp8" and reveal.kv_fraction < 0.35  # half the tokens at about half the bytes
+    assert [r.method_title for r in blind.leaderboard()] == ["SnapKV + FP8 (vLLM)"]
+
+
 def test_rates_and_bad_values_are_refused_in_one_line(app, monkeypatch):
     settings, _, prepared = scene_turn()
     session = service.Session()

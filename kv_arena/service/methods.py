@@ -87,6 +87,9 @@ def methods_on(model: str) -> list[str]:
     return [name for name in backends.available() if name not in refused]
 
 
-def stacks_of(selector: str) -> list[str]:
-    """``selector`` on each quantised store (``snapkv+fp8``, ``snapkv+int4``): the stacks Compare offers."""
+STACKED = "snapkv"  # the method the app offers on each quantised store (Chat, Compare, the blind test)
+
+
+def stacks_of(selector: str = STACKED) -> list[str]:
+    """``selector`` on each quantised store (``snapkv+fp8``, ``snapkv+int4``): the stacks the app offers."""
     return [f"{selector}+{store}" for store in backends.names_where(lambda cls: cls.quantised_store)]

@@ -30,6 +30,7 @@ from ...errors import UserError
 from ...runtime.vision_tokens import check_runs_on
 from ..current import current_app
 from ..inputs import Prepared, Settings
+from ..methods import stacks_of
 from ..model_pool import Progress, get_model, silent
 from ..plan import plan_turn
 from ..scenes import media_hint
@@ -121,9 +122,15 @@ def may_draw(cls) -> bool:
     return cls.uses_budget and not cls.is_reference and not cls.cap_replaces_budget
 
 
+def drawable() -> list[str]:
+    """The methods a battle may draw (:func:`may_draw`), then SnapKV on each quantised store (FP8,
+    INT4: a store alone takes no budget, so it is met here through the stack, which does)."""
+    return backends.names_where(may_draw) + [s for s in stacks_of() if may_draw(backends.backend_class(s))]
+
+
 def battle_methods() -> list[tuple[str, str]]:
     """(name, title) of each method a battle may draw, whatever the model (:func:`runnable` narrows)."""
-    return [(name, backends.backend_class(name).title) for name in backends.names_where(may_draw)]
+    return [(name, backends.backend_class(name).title) for name in drawable()]
 
 
 def runnable(model: str, settings: Settings, progress: Progress = silent) -> list[str]:
@@ -131,7 +138,7 @@ def runnable(model: str, settings: Settings, progress: Progress = silent) -> lis
     CLS token, say, does not)."""
     loaded = get_model(model, progress)
     names = []
-    for name in backends.names_where(may_draw):
+    for name in drawable():
         try:
             check_runs_on(loaded.model, plan_turn(settings, name, streamed=False).backend)
         except UserError:
