@@ -190,7 +190,7 @@ def _outside_files_unmarked(body: bytes) -> bytes | None:
     return json.dumps(sent).encode() if changed else None
 
 
-async def _whole_body(receive) -> list[dict]:
+async def whole_body(receive) -> list[dict]:
     """Every message of a request's body, read now (Gradio reads an event's body whole anyway)."""
     messages = []
     while True:
@@ -273,7 +273,7 @@ class ClientCookie:
             await _not_found(send)
             return
         if scope.get("method") == "POST" and _json(scope) and not path.endswith(UPLOAD_ROUTE):  # read whole (at most the request size limit)
-            pending = await _whole_body(receive)
+            pending = await whole_body(receive)
             body = b"".join(m.get("body", b"") for m in pending if m["type"] == "http.request")
             if event_shape.too_deep(body):  # Gradio: a 500 and a RecursionError's traceback
                 await _refuse(send, 400, f"The request's JSON nests deeper than {event_shape.MAX_DEPTH} levels; "
@@ -305,7 +305,7 @@ class ClientCookie:
             return
         held: dict | None = None  # an upload's answer, until its files are noted (or refused)
         if joining or started:  # an event's inputs: read whole, files outside the upload folder unmarked
-            pending = await _whole_body(receive)
+            pending = await whole_body(receive)
             sent_body = b"".join(m.get("body", b"") for m in pending if m["type"] == "http.request")
             unmarked = _outside_files_unmarked(sent_body)
             if unmarked is not None:

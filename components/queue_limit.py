@@ -120,16 +120,6 @@ def _session_hash(body: bytes) -> str | None:
     return found if isinstance(found, str) else None
 
 
-async def _whole_body(receive) -> list[dict]:
-    """Every message of a request's body, read now (an MCP request is one small JSON message)."""
-    messages = []
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request" or not message.get("more_body"):
-            return messages
-
-
 class QueueLimit:
     """ASGI middleware: an event over its visitor's limit answers 429 with one line."""
 
@@ -146,7 +136,7 @@ class QueueLimit:
         calls: list = []  # an MCP request's tool calls: counted from here, refused in its answer
         session_hash = None
         if scope.get("method") == "POST" and (mcp_calls.STREAMABLE.search(path) or clients.JOIN.search(path)):
-            pending = await _whole_body(receive)
+            pending = await clients.whole_body(receive)  # an MCP request: one small JSON message
             body = b"".join(m.get("body", b"") for m in pending)
             calls = mcp_calls.tool_calls(scope, body)
             session_hash = _session_hash(body) if clients.JOIN.search(path) else None
