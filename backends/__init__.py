@@ -100,11 +100,11 @@ def available() -> list[str]:
 
 def backend_class(name: str) -> type[KVBackend]:
     registry = _discover()
-    if name not in registry and is_stack(name):  # "snapkv+fp8": a selector on a quantised store (backends.stack)
+    if name in registry:
+        return registry[name]
+    if is_stack(name):  # "snapkv+fp8": a selector on a quantised store (backends.stack)
         return stacked(name, registry)
-    if name not in registry:
-        raise ValueError(f"unknown method '{name}'; choose from: {', '.join(available())}")
-    return registry[name]
+    raise ValueError(f"unknown method '{name}'; choose from: {', '.join(available())}")
 
 
 def reference_name() -> str:

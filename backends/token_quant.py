@@ -127,13 +127,11 @@ def report_bytes(method, cache) -> None:
     layers = cache.layers
     report = method.report
     report.ensure_layers(len(layers), "bytes", "layer_budgets")
-    for i, layer in enumerate(layers):
-        full = full_precision_bytes(layer)
-        report.layer_budgets[i] = layer.nbytes() / full if full else None
-        report.bytes[i] = (layer.byte_parts() if isinstance(layer, TokenHeadLayer)
-                           else {"codes": layer.nbytes(), "scales": 0})
-    full = sum(full_precision_bytes(layer) for layer in layers)
-    report.realised_fraction = sum(layer.nbytes() for layer in layers) / full if full else None
+    fulls, helds = [full_precision_bytes(layer) for layer in layers], [layer.nbytes() for layer in layers]
+    for i, (layer, full, held) in enumerate(zip(layers, fulls, helds)):
+        report.layer_budgets[i] = held / full if full else None
+        report.bytes[i] = layer.byte_parts() if isinstance(layer, TokenHeadLayer) else {"codes": held, "scales": 0}
+    report.realised_fraction = sum(helds) / sum(fulls) if sum(fulls) else None
 
 
 __all__ = ["TokenCodec", "TokenHeadLayer", "TokenQuantReport", "full_precision_bytes", "report_bytes"]

@@ -294,7 +294,7 @@ def build_login() -> None:
 def build_blind(settings, session: gr.State, board: Board, board_tab: gr.Tab) -> BlindTab:
     gr.Markdown("Ask about a picture or a video: the full cache and a KV-cache method both answer, shown as A and B "
                 "in a random order. Vote for the better one (or the same); only then is it revealed which was "
-                "which, the method and what it saved. The model is the one on the left.")
+                "which, the method and what it saved. The model is the sidebar's.")
     build_login()
     with gr.Row():
         method = checked_controls.Dropdown(method_choices(), value=service.blind.DRAW, label="Method", elem_id="blind-method")

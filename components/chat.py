@@ -2,7 +2,7 @@
 panels (KV memory, speed, per-layer budget) and the kept-visual-token overlay.
 
 :func:`respond` is the event's logic with plain arguments (tests call it directly), yielding
-:class:`ChatOutputs`; :func:`submit` is the event, with the settings column's values, wired to
+:class:`ChatOutputs`; :func:`submit` is the event, with the settings' values, wired to
 Gradio by component (:func:`components.outputs.by_component`).
 """
 

@@ -138,7 +138,7 @@ def panels(view: service.ChatView) -> tuple:
 
 
 def measured(view: service.ChatView) -> tuple[str, str | None]:
-    """The line under the memory panel (computed at real scale) and the settings column's note on
+    """The line under the memory panel (computed at real scale) and the note under the Method on
     what the method really held (both from the fraction measured after the prompt; None: nothing
     measured)."""
     if view.reference is None and not view.is_reference:

@@ -52,10 +52,11 @@ def tiny_model(name: str = MODELS[0]) -> LoadedModel:
     return load_model(name)
 
 
-def sample_image(seed: int, size: int = 224) -> Image.Image:
-    """A seeded noise picture (``size`` px: 64 visual tokens on tiny-qwen2-vl at 224)."""
+def sample_image(seed: int, size: int | tuple[int, int] = 224) -> Image.Image:
+    """A seeded noise picture, ``size`` px square or (width, height) (64 visual tokens on tiny-qwen2-vl at 224)."""
+    width, height = (size, size) if isinstance(size, int) else size
     rng = np.random.RandomState(seed)
-    return Image.fromarray((rng.rand(size, size, 3) * 255).astype("uint8"))
+    return Image.fromarray((rng.rand(height, width, 3) * 255).astype("uint8"))
 
 
 def first_message(image_size: int = 224) -> Message:

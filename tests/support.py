@@ -16,13 +16,13 @@ from backends.layout import PromptLayout
 from kv_arena.media import Video
 from kv_arena.runtime.generate import Conversation
 from kv_arena.runtime.inputs import Message
+from kv_arena.testing import sample_image
 
 TINY_MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-llava"]
 
 
 def make_image(seed: int = 0, size=(448, 448)) -> Image.Image:
-    rng = np.random.RandomState(seed)
-    return Image.fromarray((rng.rand(size[1], size[0], 3) * 255).astype("uint8"))
+    return sample_image(seed, tuple(size))  # the noise picture kv_arena.testing's checks use
 
 
 def make_video(seed: int = 0, frames: int = 4, size: int = 224) -> Video:

@@ -36,6 +36,7 @@ class Card:
 
     name: str
     memory_gib: float
+    visible_gib: float | None = None  # what CUDA shows of it, where measured (ECC keeps the rest)
 
     @property
     def memory_bytes(self) -> int:
@@ -48,7 +49,7 @@ class Card:
 
 # the Space's suggested card first (README: a10g-small), then the others Spaces offer (ZeroGPU: half
 # an RTX Pro 6000; H100 is no longer offered)
-CARDS = (Card("A10G", 24), Card("T4", 16), Card("L4", 24), Card("L40S", 48), Card("ZeroGPU", 48),
+CARDS = (Card("A10G", 24, visible_gib=23_028 / 1024), Card("T4", 16), Card("L4", 24), Card("L40S", 48), Card("ZeroGPU", 48),
          Card("RTX Pro 6000", 96), Card("A100", 80))
 SPACE_CARD = CARDS[0]
 

@@ -14,8 +14,6 @@ from .at_scale import DTYPE_BYTES, architectures
 from .view_types import KeptVisual
 
 ARCHITECTURE = "Qwen/Qwen2-VL-2B-Instruct"  # what the app serves on a GPU (model_picker.HUB_DEFAULT)
-# what CUDA shows of a card sold by this many GB (an A10G: 23,028 MiB; ECC keeps the rest, docs/gpu.md)
-VISIBLE_GIB = {24: 23_028 / 1024}
 
 
 def room_sentence(full_bytes_per_token: float, fractions: dict[str, float], weight_bytes: int,
@@ -57,7 +55,7 @@ def room_sentence(full_bytes_per_token: float, fractions: dict[str, float], weig
 
 def visible_caveat(card: capacity.Card, weight_bytes: int, reserve_bytes: float) -> str:
     """Where CUDA shows less than the card is sold with: how many fewer fit in what it shows ("" elsewhere)."""
-    visible = VISIBLE_GIB.get(card.memory_gib)
+    visible = card.visible_gib  # an A10G shows 23,028 MiB (docs/gpu.md)
     if visible is None:
         return ""
     try:
