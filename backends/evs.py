@@ -32,8 +32,9 @@ Where we depart from vLLM:
   positions. Qwen3-VL's DeepStack features follow the kept rows (``kv_arena.runtime.narrowing``).
 * The scores: computed here in float32 they equal the exact rule; vLLM computes them in the model's
   dtype on a GPU (bfloat16), where most dissimilarities round to a few values and tie, and the
-  stable sort then keeps the earlier frames' tokens: the kept sets overlap 0.67-0.98 with the exact
-  rule's on synthetic embeddings (issue #70). "As vLLM" here is the rule, not its bf16 ties.
+  stable sort then keeps the earlier frames' tokens: on synthetic videos the kept sets overlap the
+  exact rule's 0.40-0.98, the less the stiller the video (``python -m tools.evs_dtype``, this CPU's
+  bfloat16). "As vLLM" here is the rule, not its bf16 ties.
 * Any model's video is pruned the same way (LLaVA's videos are frames of images: a frame is one).
   Through ``kv_arena.hf`` a video's layout is read from the token ids, without its frame grid:
   nothing is pruned there, and the note says so. A streamed video is not supported (no cap).
@@ -68,14 +69,15 @@ def retained_count(per_frame: int, frames: int, rate: float) -> int:
     return max(per_frame, int(frames * per_frame * (1 - rate)))
 
 
-def retention_mask(embeds: torch.Tensor, rate: float) -> torch.Tensor:
+def retention_mask(embeds: torch.Tensor, rate: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(T, N) bool: the tokens a video of (T, N, C) ``embeds`` (T frames of N tokens, each frame in the
     same spatial order) keeps at pruning rate ``rate``: the first frame, then the most dissimilar
-    (1 - cosine with the same place one frame earlier), :func:`retained_count` in all."""
+    (1 - cosine with the same place one frame earlier), :func:`retained_count` in all. The scores are
+    computed in ``dtype``: float32 is the exact rule; vLLM's is the model's (``tools/evs_dtype.py``)."""
     frames, per_frame = embeds.shape[:2]
-    dissimilarity = torch.full((frames, per_frame), 255.0, device=embeds.device)  # the first frame: always kept
+    dissimilarity = torch.full((frames, per_frame), 255.0, dtype=dtype, device=embeds.device)  # the first frame: kept
     if frames > 1:
-        dissimilarity[1:] = 1 - F.cosine_similarity(embeds[1:].float(), embeds[:-1].float(), dim=-1)
+        dissimilarity[1:] = 1 - F.cosine_similarity(embeds[1:].to(dtype), embeds[:-1].to(dtype), dim=-1)
     order = dissimilarity.flatten().argsort(descending=True, stable=True)
     mask = torch.zeros(frames * per_frame, dtype=torch.bool, device=embeds.device)
     mask[order[: retained_count(per_frame, frames, rate)]] = True

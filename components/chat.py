@@ -104,14 +104,6 @@ def box_as_sent(message) -> dict:
 WHY_NEW = {"model": "The model changed, so this is a new conversation: the messages above are not in its memory."}
 
 
-def method_title(name: str) -> str:
-    """A method's title; its name when unknown (the turn then refuses it in one line)."""
-    try:
-        return service.method_spec(name)["title"]
-    except ValueError:
-        return name
-
-
 def held_by(settings: service.Settings) -> str:
     """The method that holds the conversation now, with its budget where it takes one (a change of
     budget alone is a switch too)."""
@@ -119,7 +111,7 @@ def held_by(settings: service.Settings) -> str:
         uses_budget = service.method_spec(settings.method)["uses_budget"]
     except ValueError:
         return settings.method
-    return method_title(settings.method) + (f" at a budget of {settings.budget:.2f}" if uses_budget else "")
+    return service.title_of(settings.method) + (f" at a budget of {settings.budget:.2f}" if uses_budget else "")
 
 
 def switch_line(text: str, fate: str = "switches") -> dict:

@@ -44,9 +44,10 @@ def last_turn(run: service.CompareRun) -> plots.Drawn | None:
 
 
 WHOLE = 0.995  # held at least this share of the full cache's KV: it compressed nothing
-# why random eviction can tie the full cache (docs/benchmarks.md): said where it does
-RANDOM_TIES = ("Why random ties the full cache: the first word is chosen before anything is evicted, and a uniform "
-               "draw keeps a few tokens of every object for a follow-up.")
+# why random eviction can answer as the full cache (docs/benchmarks.md): said where it does. One chat
+# decides no "beats" or "ties": the docs' accuracy table does, over the same chats (exact McNemar)
+RANDOM_SAME = ("Why random answers as the full cache did: the first word is chosen before anything is evicted, and "
+               "a uniform draw keeps a few tokens of every object for a follow-up.")
 
 
 def held_line(run: service.CompareRun, full: service.CompareRun) -> str:
@@ -65,14 +66,14 @@ def held_line(run: service.CompareRun, full: service.CompareRun) -> str:
 
 def loyalty_line(run: service.CompareRun, full: service.CompareRun) -> str:
     """The method's loyalty once it answered: how many of its answers are the full cache's, whole;
-    where random eviction that compressed ties the full cache, why."""
+    where random eviction that compressed answered as the full cache, why."""
     same, answered = loyalty(run)
     if run is full or not answered:
         return ""
     line = f"\n\nloyalty {same}/{answered}: answers that are the full cache's, whole"
     held = plots.kept_fraction(run.turns[0], full.turns[0]) if run.turns[0].metrics is not None else None
     if run.name == "random" and same == answered and held is not None and held < WHOLE:
-        line += f"\n{RANDOM_TIES}"
+        line += f"\n{RANDOM_SAME}"
     return line
 
 
@@ -92,7 +93,7 @@ def answer_text(run: service.CompareRun, full: service.CompareRun) -> str:
 def column_titles(methods: list[str]) -> list[str]:
     """The answer columns' titles, known before anything runs: the full cache, then each method."""
     chosen = [m for m in dict.fromkeys(methods or []) if not service.is_reference(m)]
-    return ([service.reference_spec()["title"]] + [service.method_spec(m)["title"] for m in chosen] + [""] * SLOTS)[:SLOTS]
+    return ([service.reference_spec()["title"]] + [service.title_of(m) for m in chosen] + [""] * SLOTS)[:SLOTS]
 
 
 def answer_boxes(runs: tuple[service.CompareRun, ...], titles: list[str], first: bool) -> list:
@@ -253,7 +254,7 @@ def limit_methods(chosen: list[str]) -> tuple[list[str], str]:
     (cleared by the next tick within the limit)."""
     if len(chosen or []) <= service.MAX_COMPARE:  # left as ticked: sending it back raced the next tick
         return gr.skip(), ""
-    dropped = ", ".join(service.method_spec(n)["title"] for n in chosen[service.MAX_COMPARE:])
+    dropped = ", ".join(service.title_of(n) for n in chosen[service.MAX_COMPARE:])
     return chosen[:service.MAX_COMPARE], (f"Compare runs at most {service.MAX_COMPARE} methods besides the full "
                                           f"cache: {dropped} not added. Untick one first.")
 

@@ -161,7 +161,7 @@ def method_card(name: str) -> str:
     """One paragraph on the chosen method, with its paper."""
     spec = service.method_spec(name)
     paper = f" [Paper]({spec['paper']})" if spec["paper"] else ""
-    return f"**{spec['title']}**: {spec['summary']}{paper}"
+    return f"**{service.shown_title(spec)}**: {spec['summary']}{paper}"
 
 
 def model_card(name: str) -> str:
@@ -191,7 +191,7 @@ def offered(model: str, reference: bool = True) -> list[tuple[str, str]]:
     options = [(service.shown_title(s), s["name"]) for s in service.method_specs()
                if s["name"] not in left_out and (reference or not s["is_reference"])]
     stacks = service.stacks_of()  # SnapKV + FP8, SnapKV + INT4
-    return options + [(service.method_spec(s)["title"], s) for s in stacks if s.split("+")[0] not in left_out]
+    return options + [(service.title_of(s), s) for s in stacks if s.split("+")[0] not in left_out]
 
 
 def methods_for_model(model: str, method: str) -> gr.Dropdown:

@@ -113,6 +113,21 @@ def test_evs_keeps_the_first_frame_and_the_most_changed_tokens_at_the_rate():
     assert retention_mask(embeds, 0.0).all()
 
 
+def test_evs_scored_in_bfloat16_ties_still_places_and_keeps_the_earlier_frames():
+    from tools.evs_dtype import compare, main, video
+
+    still = video(frames=8, per_frame=32, width=256, noise=0.01, object_tokens=2, seed=0)
+    exact = retention_mask(still, 0.75)
+    rounded = retention_mask(still, 0.75, dtype=torch.bfloat16)
+    assert int(exact.sum()) == int(rounded.sum()) == retained_count(32, 8, 0.75)
+    # the grain's dissimilarities round to a few values and tie; the stable sort keeps frame 1's places
+    assert rounded[1].sum() > exact[1].sum() and not torch.equal(exact, rounded)
+    overlap, exact_frame, rounded_frame = compare(still, 0.75)
+    assert 0 < overlap < 1 and rounded_frame < exact_frame
+    assert main(["--frames", "4", "--per-frame", "16", "--width", "32", "--object", "2", "--seeds", "1"]) == 0
+    assert main(["--rates", "1.5"]) == main(["--noise", "x"]) == 2
+
+
 def test_evs_prunes_a_videos_tokens_at_the_rate_its_budget_sets(models):
     loaded = models("tiny-qwen2.5-vl")
     message = Message(QUESTION, videos=[make_video(0, frames=8, size=224)], num_frames=8)  # 4 frames of 64 tokens

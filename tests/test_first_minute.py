@@ -55,17 +55,17 @@ def test_an_upload_the_model_does_not_read_gets_one_short_line():
     assert status.count("unknown") <= 1
 
 
-def test_compare_says_a_method_compressed_nothing_and_why_random_ties():
+def test_compare_says_a_method_compressed_nothing_and_why_random_answered_as_the_full_cache():
     scene = service.scene_examples()[0]
     outputs = list(compare.respond(ask(scene.questions[0], *scene.files), ["infinipot_v", "random"], service.Session(),
                                    arena_settings(budget=0.2), follow_up=scene.questions[1]))
     full, infinipot, random = outputs[-1].answers[:3]
     assert infinipot.startswith("holds 1.00x the full KV\nInfiniPot-V compresses video frames only")
     assert "held the whole cache" in infinipot
-    if "loyalty 2/2" in random:  # where it ties, why: said under its loyalty
-        assert compare.RANDOM_TIES in random
+    if "loyalty 2/2" in random:  # where it answered as the full cache, why: said under its loyalty
+        assert compare.RANDOM_SAME in random
     else:
-        assert compare.RANDOM_TIES not in random
+        assert compare.RANDOM_SAME not in random
 
 
 def test_a_method_that_held_everything_without_a_word_is_said_to_have_compressed_nothing():

@@ -101,3 +101,21 @@ def test_an_accuracy_run_keeps_each_chats_verdicts_and_paired_reads_them_back(tm
     err = capsys.readouterr().err
     assert err == "error: --paired: h2o is not among the methods run (full, snapkv)\n"
     assert not (tmp_path / "b.json").exists()
+
+
+def test_the_committed_table_keeps_each_chats_verdict_and_its_docs_verdicts_are_the_pairs():
+    from kv_arena.paths import ASSETS
+
+    report = json.loads((ASSETS / "accuracy.json").read_text())
+    assert all("right" in p for per in report["points"].values() for rows in per.values() for p in rows)
+
+    def verdicts(pair: str) -> list[str]:  # with, before, follow-up: "A beats B" or "ties"
+        return [line.rsplit(": ", 1)[1] for line in compare(report, *parse_pair(pair))]
+
+    # docs/benchmarks.md's "Against the baselines": the four that interval overlap had called ties
+    assert verdicts("snapkv,downsample")[2] == "snapkv beats downsample"
+    assert verdicts("adakv,downsample")[2] == "adakv beats downsample"
+    assert verdicts("h2o,random")[1] == "h2o beats random"
+    assert verdicts("fastv,random") == ["ties", "fastv beats random", "fastv beats random"]
+    assert verdicts("pyramidkv,random") == ["pyramidkv beats random", "ties", "pyramidkv beats random"]
+    assert verdicts("elastic_cache,random") == ["random beats elastic_cache"] * 3

@@ -82,13 +82,14 @@ def test_the_library_lists_the_plugin_and_names_the_broken_package(plugins):
     code = ("import json, kv_arena; from kv_arena import backends, service; "
             "print(json.dumps([kv_arena.methods(), backends.package_of('recent_window'), "
             "service.shown_title(service.method_spec('recent_window')), "
-            "[name for name, _ in service.blind.battle_methods()]]))")
+            "dict(service.blind.battle_methods()), service.title_of('recent_window')]))")
     done = run(["-c", code], plugins, timeout=120)
     assert done.returncode == 0, done.stderr
-    names, package, title, drawn = json.loads(done.stdout)
+    names, package, title, drawn, everywhere = json.loads(done.stdout)
     assert names == sorted(backends.available() + ["recent_window"], key=lambda n: (n != "full", n))
     assert package == "kv-recent-window" and title == "Recent window (from kv-recent-window)"
-    assert "recent_window" in drawn  # it takes a budget: the blind test may draw it
+    # it takes a budget: the blind test may draw it, and names its package (as Compare's column and the reveal)
+    assert drawn["recent_window"] == everywhere == title
     said = [line for line in done.stderr.splitlines() if "method plugin" in line]
     assert len(said) == 1 and BROKEN in said[0] and "ImportError" in said[0] and "libnothing" in said[0], said
 

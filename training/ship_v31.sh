@@ -7,8 +7,8 @@
 #   THREADS=1 bash training/ship_v31.sh  # beside other work on a 2-core machine
 #   PART=video THREADS=1 bash training/ship_v31.sh RUN   # stream accuracy and the long-video demo only,
 #                                        # beside the whole script (THREADS=1 too) on a 2-core machine
-#   PART=accuracy-tail THREADS=1 bash training/ship_v31.sh RUN   # the accuracy methods from the last,
-#                                        # on a copy of the run, merged before the assets are copied
+#   PART=accuracy-tail THREADS=1 bash training/ship_v31.sh RUN   # the accuracy methods from the last
+#                                        # (tools/accuracy_table.sh's second chain)
 #
 # It stops at the first step that fails, and at the shipping bar (probe_v31 --bar exits 1 below it):
 # nothing is measured on weights that do not meet it. Then, by hand, from the outputs:
@@ -31,17 +31,7 @@ if pgrep -f "training.train_arena_v31" > /dev/null; then  # the bar and the copy
     exit 1
 fi
 
-step() {  # step NAME COMMAND...: run once, its output in $OUT/NAME.txt
-    local name=$1
-    shift
-    if [ -e "$OUT/$name.done" ]; then
-        echo "$name: done before ($(cat "$OUT/$name.done"))"
-        return
-    fi
-    echo "$name: $* ($(date -u +%H:%M))"
-    "$@" > "$OUT/$name.txt" 2>&1 || { echo "$name failed: see $OUT/$name.txt" >&2; exit 1; }
-    date -u > "$OUT/$name.done"
-}
+source tools/steps.sh
 
 # 1. the shipping bar on the run's weights, and the model card's tables (nothing is measured below it)
 step bar python -m training.probe_v31 "$RUN" --bar --items 200 --long-items 40 --threads "$THREADS"
@@ -75,29 +65,13 @@ if [ "${PART:-all}" = video ]; then
     exit 0
 fi
 
-# 4. the accuracy table and figure (docs/benchmarks.md): the full cache and SnapKV, then each method
-#    added on the same chats, so a stop loses one method at most; PART=accuracy-tail adds them from
-#    the last to a copy of the run (accuracy-tail.json), merged into it before the assets are copied
-step accuracy-snapkv python -m kv_arena.bench --mode accuracy --per-type 34 --budgets 0.2 --methods snapkv \
-    --out "$OUT/accuracy"
-METHODS="elastic_cache mpic vl_cache zipvl attention_pack streamingllm h2o pyramidkv adakv infinipot_v kivi fastv
-         random downsample evs"
+# 4. the accuracy table and figure (docs/benchmarks.md), resumable, in two chains on two cores:
+#    tools/accuracy_table.sh; PART=accuracy-tail runs its second chain
 if [ "${PART:-all}" = accuracy-tail ]; then
-    [ -e "$OUT/accuracy-tail.json" ] || cp "$OUT/accuracy.json" "$OUT/accuracy-tail.json"
-    for m in $(echo $METHODS | tr ' ' '\n' | tac); do
-        step "accuracy-$m" python -m kv_arena.bench --mode accuracy --add "$OUT/accuracy-tail.json" --methods "$m" \
-            --budgets 0.2 --per-type 34 --no-probe --no-figure
-    done
+    PART=tail bash tools/accuracy_table.sh "$OUT/accuracy-table"
     exit 0
 fi
-for m in $METHODS; do
-    step "accuracy-$m" python -m kv_arena.bench --mode accuracy --add "$OUT/accuracy.json" --methods "$m" \
-        --budgets 0.2 --per-type 34 --no-probe
-done
-if [ -e "$OUT/accuracy-tail.json" ]; then  # the rows PART=accuracy-tail measured, and the figure redrawn
-    step accuracy-merge python -m kv_arena.bench --mode accuracy --add "$OUT/accuracy.json" \
-        --from-json "$OUT/accuracy-tail.json"
-fi
+PART=head bash tools/accuracy_table.sh "$OUT/accuracy-table"
 
 video  # done before where PART=video ran beside this
 
@@ -108,7 +82,7 @@ step app-cost python -m tools.app_cost --repeats 5 --methods full,snapkv,h2o,str
 unset KV_ARENA_TINY_DIR
 if [ ! -e "$OUT/assets.done" ]; then
     cp "$RUN/model.safetensors" "$RUN/config.json" "$RUN/training_curve.json" assets/tiny-arena-vl/
-    for ext in json html png; do cp "$OUT/accuracy.$ext" "assets/accuracy.$ext"; done
+    for ext in json html png; do cp "$OUT/accuracy-table/accuracy.$ext" "assets/accuracy.$ext"; done
     python -m kv_arena.bench --mode accuracy --from-json assets/accuracy.json > "$OUT/accuracy-tables.txt" 2>&1
     date -u > "$OUT/assets.done"
 fi

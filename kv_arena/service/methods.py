@@ -53,6 +53,15 @@ def method_spec(name: str) -> dict:
     return describe(backends.backend_class(name)) | {"reuses_media": reuses_media(name)}
 
 
+def title_of(name: str) -> str:
+    """A method's title as every view shows it (:func:`shown_title`: a plugin's says its package);
+    a name no longer registered (an older version's votes) as it is."""
+    try:
+        return shown_title(method_spec(name))
+    except ValueError:
+        return name
+
+
 def checked_params(params: dict[str, dict]) -> dict[str, dict]:
     """Every method's parameter values of the type and range its paper's schema says (a NaN, an
     infinity, a list... is a UserError), whichever method is picked: a comparison runs the others."""

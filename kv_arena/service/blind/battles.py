@@ -30,7 +30,7 @@ from ...errors import UserError
 from ...runtime.vision_tokens import check_runs_on
 from ..current import current_app
 from ..inputs import Prepared, Settings
-from ..methods import stacks_of
+from ..methods import stacks_of, title_of
 from ..model_pool import Progress, get_model, silent
 from ..plan import plan_turn
 from ..scenes import media_hint
@@ -130,7 +130,7 @@ def drawable() -> list[str]:
 
 def battle_methods() -> list[tuple[str, str]]:
     """(name, title) of each method a battle may draw, whatever the model (:func:`runnable` narrows)."""
-    return [(name, backends.backend_class(name).title) for name in drawable()]
+    return [(name, title_of(name)) for name in drawable()]
 
 
 def runnable(model: str, settings: Settings, progress: Progress = silent) -> list[str]:
@@ -239,7 +239,7 @@ def _answers(session: Session, thread: Thread, turns: list[Prepared], drawn: lis
         if own.metrics.kv_bytes_prefill < HOLDS_ALL * full.metrics.kv_bytes_prefill:
             return thread, full, own
         if not drawn:
-            title = backends.backend_class(thread.method).title
+            title = title_of(thread.method)
             raise UserError(f"{title} held the whole cache on this input (it compressed nothing), so there is "
                             "nothing to tell apart: pick another method; nothing was recorded.")
         method = secrets.choice(drawn)
@@ -317,7 +317,7 @@ def vote(battle_id, choice, client: str | None, session: Session | None = None, 
     if not db.add_vote({"battle_id": battle_id, "choice": choice, "verdict": verdict, "right": right, "client": who,
                         "visitor": visits, "account": signed}):
         raise UserError("This battle already has its vote: one vote per battle.")
-    return Reveal(battle_id, choice, verdict, row["full_side"], row["method"], backends.backend_class(row["method"]).title,
+    return Reveal(battle_id, choice, verdict, row["full_side"], row["method"], title_of(row["method"]),
                   row["budget"], row["full_kv_bytes"], row["method_kv_bytes"], row["kv_fraction"], row["full_s"],
                   row["method_s"], row["turn"], row["truth"], row["full_right"], row["method_right"], right,
                   counted=signed is not None or not require_login())

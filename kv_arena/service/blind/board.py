@@ -6,25 +6,18 @@ are kept, their number shown apart (:func:`signed_out_apart`)."""
 
 from __future__ import annotations
 
-from kv_arena import backends
-
+from ..methods import title_of
 from .battles import require_login, store
 from .views import BoardRow
 from .wilson import wilson
-
-
-def _title(method: str) -> str:
-    try:
-        return backends.backend_class(method).title
-    except ValueError:  # a method a later version dropped: its votes still count
-        return method
 
 
 def leaderboard() -> list[BoardRow]:
     rows = []
     for t in store().tallies(signed_in_only=require_login()):
         low, high = wilson(t.cant_tell, t.votes)
-        rows.append(BoardRow(t.model, t.method, _title(t.method), t.budget, t.votes, t.cant_tell / t.votes, low, high,
+        # title_of: a method a later version dropped is named as stored; its votes still count
+        rows.append(BoardRow(t.model, t.method, title_of(t.method), t.budget, t.votes, t.cant_tell / t.votes, low, high,
                              t.kv_fraction, t.votes_right / t.votes_known if t.votes_known else None,
                              t.method_right / t.votes_known if t.votes_known else None))
     return rows
