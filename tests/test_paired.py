@@ -8,7 +8,7 @@ import json
 import pytest
 
 from kv_arena.bench import cli
-from kv_arena.bench.paired import McNemar, Side, compare, mcnemar, parse_pair
+from kv_arena.bench.paired import McNemar, Side, compare, expand, mcnemar, parse_pair
 from kv_arena.errors import UserError
 
 
@@ -37,7 +37,8 @@ def test_paired_names_are_method_or_method_at_value_and_anything_else_is_refused
     assert parse_pair("snapkv+fp8@0.4, snapkv@0.2") == (Side("snapkv+fp8", 0.4), Side("snapkv", 0.2))
     assert parse_pair("int4,full") == (Side("int4", None), Side("full", None))
     assert str(Side("snapkv", 0.2)) == "snapkv@0.2"
-    for bad in ("snapkv", "a,b,c", "snapkv@x,full", "full,full", ",full"):
+    assert parse_pair("all,random") == (Side("all", None), Side("random", None))
+    for bad in ("snapkv", "a,b,c", "snapkv@x,full", "full,full", ",full", "random,all", "all@0.2,random"):
         with pytest.raises(UserError, match="--paired"):
             parse_pair(bad)
 
@@ -73,6 +74,20 @@ def test_compare_prints_counts_p_and_the_verdict_per_column_with_the_test_named(
     del report["points"]["colour"]["full"][0]["right"]  # a run written before the verdicts were kept
     with pytest.raises(UserError, match="paired test unavailable: full has no per-chat verdicts"):
         compare(report, Side("full", None), Side("snapkv", 0.2))
+
+
+def test_all_pairs_each_other_point_of_the_run_with_b_once_per_value():
+    report = run_of({"full": {"with": [True] * 4}, "snapkv@0.2": {"with": [True] * 4},
+                     "snapkv@0.4": {"with": [True] * 4}, "random@0.2": {"with": [False] * 4}})
+    assert expand(report, Side("all", None), Side("random", None)) == [
+        (Side("full", None), Side("random", None)), (Side("snapkv", 0.2), Side("random", None)),
+        (Side("snapkv", 0.4), Side("random", None))]
+    assert expand(report, Side("all", None), Side("snapkv", 0.2)) == [
+        (Side("full", None), Side("snapkv", 0.2)), (Side("snapkv", 0.4), Side("snapkv", 0.2)),
+        (Side("random", None), Side("snapkv", 0.2))]
+    assert expand(report, Side("full", None), Side("random", None)) == [(Side("full", None), Side("random", None))]
+    with pytest.raises(UserError, match="h2o is not in this run"):
+        expand(report, Side("all", None), Side("h2o", None))
 
 
 def test_an_accuracy_run_keeps_each_chats_verdicts_and_paired_reads_them_back(tmp_path, capsys):
@@ -119,3 +134,5 @@ def test_the_committed_table_keeps_each_chats_verdict_and_its_docs_verdicts_are_
     assert verdicts("fastv,random") == ["ties", "fastv beats random", "fastv beats random"]
     assert verdicts("pyramidkv,random") == ["pyramidkv beats random", "ties", "pyramidkv beats random"]
     assert verdicts("elastic_cache,random") == ["random beats elastic_cache"] * 3
+    every = [line for a, b in expand(report, *parse_pair("all,random")) for line in compare(report, a, b)]
+    assert len(every) == 3 * 17  # the full cache, 15 methods and KIVI at 2 and 4 bits, each column

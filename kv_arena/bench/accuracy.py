@@ -70,7 +70,7 @@ from .common import REFERENCE
 from .datasets_items import load_items
 from .accuracy_report import PROBES, PROTOCOL_TITLES, PROTOCOLS, figure, line, markdown, table, wilson  # noqa: F401
 from .metrics import METRICS
-from .paired import compare, parse_pair
+from .paired import EVERY, compare, expand, parse_pair
 
 
 
@@ -103,8 +103,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "it back with their rows added (or replaced)")
     p.add_argument("--paired", action="append", default=[], metavar="A,B",
                    help="after the tables, test point A against point B (METHOD or METHOD@VALUE, e.g. "
-                        "snapkv+fp8@0.4,snapkv@0.2) per protocol by exact McNemar over the same chats: 'beats' "
-                        "or 'ties' at p < 0.05; repeatable; with --from-json, on an earlier run")
+                        "snapkv+fp8@0.4,snapkv@0.2; all,B: each other point against B) per protocol by exact "
+                        "McNemar over the same chats: 'beats' or 'ties' at p < 0.05; repeatable; with --from-json, "
+                        "on an earlier run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", type=int, default=1,
                    help="draws of a method with a seed (random eviction): each point is their mean, with each draw's "
@@ -411,7 +412,7 @@ def run(args) -> dict:
 def check_pairs(pairs: list, methods: list[str]) -> None:
     """``--paired`` names methods the run has: refused in one line before the run, not after it."""
     for side in (side for pair in pairs for side in pair):
-        if side.method not in methods:
+        if side.method not in methods and side.method != EVERY:
             raise UserError(f"--paired: {side.method} is not among the methods run ({', '.join(dict.fromkeys(methods))})")
 
 
@@ -487,7 +488,7 @@ def report_main(args) -> int:
         written += figure(report, out)
     print("wrote " + ", ".join(written or ["nothing"]))
     try:
-        paired = [text for a, b in args.pairs for text in compare(report, a, b)]
+        paired = [text for pair in args.pairs for a, b in expand(report, *pair) for text in compare(report, a, b)]
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from .accuracy_report import PROTOCOLS
 
 LEVEL = 0.05  # "beats" below it, "ties" at or above
 TEST = "exact McNemar"
+EVERY = "all"  # --paired all,B: each other point of the run against B
 COLUMNS = {"with": "with the question", "before": "before the question", "follow": "follow-up"}
 
 
@@ -50,7 +51,8 @@ class Side(NamedTuple):
 
 
 def parse_pair(text: str) -> tuple[Side, Side]:
-    """``A,B``, each ``METHOD`` or ``METHOD@VALUE`` (its budget, tau, bits or keep), e.g. ``snapkv+fp8@0.4,snapkv@0.2``."""
+    """``A,B``, each ``METHOD`` or ``METHOD@VALUE`` (its budget, tau, bits or keep), e.g. ``snapkv+fp8@0.4,snapkv@0.2``;
+    A may be ``all`` (:func:`expand`)."""
     sides = [s.strip() for s in text.split(",")]
     if len(sides) != 2 or not all(sides):
         raise UserError(f"--paired takes two points, A,B (METHOD or METHOD@VALUE, e.g. snapkv+fp8@0.4,snapkv@0.2); "
@@ -64,7 +66,20 @@ def parse_pair(text: str) -> tuple[Side, Side]:
             raise UserError(f"--paired: {side!r}'s knob value must be a number (METHOD@VALUE)") from None
     if out[0] == out[1]:
         raise UserError(f"--paired compares two different points; got {text!r}")
+    if out[1].method == EVERY or out[0].method == EVERY and out[0].value is not None:
+        raise UserError(f"--paired: '{EVERY}' stands first and alone (all,B: each other point against B); got {text!r}")
     return out[0], out[1]
+
+
+def expand(report: dict, a: Side, b: Side) -> list[tuple[Side, Side]]:
+    """The pairs ``A,B`` names: itself, or for ``all,B`` each other point of the run against B, in the
+    run's order (a method at several values once per value)."""
+    if a.method != EVERY:
+        return [(a, b)]
+    _points(report, b)  # B names a point of the run, or one line says what the run has
+    rows = next(iter(report["points"].values()))
+    sides = [Side(method, p.get("value") if len(points) > 1 else None) for method, points in rows.items() for p in points]
+    return [(side, b) for side in sides if side.method != b.method or b.value is not None and side.value != b.value]
 
 
 def _points(report: dict, side: Side) -> list[dict]:
