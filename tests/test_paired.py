@@ -76,6 +76,28 @@ def test_compare_prints_counts_p_and_the_verdict_per_column_with_the_test_named(
         compare(report, Side("full", None), Side("snapkv", 0.2))
 
 
+def test_a_point_drawn_with_several_seeds_is_tested_once_per_draw():
+    """Random eviction under --seeds: each draw keeps its verdicts, and the test runs per draw."""
+    from kv_arena.bench.accuracy import averaged
+
+    def draw(wrong: int) -> dict:
+        per_chat = {f"colour/{i}": i >= wrong for i in range(12)}
+        return {"n": 12, "realised": 0.2, "right": {p: per_chat for p in ("with", "before", "follow")}} | {
+            p: (12 - wrong) / 12 for p in ("with", "before", "follow")}
+
+    point = averaged([draw(6), draw(1), draw(0)])
+    assert point["seeds"] == 3 and [d["with"]["colour/0"] for d in point["right_seeds"]] == [False, False, True]
+    report = run_of({"full": {"with": [True] * 12}})
+    report["points"]["colour"]["random"] = [{"knob": "budget", "value": 0.2} | point]
+    lines = compare(report, Side("full", None), Side("random", None))
+    assert lines[0] == ("full vs random, with the question: right only under full 0 to 6, only under random 0, "
+                        "p = 0.0312 to 1 (exact McNemar over the same 12 chats, once per draw): ties in 2 of 3 "
+                        "draws, full beats random in 1 of 3 draws")
+    del report["points"]["colour"]["random"][0]["right_seeds"]  # a run from before the draws kept theirs
+    with pytest.raises(UserError, match="random has no per-chat verdicts \\(averaged over seeds"):
+        compare(report, Side("full", None), Side("random", None))
+
+
 def test_all_pairs_each_other_point_of_the_run_with_b_once_per_value():
     report = run_of({"full": {"with": [True] * 4}, "snapkv@0.2": {"with": [True] * 4},
                      "snapkv@0.4": {"with": [True] * 4}, "random@0.2": {"with": [False] * 4}})

@@ -320,13 +320,16 @@ def sweep(loaded, method: str, values: dict[str, list[float]], items: list, full
 
 def averaged(draws: list[dict]) -> dict:
     """Points of one method at one knob value under several seeds: every figure's mean, ``n`` the
-    chats of one draw, and each protocol's rate per draw (``PROTOCOL_seeds``: their spread). No
-    per-chat verdicts: a mean of draws is no single answer to pair."""
+    chats of one draw, and each protocol's rate per draw (``PROTOCOL_seeds``: their spread). A mean
+    of draws is no single answer, so each draw keeps its own per-chat verdicts (``right_seeds``): the
+    paired test runs once per draw."""
     out = {key: float(np.mean([d[key] for d in draws])) for key in draws[0] if key not in ("n", "right")}
     out["n"] = draws[0]["n"]
     out["seeds"] = len(draws)
     for name in PROTOCOLS:
         out[f"{name}_seeds"] = [d[name] for d in draws]
+    if all("right" in d for d in draws):
+        out["right_seeds"] = [d["right"] for d in draws]
     return out
 
 

@@ -4,11 +4,13 @@ Every method of an accuracy run answers the same chats, so whether A beats B is 
 chats where they disagree, not by whether two intervals drawn as if from independent samples
 overlap. Under "neither is better" each such chat is a fair coin: the two-sided exact binomial
 test on the discordant pairs (McNemar's exact test). ``--paired A,B`` prints it per protocol
-from a run's per-chat verdicts (:func:`.accuracy.scored`'s ``right``).
+from a run's per-chat verdicts (:func:`.accuracy.scored`'s ``right``); against a method drawn with
+several seeds (random eviction), once per draw.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from math import comb
 from typing import NamedTuple
 
@@ -99,34 +101,63 @@ def _points(report: dict, side: Side) -> list[dict]:
     return found
 
 
-def _verdicts(report: dict, side: Side, protocol: str) -> dict[str, bool]:
-    """Every type's per-chat verdicts of ``side`` under ``protocol``, by chat id."""
-    out: dict[str, bool] = {}
+def _draws(report: dict, side: Side, protocol: str) -> list[dict[str, bool]]:
+    """``side``'s per-chat verdicts under ``protocol``, by chat id over every type: one dict, or one
+    per draw for a point averaged over seeds (``right_seeds``)."""
+    out: list[dict[str, bool]] = []
     for p in _points(report, side):
-        if "right" not in p:
-            why = ("averaged over seeds" if p.get("seeds") else
-                   "written before per-chat verdicts were recorded: run it again")
-            raise UserError(f"paired test unavailable: {side} has no per-chat verdicts ({why})")
-        for chat, right in p["right"][protocol].items():
-            if right not in (0, 1):
-                raise UserError(f"paired test unavailable: it counts right and wrong answers, and {side} scored "
-                                f"{chat} {right:g} (the data set's metric lies between)")
-            out[chat] = bool(right)
+        draws = p.get("right_seeds") or ([p["right"]] if "right" in p else None)
+        if draws is None:
+            why = ("averaged over seeds before each draw's verdicts were kept" if p.get("seeds") else
+                   "written before per-chat verdicts were recorded")
+            raise UserError(f"paired test unavailable: {side} has no per-chat verdicts ({why}): run it again")
+        out += [{} for _ in range(len(draws) - len(out))]
+        for merged, draw in zip(out, draws):
+            for chat, right in draw[protocol].items():
+                if right not in (0, 1):
+                    raise UserError(f"paired test unavailable: it counts right and wrong answers, and {side} scored "
+                                    f"{chat} {right:g} (the data set's metric lies between)")
+                merged[chat] = bool(right)
     return out
 
 
+def _span(values: list, form: str = "{}") -> str:
+    """The lowest and highest of the draws' figures, ``3 to 7``; one figure where they agree."""
+    low, high = form.format(min(values)), form.format(max(values))
+    return low if low == high else f"{low} to {high}"
+
+
+def _verdict(a: Side, b: Side, t: McNemar) -> str:
+    return (f"{a} beats {b}" if t.a_only > t.b_only else f"{b} beats {a}") if t.p_value < LEVEL else "ties"
+
+
 def compare(report: dict, a: Side, b: Side) -> list[str]:
-    """The test per protocol column: the discordant chats each way, p, and the verdict."""
+    """The test per protocol column: the discordant chats each way, p, and the verdict; against a
+    point averaged over seeds, once per draw (each draw's range and how many draws gave each verdict)."""
     for side in (a, b):  # both name a point of the run before any verdict is read
         _points(report, side)
     lines = []
     for protocol in PROTOCOLS:
-        va, vb = _verdicts(report, a, protocol), _verdicts(report, b, protocol)
-        if va.keys() != vb.keys():
-            raise UserError(f"paired test unavailable: {a} and {b} did not answer the same chats")
-        chats = sorted(va)
-        t = mcnemar([va[c] for c in chats], [vb[c] for c in chats])
-        verdict = (f"{a} beats {b}" if t.a_only > t.b_only else f"{b} beats {a}") if t.p_value < LEVEL else "ties"
-        lines.append(f"{a} vs {b}, {COLUMNS[protocol]}: right only under {a} {t.a_only}, only under {b} {t.b_only}, "
-                     f"p = {t.p_value:.3g} ({TEST} over the same {len(chats)} chats): {verdict}")
+        da, db = _draws(report, a, protocol), _draws(report, b, protocol)
+        if len(da) > 1 and len(db) > 1 and len(da) != len(db):
+            raise UserError(f"paired test unavailable: {a} and {b} were drawn {len(da)} and {len(db)} times")
+        draws = max(len(da), len(db))  # a point without seeds meets each draw of the other
+        tests = []
+        for va, vb in ((da[k % len(da)], db[k % len(db)]) for k in range(draws)):
+            if va.keys() != vb.keys():
+                raise UserError(f"paired test unavailable: {a} and {b} did not answer the same chats")
+            chats = sorted(va)
+            tests.append(mcnemar([va[c] for c in chats], [vb[c] for c in chats]))
+        head = f"{a} vs {b}, {COLUMNS[protocol]}: "
+        over = f"({TEST} over the same {len(chats)} chats"
+        if len(tests) == 1:
+            t = tests[0]
+            lines.append(f"{head}right only under {a} {t.a_only}, only under {b} {t.b_only}, p = {t.p_value:.3g} "
+                         f"{over}): {_verdict(a, b, t)}")
+            continue
+        said = Counter(_verdict(a, b, t) for t in tests)
+        verdict = ", ".join(f"{v} in {n} of {draws} draws" for v, n in said.most_common())
+        lines.append(f"{head}right only under {a} {_span([t.a_only for t in tests])}, only under {b} "
+                     f"{_span([t.b_only for t in tests])}, p = {_span([t.p_value for t in tests], '{:.3g}')} "
+                     f"{over}, once per draw): {verdict}")
     return lines
