@@ -12,7 +12,7 @@
 # goes on from the method it had claimed.
 #
 # The bundled weights unless KV_ARENA_TINY_DIR names others. Copy OUT/accuracy.{json,html,png} into
-# assets/ to commit the run.
+# assets/ to commit the run (the PNG is drawn only where kaleido is installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/accuracy-table}
