@@ -182,6 +182,7 @@ class AdaKV(SnapKV):
     name = "adakv"
     title = "AdaKV (SnapKV)"
     does = "drops"
+    chooses_tokens = False  # unlike SnapKV, its heads keep different counts in layers of its own: no stack
     paper = "https://arxiv.org/abs/2407.11550"
     summary = ("SnapKV's scores, but a layer's budget is not split evenly between its heads: the best-scoring "
                "entries of all heads together are kept, so heads with spread-out attention keep more. Default: "

@@ -46,19 +46,20 @@ SIGN_SEED = 0
 
 
 @lru_cache(maxsize=8)
-def hadamard(dim: int) -> torch.Tensor:
-    """The orthonormal (dim, dim) Walsh-Hadamard matrix (Sylvester's construction), float32."""
+def hadamard(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The orthonormal (dim, dim) Walsh-Hadamard matrix (Sylvester's construction), float32, built
+    once per device (not copied there at every call)."""
     h = torch.ones(1, 1)
     while h.shape[0] < dim:
         h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)], dim=0)
-    return h / dim ** 0.5
+    return (h / dim ** 0.5).to(device)
 
 
 @lru_cache(maxsize=8)
-def signs(dim: int) -> torch.Tensor:
+def signs(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The rotation's fixed +-1 per channel (float32, dim)."""
     draw = torch.randint(0, 2, (dim,), generator=torch.Generator().manual_seed(SIGN_SEED))
-    return draw.float() * 2 - 1
+    return (draw.float() * 2 - 1).to(device)
 
 
 def rotates(dim: int) -> bool:
@@ -68,13 +69,13 @@ def rotates(dim: int) -> bool:
 def rotate(x: torch.Tensor) -> torch.Tensor:
     """H (signs * x) along the last dim (float32)."""
     dim = x.shape[-1]
-    return (x * signs(dim).to(x.device)) @ hadamard(dim).to(x.device)  # H is symmetric
+    return (x * signs(dim, x.device)) @ hadamard(dim, x.device)  # H is symmetric
 
 
 def unrotate(y: torch.Tensor) -> torch.Tensor:
     """The inverse of :func:`rotate`: signs * (H y)."""
     dim = y.shape[-1]
-    return (y @ hadamard(dim).to(y.device)) * signs(dim).to(y.device)
+    return (y @ hadamard(dim, y.device)) * signs(dim, y.device)
 
 
 def round_half_away(x: torch.Tensor) -> torch.Tensor:

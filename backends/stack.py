@@ -28,6 +28,12 @@ def is_stack(name: str) -> bool:
     return SIGN in name
 
 
+def params_owner(name: str) -> str:
+    """The method whose parameters ``name`` takes: a stack's selector (its store runs with its
+    defaults), else ``name`` itself."""
+    return name.split(SIGN)[0].strip() if is_stack(name) else name
+
+
 def stacked(name: str, registry: Mapping[str, type[KVBackend]]) -> type[KVBackend]:
     """The class of the stack ``name`` (the same class each time); ValueError, one line, if it is no stack."""
     if name not in _STACKS:
@@ -83,7 +89,7 @@ def compose(selector: type[KVBackend], store: type[KVBackend]) -> type[KVBackend
         "does": f"{selector.does}, {store.does}", "paper": selector.paper,
         "summary": (f"{selector.title} chooses the tokens (its budget: the share of the tokens kept); "
                     f"{store.title} stores what it keeps. {selector.summary}"),
-        "stacks": (selector, store), "chooses_tokens": False, "quantised_store": False})
+        "chooses_tokens": False, "quantised_store": False})
 
 
-__all__ = ["SIGN", "compose", "is_stack", "parts", "selects", "stacked"]
+__all__ = ["SIGN", "compose", "is_stack", "params_owner", "parts", "selects", "stacked"]

@@ -32,6 +32,7 @@ from kv_arena.errors import UserError
 
 from . import checked_controls, clients, mcp_calls
 from .chat import box_as_sent, parse_message, progress_reporter, refusal, show_examples
+from .chat_status import hint_line
 from .compare import example_rows
 from .outputs import KEEP, Outputs, by_component, components_of
 from .plots import fmt_bytes
@@ -141,7 +142,7 @@ def blind(message, model, method=service.blind.DRAW, budget=RANDOM, battle="", s
             sent = battle.strip() if isinstance(battle, str) else ""
             yield BlindOutputs(sent, "", "", refusal(exc), "", box_as_sent(message), None)
             return
-    hint = f" {shown.hint}" if shown.hint else ""
+    hint = f" {hint_line(shown.hint)}" if shown.hint else ""
     yield BlindOutputs(shown.id, shown.a, shown.b, f"Turn {shown.turn}: which answer is better? Vote below; the "
                        f"method is revealed after your vote.{hint}", "", {"text": "", "files": []}, None)
 

@@ -71,7 +71,7 @@ def explanation(view: service.ChatView, settings: service.Settings, with_media: 
         return ""
     held = plots.kept_fraction(view, ref)
     lines = []
-    if view.right and with_media and settings.question_after is False and held is not None and held < 0.99:
+    if view.right and with_media and settings.question_after is False and held is not None and held < service.HOLDS_ALL:
         lines.append(f"*Why right although {view.method} {what_it_did(settings.method)}:* the first word is chosen "
                      "at the end of the prompt's pass, before the method compresses. Ask a follow-up about another "
                      "object, or pick \"Before the question\", to see what that cost.")

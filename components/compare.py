@@ -43,7 +43,6 @@ def last_turn(run: service.CompareRun) -> plots.Drawn | None:
     return plots.Drawn(run.method, answered[-1].metrics, answered[-1].layers, answered[-1].cached) if answered else None
 
 
-WHOLE = 0.995  # held at least this share of the full cache's KV: it compressed nothing
 # why random eviction can answer as the full cache (docs/benchmarks.md): said where it does. One chat
 # decides no "beats" or "ties": the docs' accuracy table does, over the same chats (exact McNemar)
 RANDOM_SAME = ("Why random answers as the full cache did: the first word is chosen before anything is evicted, and "
@@ -57,9 +56,11 @@ def held_line(run: service.CompareRun, full: service.CompareRun) -> str:
     if run is full or not run.turns or run.turns[0].metrics is None:
         return ""
     held = plots.kept_fraction(run.turns[0], full.turns[0])
+    if held is None:  # the full cache held nothing to compare with
+        return ""
     line = f"holds {held:.2f}x the full KV"
     notes = list(dict.fromkeys(t.note for t in run.turns if t.note))
-    if not notes and held is not None and held >= WHOLE:
+    if not notes and held >= service.HOLDS_ALL:
         notes = ["It compressed nothing on this input: its answers are the full cache's, not a result."]
     return line + "".join(f"\n{note}" for note in notes) + "\n\n"
 
@@ -72,7 +73,7 @@ def loyalty_line(run: service.CompareRun, full: service.CompareRun) -> str:
         return ""
     line = f"\n\nloyalty {same}/{answered}: answers that are the full cache's, whole"
     held = plots.kept_fraction(run.turns[0], full.turns[0]) if run.turns[0].metrics is not None else None
-    if run.name == "random" and same == answered and held is not None and held < WHOLE:
+    if run.name == "random" and same == answered and held is not None and held < service.HOLDS_ALL:
         line += f"\n{RANDOM_SAME}"
     return line
 

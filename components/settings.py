@@ -191,7 +191,7 @@ def offered(model: str, reference: bool = True) -> list[tuple[str, str]]:
     options = [(service.shown_title(s), s["name"]) for s in service.method_specs()
                if s["name"] not in left_out and (reference or not s["is_reference"])]
     stacks = service.stacks_of()  # SnapKV + FP8, SnapKV + INT4
-    return options + [(service.title_of(s), s) for s in stacks if s.split("+")[0] not in left_out]
+    return options + [(service.title_of(s), s) for s in stacks if service.params_owner(s) not in left_out]
 
 
 def methods_for_model(model: str, method: str) -> gr.Dropdown:
@@ -281,7 +281,8 @@ def on_method(name: str, cap_mb=0):
     """Method picked: its card, the budget slider (hidden for methods without a budget, a note
     instead, later the fraction they really hold; greyed where the cap rules), its fold."""
     spec = service.method_spec(name)
-    groups = [gr.Group(visible=s["name"] == name) for s in service.method_specs() if own_params(s)]
+    owner = service.params_owner(name)  # a stack shows its selector's parameters, which it takes
+    groups = [gr.Group(visible=s["name"] == owner) for s in service.method_specs() if own_params(s)]
     return [method_card(name), budget_slider(name, cap_mb), budget_note(spec), *groups]
 
 

@@ -48,7 +48,7 @@ from kv_arena.backends.media_reuse import ReusesMedia
 
 from .runtime.attention import ATTENTION_NAME, ForwardRun, forward_run
 from .runtime.cache import KVCache
-from .runtime.forward import cache_keyword, position_ids
+from .runtime.forward import cache_keyword, rotary_of
 from .runtime.inputs import ADAPTERS, DEFAULT_SYSTEM, Message
 from .runtime.models import load_model
 from .runtime.narrowing import narrowing
@@ -160,8 +160,7 @@ class Press:
 
     def _rotary(self, rope_ids: torch.Tensor):
         """(P, n) rotary ids -> (cos, sin) of shape (1, n, D), from the model's own rotary module."""
-        dev = self.model.device
-        return self.decoder.rotary_emb(torch.zeros(1, dtype=self.model.dtype, device=dev), position_ids(rope_ids.to(dev)))
+        return rotary_of(self.decoder)(rope_ids)
 
     def _layout(self, start: int, q: int) -> PromptLayout:
         """Where the images and videos of the new tokens sit: each run of the config's image or

@@ -125,3 +125,11 @@ def test_the_smaller_holes_of_issue_68_are_one_line(server, capfd):
         assert answer.status_code == 422 and "takes text" in answer.json()["detail"], (follow_up, answer.text)
         assert "\n" not in answer.json()["detail"]
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_too_deep_counts_nesting_outside_strings_and_skips_a_body_with_few_brackets():
+    from components.event_shape import too_deep
+
+    assert too_deep(b"[" * 3 + b"]" * 3, limit=2) and not too_deep(b"[[]]", limit=2)
+    assert not too_deep(b'{"a": "' + b"[" * 10 + b'"}', limit=2)  # brackets inside a string do not nest
+    assert not too_deep(b"[1, [2], [3], [4]]", limit=2)  # many brackets, none deeper than 2

@@ -107,6 +107,9 @@ def test_all_pairs_each_other_point_of_the_run_with_b_once_per_value():
     assert expand(report, Side("all", None), Side("snapkv", 0.2)) == [
         (Side("full", None), Side("snapkv", 0.2)), (Side("snapkv", 0.4), Side("snapkv", 0.2)),
         (Side("random", None), Side("snapkv", 0.2))]
+    # B named with its value: its own point is still left out
+    assert [a for a, _ in expand(report, Side("all", None), Side("random", 0.2))] == [
+        Side("full", None), Side("snapkv", 0.2), Side("snapkv", 0.4)]
     assert expand(report, Side("full", None), Side("random", None)) == [(Side("full", None), Side("random", None))]
     with pytest.raises(UserError, match="h2o is not in this run"):
         expand(report, Side("all", None), Side("h2o", None))
@@ -137,6 +140,14 @@ def test_an_accuracy_run_keeps_each_chats_verdicts_and_paired_reads_them_back(tm
                      "--out", str(tmp_path / "b"), "--paired", "snapkv,h2o"]) == 2
     err = capsys.readouterr().err
     assert err == "error: --paired: h2o is not among the methods run (full, snapkv)\n"
+    for pair, said in [("snapkv@0.4,full", "snapkv@0.4 names no point of this run; it will have snapkv@0.2"),
+                       ("snapkv,full", "snapkv names more than one point of this run; it will have snapkv@0.1, "
+                                       "snapkv@0.2, snapkv@0.5")]:  # a wrong value: refused before the run
+        budgets = "0.2" if "@" in pair else "0.1,0.2,0.5"
+        assert cli.main(["--mode", "accuracy", "--methods", "snapkv", "--budgets", budgets, "--per-type", "1",
+                         "--no-probe", "--no-figure", "--out", str(tmp_path / "c"), "--paired", pair]) == 2
+        assert capsys.readouterr().err == f"error: --paired: {said}\n"
+    assert not (tmp_path / "c.json").exists()
     assert not (tmp_path / "b.json").exists()
 
 

@@ -126,3 +126,16 @@ def test_the_chats_method_picker_offers_the_stacks_and_a_turn_runs_on_one(media)
     assert [name for _, name in compare.choices("tiny-qwen2-vl")][-2:] == offered[-2:]
     outputs, error = turn(service.Session(), ask("What is this?", media["image"]), method="snapkv+fp8", budget=0.4)
     assert error is None and outputs[-1].status.startswith("**SnapKV + FP8 (vLLM)**")
+
+
+def test_a_stack_takes_its_selectors_parameters_and_shows_them():
+    """SnapKV + FP8 runs with the SnapKV parameters set under Advanced, and the picker shows that fold."""
+    from components import settings
+    from kv_arena import service
+
+    chosen = Settings.make({"snapkv": {"window_size": 8}}, method="snapkv+fp8")
+    assert chosen.method_params("snapkv+fp8") == chosen.method_params("snapkv") == {"window_size": 8}
+    assert service.params_owner("snapkv+int4") == "snapkv" and service.params_owner("h2o") == "h2o"
+    groups = [s["name"] for s in service.method_specs() if settings.own_params(s)]
+    shown = [g for g, group in zip(groups, settings.on_method("snapkv+fp8")[3:]) if group.visible]
+    assert shown == ["snapkv"]

@@ -46,3 +46,16 @@ def test_a_session_that_never_heard_a_heartbeat_is_kept_briefly(monkeypatch):
         sessions.expire_idle()  # (the sweeper may have been first)
         assert service.open_session("raw") is None and service.open_session("tab") is tab
     assert sessions.unheard_idle_seconds() == 0.2
+
+
+def test_a_tab_whose_heartbeat_opened_before_its_first_event_keeps_the_long_idle_time(monkeypatch):
+    monkeypatch.setenv("KV_ARENA_SESSION_IDLE_S", "600")
+    monkeypatch.setenv("KV_ARENA_SESSION_NO_HEARTBEAT_S", "0.2")
+    with service.using_app(AppState()):
+        tab = service.Session()
+        with sessions.active("early", heartbeat=True):  # the page loads: its heartbeat first
+            sessions.expire_idle()  # the sweeper runs before the tab's first event
+            service.track(tab, "early", None, ADDRESS)
+        time.sleep(0.4)  # the heartbeat dropped for a moment (a phone asleep)
+        sessions.expire_idle()
+        assert service.open_session("early") is tab

@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/accuracy-table}
-export OMP_NUM_THREADS=${THREADS:-1}
+export OMP_NUM_THREADS=${THREADS:-${OMP_NUM_THREADS:-1}}  # ship_v31.sh sets its own
 mkdir -p "$OUT"
 
 source tools/steps.sh

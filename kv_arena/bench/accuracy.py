@@ -353,8 +353,9 @@ def run(args) -> dict:
     methods = backends.available() if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         backends.backend_class(m)
-    check_pairs(getattr(args, "pairs", []), [REFERENCE, *methods, *(m for per in earlier["points"].values() for m in per)]
-                if args.add else [REFERENCE, *methods])
+    ran = {m: [p.get("value") for p in points] for m, points in next(iter(earlier["points"].values())).items()} \
+        if args.add else {REFERENCE: [None]}  # the full cache is always run
+    check_pairs(getattr(args, "pairs", []), ran | {m: values.get(knob_of(m), [None]) for m in methods})
     data = dataset_items(args)  # its one "type": read before the model loads, so a bad source fails fast
     kinds = list(data) or [k.strip() for k in args.types.split(",") if k.strip()]
     generation = generations.of()  # the served one: its scenes, whichever model answers them
@@ -412,11 +413,19 @@ def run(args) -> dict:
     return added(earlier, report) if args.add else report
 
 
-def check_pairs(pairs: list, methods: list[str]) -> None:
-    """``--paired`` names methods the run has: refused in one line before the run, not after it."""
-    for side in (side for pair in pairs for side in pair):
-        if side.method not in methods and side.method != EVERY:
-            raise UserError(f"--paired: {side.method} is not among the methods run ({', '.join(dict.fromkeys(methods))})")
+def check_pairs(pairs: list, points: dict[str, list]) -> None:
+    """``--paired`` names points the run will have (``points``: each method's knob values, None for
+    none): refused in one line before the run, not after it."""
+    sides = [side for pair in pairs for side in pair if side.method != EVERY]
+    for side in sides:
+        if side.method not in points:
+            raise UserError(f"--paired: {side.method} is not among the methods run ({', '.join(points)})")
+    for side in sides:
+        values = points[side.method]
+        if side.value is None and len(values) > 1 or side.value is not None and side.value not in values:
+            shown = ", ".join(f"{side.method}@{v:g}" for v in values if v is not None) or side.method
+            raise UserError(f"--paired: {side} names {'more than one' if side.value is None else 'no'} point of "
+                            f"this run; it will have {shown}")
 
 
 def dataset_items(args) -> dict[str, list]:

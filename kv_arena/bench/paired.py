@@ -78,10 +78,10 @@ def expand(report: dict, a: Side, b: Side) -> list[tuple[Side, Side]]:
     run's order (a method at several values once per value)."""
     if a.method != EVERY:
         return [(a, b)]
-    _points(report, b)  # B names a point of the run, or one line says what the run has
+    own = _points(report, b)[0]  # B names a point of the run, or one line says what the run has
     rows = next(iter(report["points"].values()))
-    sides = [Side(method, p.get("value") if len(points) > 1 else None) for method, points in rows.items() for p in points]
-    return [(side, b) for side in sides if side.method != b.method or b.value is not None and side.value != b.value]
+    return [(Side(method, p.get("value") if len(points) > 1 else None), b)
+            for method, points in rows.items() for p in points if p is not own]
 
 
 def _points(report: dict, side: Side) -> list[dict]:

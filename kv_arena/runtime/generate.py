@@ -20,7 +20,7 @@ from kv_arena.backends.media_reuse import ReusesMedia
 
 from ..errors import UserError
 from .cache import KVCache
-from .forward import position_ids, run_forward
+from .forward import rotary_of, run_forward
 from .inputs import DEFAULT_SYSTEM, Chunk, Message
 from .models import LoadedModel
 from .vision_tokens import check_runs_on
@@ -150,8 +150,7 @@ class Conversation:
     # --- positions -----------------------------------------------------------------------------
     def rotary(self, rope_ids: torch.Tensor):
         """(P, n) rotary ids -> (cos, sin) of shape (1, n, D), as the model computes them."""
-        dummy = torch.zeros(1, dtype=self.loaded.dtype, device=self.loaded.device)
-        return self.loaded.language_model().rotary_emb(dummy, position_ids(rope_ids.to(self.loaded.device)))
+        return rotary_of(self.loaded.language_model())(rope_ids)
 
     # --- one forward pass ----------------------------------------------------------------------
     def forward(self, input_ids, rope_ids, layout: PromptLayout | None, model_kwargs: dict,

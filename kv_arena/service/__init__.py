@@ -59,8 +59,8 @@ from .inputs import (DEFAULT_FRAMES, MAX_FRAMES, MAX_STREAMED_FRAMES, Prepared, 
 from .model_picker import check_model_allowed, default_model, has_random_weights, is_trained_here, model_choices, model_description
 from .model_pool import get_model
 from .plan import Plan, plan_turn
-from .methods import (budget_spec, checked_params, is_reference, method_spec, method_specs, methods_on, reference_spec,
-                      refused_methods, reuses_media, shown_title, stacks_of, title_of)
+from .methods import (HOLDS_ALL, budget_spec, checked_params, is_reference, method_spec, method_specs, methods_on, reference_spec,
+                      params_owner, refused_methods, reuses_media, shown_title, stacks_of, title_of)
 from .scenes import LongExample, Scene, arena_examples, draw_scene, long_example, media_hint, scene_types
 from .scenes import examples as scene_examples
 from .mpic import media_library, mpic_default_k, mpic_ttft
@@ -104,7 +104,7 @@ __all__ = [
     "chat_turn", "check_uploads", "close_session", "compare", "default_frames", "default_model", "get_model", "has_random_weights",
     "is_trained_here", "kept_visuals", "may_read", "note_served", "media_hint", "media_library", "method_spec", "method_specs",
     "budget_spec", "is_reference", "methods_on", "reference_spec", "refused_methods", "stacks_of", "model_choices", "model_description", "mpic_default_k", "mpic_ttft", "note_uploads", "plan_turn", "prepare", "release",
-    "reuses_media", "shown_title", "take_history", "title_of", "track",
+    "HOLDS_ALL", "params_owner", "reuses_media", "shown_title", "take_history", "title_of", "track",
     # against hostile visitors (issue 36): inputs checked, private files, idle sessions
     "check_model_allowed", "check_sent_files", "checked_params", "checked_text", "in_upload_dir",
     "save_private_images", "active", "open_session", "expire_idle", "start_sweeper", "sweep_dead_sessions",

@@ -14,6 +14,7 @@ from PIL import Image
 
 from kv_arena import backends
 from kv_arena.backends.params import BUDGET
+from kv_arena.backends.stack import params_owner
 
 from ..errors import UserError
 from ..media import check_decoded_pixels, decoded_pixels, load_image, load_video
@@ -70,7 +71,8 @@ class Settings:
         return cls(params=frozen, **fields)
 
     def method_params(self, method: str) -> dict:
-        return dict(dict(self.params).get(method, ()))
+        """The parameters set for ``method`` (a stack's are its selector's: snapkv+fp8 takes SnapKV's)."""
+        return dict(dict(self.params).get(params_owner(method), ()))
 
     @property
     def streamed(self) -> bool:

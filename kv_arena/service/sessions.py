@@ -273,7 +273,8 @@ def expire_idle() -> list[str]:
                 and now - book.last_seen.get(h, now) > (limit if h in book.heard else unheard)]
         for gone in set(book.last_seen) - set(book.open.keys()):  # sessions Gradio closed itself
             del book.last_seen[gone]
-        book.heard &= set(book.open.keys())
+        # a tab opens its heartbeat before its first event opens its session: keep what still beats
+        book.heard &= set(book.open.keys()) | set(book.beating)
     for session_hash in idle:
         release(session_hash, free=False)
     if idle:

@@ -63,10 +63,6 @@ class _Upload:
         """Whether an upload of it has not been used yet (its file must stay)."""
         return bool(self.clients - self.users) or self.claimed < self.anonymous
 
-    def awaits(self, client: str | None) -> bool:
-        """Whether ``client`` (None: the clients without a cookie) uploaded it and has not used it yet."""
-        return client in self.clients - self.users if client else self.claimed < self.anonymous
-
     def awaited_from(self, visitor: str, client: str | None) -> bool:
         """Whether the person ``client`` (None: the clients without a cookie) behind ``visitor``
         uploaded it and no session used it yet."""

@@ -30,7 +30,7 @@ from ...errors import UserError
 from ...runtime.vision_tokens import check_runs_on
 from ..current import current_app
 from ..inputs import Prepared, Settings
-from ..methods import stacks_of, title_of
+from ..methods import HOLDS_ALL, stacks_of, title_of
 from ..model_pool import Progress, get_model, silent
 from ..plan import plan_turn
 from ..scenes import media_hint
@@ -69,7 +69,6 @@ def require_login() -> bool:
 
 
 NEUTRAL = "Answering… (two answers, one after the other)"  # the only progress line before the vote
-HOLDS_ALL = 0.999  # a method holding this much of the full cache's KV compressed nothing: no battle
 
 
 def store() -> VoteStore:
