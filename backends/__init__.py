@@ -138,7 +138,11 @@ def make_backend(name: str, budget: float = 1.0, **params) -> KVBackend:
     """Build a method by name; raises ValueError with a readable message on bad input. A method
     without a budget (``uses_budget`` False: the full cache, MPIC...) gets 1.0 whatever is asked:
     its own parameters decide what it holds."""
-    cls = backend_class(name)
+    return build(backend_class(name), budget, **params)
+
+
+def build(cls: type[KVBackend], budget: float = 1.0, **params) -> KVBackend:
+    """:func:`make_backend` for a class (a method not registered: a plugin's, under test)."""
     cls.check_params(params)  # before the dataclass __init__, which would raise a bare TypeError
     budget = BUDGET.coerce(budget)  # a budget off its range is refused, whether the method uses one or not
     return cls(budget=budget if cls.uses_budget else 1.0, **params)
@@ -149,5 +153,5 @@ def make_reference() -> KVBackend:
     return make_backend(reference_name())
 
 
-__all__ = ["ENTRY_POINT_GROUP", "available", "backend_class", "find_plugins", "is_reference", "make_backend",
+__all__ = ["ENTRY_POINT_GROUP", "available", "backend_class", "build", "find_plugins", "is_reference", "make_backend",
            "make_reference", "names_where", "package_of", "reference_name"]

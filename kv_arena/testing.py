@@ -33,7 +33,6 @@ from PIL import Image
 
 from kv_arena import backends
 from kv_arena.backends.base import KVBackend
-from kv_arena.backends.params import BUDGET
 
 from .runtime.generate import Conversation
 from .runtime.inputs import Message
@@ -76,9 +75,7 @@ def method_class(method: str | type[KVBackend]) -> type[KVBackend]:
 def build(method: str | type[KVBackend], budget: float = 1.0, **params) -> KVBackend:
     """The method built as the registry builds it (``make_backend``): parameters checked, and a
     method without a budget (``uses_budget`` False) built at 1.0."""
-    cls = method_class(method)
-    cls.check_params(params)
-    return cls(budget=BUDGET.coerce(budget) if cls.uses_budget else 1.0, **params)
+    return backends.build(method_class(method), budget, **params)
 
 
 def _model(model: str | LoadedModel) -> LoadedModel:

@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 
 from tools.app_process import AppProcess
+from tools.long_video import resident
 from tools.upload_flood import kept_bytes, payload
 
 PROXY_SAW = "203.0.113.5"  # the address the (trusted) proxy appends: the script's real one
@@ -135,10 +136,7 @@ def blind_part(url: str) -> None:
 
 def resident_mb(pid: int) -> float:
     """The process's resident memory (Linux: ``/proc/<pid>/status``), in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    return resident(pid, "VmRSS") / 2**20
 
 
 def sessions_part(url: str, pid: int, count: int = 60) -> None:

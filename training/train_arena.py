@@ -43,7 +43,7 @@ import torch
 from kv_arena.tiny.arena_scenes import CELL, MAX_TURNS, QUESTION_TYPES, SMALL, held_out, item
 from kv_arena.tiny.scene_items import Item
 from kv_arena.runtime.inputs import DEFAULT_SYSTEM, QwenVLAdapter
-from kv_arena.runtime.mrope_positions import mrope_positions, rule_of
+from kv_arena.runtime.mrope_positions import model_positions
 from .answer_loss import answer_loss, hidden_mask, padded
 from .checkpoints import lr_at, record, resume, setup, update
 from .curriculum import add_reveal_arg, hide_for_training, reveal
@@ -126,16 +126,9 @@ class Batcher:
 
     def positions(self, seq: Sequence) -> torch.Tensor:
         types = [1 if i == self.image_id else 2 if i == self.video_id else 0 for i in seq.ids]
-        vision = self.model.config.vision_config
-        merge = vision.spatial_merge_size
-
-        def grids(key):
-            return [(t, h // merge, w // merge) for t, h, w in seq.grids.get(key, [])]
-
-        steps = [vision.tokens_per_second * s for s in seq.grids.get("second_per_grid_ts", [])]
-        pos, _ = mrope_positions(types, grids("image_grid_thw"), grids("video_grid_thw"), steps,
-                                 rule=rule_of(self.model.config))
-        return pos
+        grids = seq.grids.get
+        return model_positions(self.model.config, types, grids("image_grid_thw", []), grids("video_grid_thw", []),
+                               grids("second_per_grid_ts", []))[0]
 
     # --- visual tokens -------------------------------------------------------------------------
     @torch.no_grad()

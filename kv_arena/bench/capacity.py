@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 "conversations_fit": fit(room, words, args.conversation_tokens, fixed),
                 "kv_bytes_run": held, "kv_peak_bytes_run": peaks,
                 # the most held during the longer video's prefill, over the full cache's (the layers run)
-                "prefill_peak_vs_full": peaks["video"][1] / measured[REFERENCE][2]["video"][1],
+                "prefill_peak_vs_full": peaks["video"][1] / measured[REFERENCE][3]["video"][1],
                 "too_short": [kind for kind, b in slope.items() if b is None]}
                 | vllm_figures(args, gb, weights, peak, video, max_len))
     return rows
@@ -286,7 +286,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 def vllm_figures(args, gb: float, weights: int, peak: int, per_token: float | None, max_len: int) -> dict:
     """vLLM's "GPU KV cache size" and "Maximum concurrency" for a cache of ``per_token`` bytes a token."""
     if per_token is None:
-        return {"vllm_kv_tokens": None, "vllm_concurrency": None}
+        return {"vllm_available_bytes": None, "vllm_kv_tokens": None, "vllm_concurrency": None}
     try:
         kv = capacity.vllm_kv(gb * capacity.GIB, weights, peak, args.reserve_gb * capacity.GIB, per_token, max_len,
                               args.gpu_memory_utilization)

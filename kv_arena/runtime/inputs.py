@@ -17,7 +17,7 @@ from PIL import Image
 from kv_arena.backends.layout import PromptLayout, VisualSpan
 
 from ..media import Video, load_image, load_video
-from .mrope_positions import mrope_positions, rule_of
+from .mrope_positions import model_positions
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
@@ -319,17 +319,11 @@ class QwenVLAdapter(ChatAdapter):
         types = self.token_types(ids)
         if not (types != 0).any():
             return super().positions(ids, b, pixels, next_position)
-        merge = self.config.vision_config.spatial_merge_size
+        def given(key):  # the processor's rows for ``key``, every message's together
+            return torch.cat(pixels[key]).float().tolist() if key in pixels else []
 
-        def grids(key):
-            return [(t, h // merge, w // merge) for t, h, w in torch.cat(pixels[key]).tolist()] if key in pixels else []
-
-        steps = []  # each video's time id per temporal step: its seconds per step x tokens per second (Qwen2.5-VL)
-        if "second_per_grid_ts" in pixels:
-            per_second = self.config.vision_config.tokens_per_second
-            steps = [per_second * s for s in torch.cat(pixels["second_per_grid_ts"]).float().tolist()]
-        return mrope_positions(types[0].tolist(), grids("image_grid_thw"), grids("video_grid_thw"), steps,
-                               next_position, rule_of(self.config))
+        return model_positions(self.config, types[0].tolist(), given("image_grid_thw"), given("video_grid_thw"),
+                               given("second_per_grid_ts"), next_position)
 
 
 class Qwen3VLAdapter(QwenVLAdapter):

@@ -88,3 +88,17 @@ def mrope_positions(types: Sequence[int], image_grids: Sequence[Sequence[int]] =
         return torch.zeros(3, 0, dtype=torch.long), start
     positions = torch.cat(parts, dim=1)
     return positions, int(positions.max()) + 1
+
+
+def model_positions(config, types: Sequence[int], image_grids: Sequence[Sequence[int]] = (),
+                    video_grids: Sequence[Sequence[int]] = (), seconds_per_step: Sequence[float] = (),
+                    start: int = 0) -> tuple[torch.Tensor, int]:
+    """:func:`mrope_positions` for a Qwen-VL model's ``config``: the grids as its processor gives them
+    (t, h, w in patches: merged by ``spatial_merge_size`` here), each video's seconds per temporal step
+    (Qwen2.5-VL's ``second_per_grid_ts``, times ``tokens_per_second``), and the rule it was trained with."""
+    vision = config.vision_config
+    merge = vision.spatial_merge_size
+    merged = lambda grids: [(int(t), int(h) // merge, int(w) // merge) for t, h, w in grids]  # noqa: E731
+    steps = [vision.tokens_per_second * s for s in seconds_per_step]
+    return mrope_positions(types, merged(image_grids), merged(video_grids), steps, start, rule_of(config))
+

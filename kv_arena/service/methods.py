@@ -61,8 +61,10 @@ def method_spec(name: str) -> dict:
 
 
 def title_of(name: str) -> str:
-    """A method's title as every view shows it (:func:`shown_title`: a plugin's says its package);
-    a name no longer registered (an older version's votes) as it is."""
+    """A method's title where a method is picked or named for a verdict (the pickers, Compare's
+    columns, the blind test, the leaderboard): :func:`shown_title`, so a plugin's says its package; a
+    name no longer registered (an older version's votes) as it is. Progress and status lines keep the
+    plain title."""
     try:
         return shown_title(method_spec(name))
     except ValueError:

@@ -155,6 +155,13 @@ class RereadBook:
                 self.recent[key] = recent + [charged]
             return charged
 
+    def charge_person(self, visitor: str, client: str | None, per_minute: int,
+                      check: Callable[[list[tuple[float, int]]], int], dry: bool = False) -> Reread:
+        """:meth:`charge` to the person ``client`` behind ``visitor`` (:func:`person_of`), everyone
+        behind the address together held to :data:`PER_ADDRESS` x ``per_minute``."""
+        return self.charge(visitor, check, dry=dry, person=person_of(visitor, client),
+                           address_limit=PER_ADDRESS * per_minute)
+
     def _address_recent(self, visitor: str, now: float) -> list[Reread]:
         return [r for k, rs in self.recent.items() if k == visitor or k.startswith(visitor + "|")
                 for r in rs if now - r.at < WINDOW_S]

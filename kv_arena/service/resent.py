@@ -17,7 +17,7 @@ from .current import current_app
 from .inputs import MAX_FRAMES, Prepared, Settings, prepare
 from .model_pool import Progress, get_model, silent
 from .plan import plan_turn
-from .rereads import PER_ADDRESS, TurnCost, check_switch, person_of, tokens_per_minute
+from .rereads import TurnCost, check_switch, tokens_per_minute
 from .zerogpu import on_gpu
 from .sessions import Session
 from .state import ChatState
@@ -51,10 +51,9 @@ def take_history(session: Session, settings: Settings, turns: list[tuple[str, li
         if sum(c.tokens for c in costs) > loaded.max_context:
             break  # check_switch refuses it: no need to decode the rest
     per_minute = tokens_per_minute(on_gpu(loaded))
-    current_app().rereads.charge(session.visitor_key, lambda recent: check_switch(
+    current_app().rereads.charge_person(session.visitor_key, session.client, per_minute, lambda recent: check_switch(
         costs, recent, type(plan.backend), context=loaded.max_context, full_cache=plan.is_reference, sent=True,
-        per_minute=per_minute), person=person_of(session.visitor_key, session.client),
-        address_limit=PER_ADDRESS * per_minute, dry=True)  # charged by the turn that re-reads it (turns.chat_turn)
+        per_minute=per_minute), dry=True)  # charged by the turn that re-reads it (turns.chat_turn)
     session.chat = ChatState(None, (settings.model, SENT), history, answers, references=session.chat.references,
                              costs=costs)
     session.visuals = []

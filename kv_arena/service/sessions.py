@@ -11,7 +11,6 @@ is kept ``KV_ARENA_SESSION_NO_HEARTBEAT_S`` (120) seconds idle, not the idle tim
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 import uuid
@@ -20,6 +19,7 @@ from collections import Counter
 
 from ..runtime.generate import Conversation, ConversationState
 from .current import current_app
+from .env import env_number
 from .inputs import Prepared, Settings
 from .model_pool import free_memory
 from .state import ChatState
@@ -190,25 +190,18 @@ def release(session_hash: str | None, free: bool = True) -> None:
 # is never closed by it. Such a session ends after ``KV_ARENA_SESSION_NO_HEARTBEAT_S`` seconds without
 # an event; one that opened a heartbeat once, ``KV_ARENA_SESSION_IDLE_S`` after its last (a session
 # with a heartbeat open, or an event running, is never idle).
-def _seconds(name: str, default: float) -> float:
-    try:
-        return max(0.0, float(os.environ.get(name, default)))
-    except ValueError:
-        return default
-
-
 def idle_seconds() -> float:
-    return _seconds("KV_ARENA_SESSION_IDLE_S", 1800)
+    return env_number("KV_ARENA_SESSION_IDLE_S", 1800)
 
 
 def unheard_idle_seconds() -> float:
     """How long a session whose client never opened a heartbeat is kept idle (at most :func:`idle_seconds`)."""
-    return min(idle_seconds(), _seconds("KV_ARENA_SESSION_NO_HEARTBEAT_S", 120))
+    return min(idle_seconds(), env_number("KV_ARENA_SESSION_NO_HEARTBEAT_S", 120))
 
 
 def max_sessions() -> int:
     """Sessions one visitor may hold at once (``KV_ARENA_MAX_SESSIONS_PER_VISITOR``; 0: no limit)."""
-    return int(_seconds("KV_ARENA_MAX_SESSIONS_PER_VISITOR", 16))
+    return int(env_number("KV_ARENA_MAX_SESSIONS_PER_VISITOR", 16))
 
 
 def _seen(session_hash: str) -> None:

@@ -22,7 +22,7 @@ from .inputs import MAX_FRAMES, Prepared, Settings, request_seconds
 from .model_pool import Progress, free_memory, get_model, silent
 from .mpic import reuse_summary, store_media
 from .plan import Plan, plan_turn
-from .rereads import PER_ADDRESS, TurnCost, check_switch, person_of, reread_cap, tokens_per_minute
+from .rereads import TurnCost, check_switch, reread_cap, tokens_per_minute
 from .sessions import Session, stopping
 from .state import ChatState, Reference, ReferenceCache, arrive, depart
 from .scenes import is_right, judged
@@ -129,10 +129,9 @@ def chat_turn(session: Session, settings: Settings, prepared: Prepared, progress
     if not chat.continues(settings) and chat.rereadable(settings):  # a switch: what it re-reads is bounded
         context = get_model(settings.model).max_context
         per_minute = tokens_per_minute(on_gpu(get_model(settings.model)))
-        reread = current_app().rereads.charge(session.visitor_key, lambda recent: check_switch(
-            chat.costs, recent, type(plan.backend), context=context, full_cache=plan.is_reference,
-            per_minute=per_minute), person=person_of(session.visitor_key, session.client),
-            address_limit=PER_ADDRESS * per_minute)
+        reread = current_app().rereads.charge_person(session.visitor_key, session.client, per_minute, lambda recent:
+                                                     check_switch(chat.costs, recent, type(plan.backend), context=context,
+                                                                  full_cache=plan.is_reference, per_minute=per_minute))
     session.use_model(settings.model)
     session.stop_requested = False
     before = session.chat.rollback_point()

@@ -20,11 +20,11 @@ the app's own files."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from .env import env_number
 from .visitors import share
 
 MB = 2**20
@@ -42,45 +42,38 @@ class Counted(Protocol):
     def awaited_from(self, visitor: str, client: str | None) -> bool: ...
 
 
-def _number(name: str, default: float) -> float:
-    try:
-        return max(0.0, float(os.environ.get(name, default)))
-    except ValueError:
-        return default
-
-
 def total_cap() -> int:
     """Bytes of unused uploads every visitor together may keep (``KV_ARENA_MAX_UNUSED_UPLOADS_MB``)."""
-    return int(_number("KV_ARENA_MAX_UNUSED_UPLOADS_MB", 2048) * MB)
+    return int(env_number("KV_ARENA_MAX_UNUSED_UPLOADS_MB", 2048) * MB)
 
 
 def address_cap() -> int:
     """Bytes of unused uploads the people behind one address may keep together
     (``KV_ARENA_MAX_UNUSED_UPLOAD_MB_PER_ADDRESS``, default and at most a share of the total)."""
-    return min(int(_number("KV_ARENA_MAX_UNUSED_UPLOAD_MB_PER_ADDRESS", share(total_cap()) / MB) * MB),
+    return min(int(env_number("KV_ARENA_MAX_UNUSED_UPLOAD_MB_PER_ADDRESS", share(total_cap()) / MB) * MB),
                share(total_cap()))
 
 
 def per_visitor_cap() -> int:
     """Bytes of unused uploads one person may keep (``KV_ARENA_MAX_UNUSED_UPLOAD_MB``, at most the address's)."""
-    return min(int(_number("KV_ARENA_MAX_UNUSED_UPLOAD_MB", 256) * MB), address_cap())
+    return min(int(env_number("KV_ARENA_MAX_UNUSED_UPLOAD_MB", 256) * MB), address_cap())
 
 
 def total_files() -> int:
     """Unused uploads every visitor together may keep (``KV_ARENA_MAX_UNUSED_UPLOADS_FILES``)."""
-    return int(_number("KV_ARENA_MAX_UNUSED_UPLOADS_FILES", 1024))
+    return int(env_number("KV_ARENA_MAX_UNUSED_UPLOADS_FILES", 1024))
 
 
 def address_files() -> int:
     """Unused uploads the people behind one address may keep together
     (``KV_ARENA_MAX_UNUSED_UPLOAD_FILES_PER_ADDRESS``, default and at most a share of the total)."""
-    return min(int(_number("KV_ARENA_MAX_UNUSED_UPLOAD_FILES_PER_ADDRESS", share(total_files()))),
+    return min(int(env_number("KV_ARENA_MAX_UNUSED_UPLOAD_FILES_PER_ADDRESS", share(total_files()))),
                share(total_files()))
 
 
 def per_visitor_files() -> int:
     """Unused uploads one person may keep (``KV_ARENA_MAX_UNUSED_UPLOAD_FILES``, at most the address's)."""
-    return min(int(_number("KV_ARENA_MAX_UNUSED_UPLOAD_FILES", 64)), address_files())
+    return min(int(env_number("KV_ARENA_MAX_UNUSED_UPLOAD_FILES", 64)), address_files())
 
 
 @dataclass(frozen=True)
