@@ -26,14 +26,12 @@ layer ``bytes`` (codes, scales) and ``layer_budgets``; ``realised_fraction`` ove
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from .base import KVBackend, KVLayer, Report
 from .params import param
 from .quant import round_outward
-from .token_quant import TokenHeadLayer, TokenQuantReport, report_bytes
+from .token_quant import TokenQuantStore
 
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 MIN_SCALE = 1e-6  # vLLM's floor: an all-zero vector still gets a usable scale
@@ -58,27 +56,17 @@ class E4M3Codec:
 
 
 @dataclass(eq=False)
-class FP8(KVBackend):
+class FP8(TokenQuantStore):
     name = "fp8"
     title = "FP8 (vLLM)"
-    does = "quantises"
-    paper = "https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html"
     summary = ("Keeps every token but stores each key and value vector as 8-bit floats (E4M3) with one scale per "
                "token and KV head, as vLLM's fp8_per_token_head cache: about half the bytes. No budget: the format "
                "sets the memory.")
     format: str = param("e4m3", "The cache's format: e4m3 (8-bit floats, vLLM's fp8), or none (= not quantised).",
                         choices=("e4m3", "none"))
-    uses_budget = False
-    quantised_store = True
-    lossless_params: ClassVar[dict] = {"format": "none"}
-    report_type: ClassVar[type[Report]] = TokenQuantReport
 
-    def new_layer(self, layer_idx: int) -> KVLayer:
-        return KVLayer() if self.format == "none" else TokenHeadLayer(E4M3Codec())
-
-    def after_forward(self, cache, call) -> None:
-        report_bytes(self, cache)
-        self.report.format = self.format
+    def codec(self) -> E4M3Codec:
+        return E4M3Codec()
 
 
 __all__ = ["E4M3Codec", "FP8"]

@@ -31,14 +31,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import ClassVar
 
 import torch
 
-from .base import KVBackend, KVLayer, Report
 from .params import param
 from .quant import pack, round_outward, unpack_float
-from .token_quant import TokenHeadLayer, TokenQuantReport, report_bytes
+from .token_quant import TokenQuantStore
 
 LEVELS = 15  # codes 0..15
 MIN_SCALE = 1e-6  # vLLM's floor: a constant vector still gets a usable scale
@@ -110,11 +108,9 @@ class Int4Codec:
 
 
 @dataclass(eq=False)
-class INT4(KVBackend):
+class INT4(TokenQuantStore):
     name = "int4"
     title = "INT4 (vLLM)"
-    does = "quantises"
-    paper = "https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html"
     summary = ("Keeps every token but stores each key and value vector, rotated, as 4-bit integers with a scale and "
                "zero point per token and KV head, as vLLM's int4_per_token_head cache: about a quarter of the bytes. "
                "No budget: the format sets the memory.")
@@ -122,17 +118,9 @@ class INT4(KVBackend):
                         choices=("int4", "none"))
     rotate: bool = param(True, "Rotate each vector (a randomized Hadamard transform) before quantising, as vLLM does; "
                          "only a power-of-two head size is rotated.")
-    uses_budget = False
-    quantised_store = True
-    lossless_params: ClassVar[dict] = {"format": "none"}
-    report_type: ClassVar[type[Report]] = TokenQuantReport
 
-    def new_layer(self, layer_idx: int) -> KVLayer:
-        return KVLayer() if self.format == "none" else TokenHeadLayer(Int4Codec(self.rotate))
-
-    def after_forward(self, cache, call) -> None:
-        report_bytes(self, cache)
-        self.report.format = self.format
+    def codec(self) -> Int4Codec:
+        return Int4Codec(self.rotate)
 
 
 __all__ = ["INT4", "Int4Codec", "hadamard", "rotate", "unrotate"]

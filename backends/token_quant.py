@@ -17,11 +17,11 @@ so is its value. Shared by :mod:`backends.fp8` and :mod:`backends.int4`, which b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
-from .base import KVLayer, Report
+from .base import KVBackend, KVLayer, Report
 
 
 class TokenCodec(Protocol):
@@ -134,4 +134,29 @@ def report_bytes(method, cache) -> None:
     report.realised_fraction = sum(helds) / sum(fulls) if sum(fulls) else None
 
 
-__all__ = ["TokenCodec", "TokenHeadLayer", "TokenQuantReport", "full_precision_bytes", "report_bytes"]
+@dataclass(eq=False)
+class TokenQuantStore(KVBackend):
+    """What FP8 and INT4 share: every token kept, coded per token and KV head by :meth:`codec`, no
+    budget; a subclass's ``format`` field set to "none" is the full cache (``lossless_params``)."""
+
+    does = "quantises"
+    paper = "https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html"
+    uses_budget = False
+    quantised_store = True
+    lossless_params: ClassVar[dict] = {"format": "none"}
+    report_type: ClassVar[type[Report]] = TokenQuantReport
+
+    def codec(self) -> TokenCodec:
+        """A new codec for one layer (its format's)."""
+        raise NotImplementedError
+
+    def new_layer(self, layer_idx: int) -> KVLayer:
+        return KVLayer() if self.format == "none" else TokenHeadLayer(self.codec())
+
+    def after_forward(self, cache, call) -> None:
+        report_bytes(self, cache)
+        self.report.format = self.format
+
+
+__all__ = ["TokenCodec", "TokenHeadLayer", "TokenQuantReport", "TokenQuantStore", "full_precision_bytes",
+           "report_bytes"]

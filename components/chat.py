@@ -24,7 +24,7 @@ from . import api_docs, checked_controls, clients, mcp_calls, media_library, ove
 from .chat_status import hint_line, measured, panels, status_line
 from .history import NEW_CONVERSATION, REREAD, SWITCHED, rereadable_turns, said, transcript, with_own_files
 from .outputs import KEEP, Outputs, by_component, components_of
-from .settings import SettingsPanel, on_stream_cap, render_method_controls, settings_from_named
+from .settings import SettingsPanel, render_method_controls, settings_from_named
 
 log = logging.getLogger(__name__)
 PLOT_EVERY_S = 0.4  # redraw the panels at most this often while streaming
@@ -297,14 +297,13 @@ def examples(model: str | None = None) -> list[list]:
 
 def example_settings(message) -> tuple:
     """The trained model's example clicked: how it is sent. Its long video streams every drawn frame
-    under its KV cap; any other example goes in one prompt (no cap) with the model's frames. The
-    frames slider comes with the cap's range, so the browser never clamps the count to the old one."""
+    under its KV cap; any other example goes in one prompt (no cap) with the model's frames."""
     long = service.long_example()
     files = message.get("files") if isinstance(message, dict) else None
     first = (files[0].get("path") if isinstance(files[0], dict) else files[0]) if files else None
-    is_long = long and first and Path(str(first)).name == Path(long.path).name
-    cap, frames = (long.stream_cap_mb, long.frames) if is_long else (0, service.default_frames(service.ARENA))
-    return cap, on_stream_cap(cap, frames)
+    if long and first and Path(str(first)).name == Path(long.path).name:
+        return long.stream_cap_mb, long.frames
+    return 0, service.default_frames(service.ARENA)
 
 
 def examples_label(model: str | None) -> str:
